@@ -1,0 +1,44 @@
+# dpbert: every target creates .venv/ from the lock when it is missing (no resolver runs).
+SHELL := /bin/bash
+PYTHON_VERSION := 3.10
+VENV := .venv
+PY := $(VENV)/bin/python
+LOCK := requirements/lock-py310.txt
+export TF_USE_LEGACY_KERAS := 1
+export TF_CPP_MIN_LOG_LEVEL := 2
+export PYTHONHASHSEED := 0
+
+.PHONY: venv demo test test-all bench lock clean
+
+$(VENV)/.installed: $(LOCK) setup.py
+	@if [ ! -x "$(PY)" ]; then \
+	  interp=$$(PYENV_VERSION=$(PYTHON_VERSION) pyenv which python 2>/dev/null || command -v python$(PYTHON_VERSION) || command -v python3); \
+	  echo "creating $(VENV) with $$interp"; \
+	  "$$interp" -c 'import sys; assert sys.version_info[:2] == (3, 10), "dpbert needs Python 3.10 (tfx 1.16), got %s" % sys.version' && \
+	  "$$interp" -m venv $(VENV); \
+	fi
+	$(PY) -m pip install -q --upgrade 'pip<25'
+	$(PY) -m pip install -q --no-deps -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/dpbert run --output demo_output
+
+test: venv
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-all: venv
+	$(PY) -m pytest -q tests
+
+bench: venv
+	$(PY) benchmarks/run_all.py
+
+lock:
+	uv pip compile --python-version 3.10 --python-platform x86_64-manylinux_2_36 \
+	  -c requirements/constraints-tfx116.txt requirements/requirements.in -o $(LOCK)
+
+clean:
+	rm -rf $(VENV) demo_output build *.egg-info

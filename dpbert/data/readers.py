@@ -1,0 +1,275 @@
+"""Streaming corpus readers: a directory of text files, JSONL, CSV (MIMIC-III NOTEEVENTS).
+
+Every reader is a generator: one document at a time, never the whole corpus in memory.
+Undecodable bytes are replaced by U+FFFD and counted (``DecodeStats``); the count, never the
+bytes, is reported. Errors raise ``CorpusError`` naming the file and, where there is one, the
+line; error messages never quote the text of a note.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterator, Optional
+
+FORMATS = ("text", "jsonl", "csv")
+
+
+class CorpusError(ValueError):
+    """Bad corpus input; the message names the file (and line) at fault."""
+
+    def __init__(self, message: str, path=None, line: Optional[int] = None):
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+        self.path = str(path) if path is not None else None
+        self.line = line
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    doc_id: str
+    text: str
+    patient_id: Optional[str] = None
+    admission_id: Optional[str] = None
+    note_id: Optional[str] = None
+
+
+@dataclasses.dataclass
+class DecodeStats:
+    """What the readers saw besides documents: replaced bytes, skipped rows."""
+
+    replaced_bytes: int = 0
+    skipped_error_rows: int = 0
+    skipped_empty: int = 0
+    documents: int = 0
+
+
+def _decode(raw: bytes, stats: DecodeStats) -> str:
+    """UTF-8 decode, replacing undecodable bytes by U+FFFD and counting them in ``stats``.
+
+    Stateless on purpose (no global codec error handler), so interleaved readers and Beam
+    workers count correctly.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        stats.replaced_bytes += len(raw) - len(raw.decode("utf-8", "ignore").encode("utf-8"))
+        return raw.decode("utf-8", "replace")
+
+
+def _decoded_lines(path: Path, stats: DecodeStats) -> Iterator[str]:
+    """The lines of ``path`` (newlines kept), decoded one at a time."""
+    with open(path, "rb") as handle:
+        for raw in handle:
+            yield _decode(raw, stats)
+
+
+def _read_text(path: Path, stats: DecodeStats) -> str:
+    with open(path, "rb") as handle:
+        return _decode(handle.read(), stats)
+
+
+def _opt(value) -> Optional[str]:
+    if value is None:
+        return None
+    value = str(value).strip()
+    return value or None
+
+
+def read_text_dir(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
+    """Every regular file under ``path`` (recursively, sorted) is one document.
+
+    The document id is the file's path relative to ``path``. Hidden files are skipped.
+    """
+    stats = stats if stats is not None else DecodeStats()
+    root = Path(path)
+    files = sorted(
+        p for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+    for file in files:
+        text = _read_text(file, stats)
+        if not text.strip():
+            stats.skipped_empty += 1
+            continue
+        stats.documents += 1
+        yield Document(doc_id=str(file.relative_to(root)), text=text)
+
+
+def read_jsonl(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
+    """One JSON object per line with ``text`` and optional ``patient_id``, ``admission_id``,
+    ``note_id``. Blank lines are allowed."""
+    stats = stats if stats is not None else DecodeStats()
+    path = Path(path)
+    for line_no, line in enumerate(_decoded_lines(path, stats), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CorpusError(f"not valid JSON ({err.msg} at column {err.colno})", path, line_no) from None
+        if not isinstance(record, dict):
+            raise CorpusError("expected a JSON object per line", path, line_no)
+        if "text" not in record:
+            raise CorpusError("JSON object has no 'text' field", path, line_no)
+        if not isinstance(record["text"], str):
+            raise CorpusError("'text' must be a string", path, line_no)
+        if not record["text"].strip():
+            stats.skipped_empty += 1
+            continue
+        note_id = _opt(record.get("note_id"))
+        stats.documents += 1
+        yield Document(
+            doc_id=note_id or f"{path.name}:{line_no}",
+            text=record["text"],
+            patient_id=_opt(record.get("patient_id")),
+            admission_id=_opt(record.get("admission_id")),
+            note_id=note_id,
+        )
+
+
+# MIMIC-III NOTEEVENTS column names (case-insensitive); generic CSVs may use the lower-case
+# names of the JSONL format instead.
+_CSV_ALIASES = {
+    "text": ("text",),
+    "patient_id": ("subject_id", "patient_id"),
+    "admission_id": ("hadm_id", "admission_id"),
+    "note_id": ("row_id", "note_id"),
+    "iserror": ("iserror",),
+}
+
+
+def read_csv(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
+    """A CSV with a header and a TEXT column, e.g. MIMIC-III ``NOTEEVENTS.csv``.
+
+    TEXT may be quoted and span several lines. Rows with ISERROR = 1 are skipped (MIMIC marks
+    notes a physician identified as erroneous). SUBJECT_ID / HADM_ID / ROW_ID become the
+    patient, admission and note ids.
+    """
+    stats = stats if stats is not None else DecodeStats()
+    path = Path(path)
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    reader = csv.reader(_decoded_lines(path, stats))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise CorpusError("CSV file is empty (no header row)", path, 1) from None
+    lower = [h.strip().lower() for h in header]
+    columns = {}
+    for key, names in _CSV_ALIASES.items():
+        for name in names:
+            if name in lower:
+                columns[key] = lower.index(name)
+                break
+    if "text" not in columns:
+        raise CorpusError(
+            f"CSV header has no TEXT column (columns: {', '.join(h.strip() for h in header)})",
+            path, 1)
+    row_start = reader.line_num + 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as err:
+            raise CorpusError(f"malformed CSV ({err})", path, reader.line_num) from None
+        line_no, row_start = row_start, reader.line_num + 1
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise CorpusError(
+                f"row has {len(row)} fields, header has {len(header)}", path, line_no)
+
+        def get(key):
+            return row[columns[key]] if key in columns else None
+
+        if (get("iserror") or "").strip() == "1":
+            stats.skipped_error_rows += 1
+            continue
+        text = get("text")
+        if not text.strip():
+            stats.skipped_empty += 1
+            continue
+        note_id = _opt(get("note_id"))
+        stats.documents += 1
+        yield Document(
+            doc_id=note_id or f"{path.name}:{line_no}",
+            text=text,
+            patient_id=_opt(get("patient_id")),
+            admission_id=_opt(get("admission_id")),
+            note_id=note_id,
+        )
+
+
+def detect_format(path) -> str:
+    path = Path(path)
+    if path.is_dir():
+        return "text"
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".txt", ".text"):
+        return "text"
+    raise CorpusError(
+        f"cannot tell the corpus format from the name; use one of {', '.join(FORMATS)} "
+        "explicitly (corpus.format)", path)
+
+
+def read_corpus(path, fmt: Optional[str] = None, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
+    """Stream the documents of ``path`` in format ``fmt`` (detected from the name if None).
+
+    A single ``.txt`` file in ``text`` format is one document.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CorpusError("corpus path does not exist", path)
+    fmt = fmt or detect_format(path)
+    if fmt not in FORMATS:
+        raise CorpusError(f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}", path)
+    if fmt == "text":
+        if path.is_dir():
+            return read_text_dir(path, stats)
+        return _single_text_file(path, stats)
+    if path.is_dir():
+        raise CorpusError(f"format {fmt!r} needs a file, got a directory", path)
+    return read_jsonl(path, stats) if fmt == "jsonl" else read_csv(path, stats)
+
+
+def _single_text_file(path: Path, stats: Optional[DecodeStats]) -> Iterator[Document]:
+    stats = stats if stats is not None else DecodeStats()
+    text = _read_text(path, stats)
+    if text.strip():
+        stats.documents += 1
+        yield Document(doc_id=path.name, text=text)
+    else:
+        stats.skipped_empty += 1
+
+
+def require_nonempty(documents: Iterator[Document], path) -> Iterator[Document]:
+    """Yield ``documents``; raise ``CorpusError`` naming ``path`` if there were none."""
+    empty = True
+    for document in documents:
+        empty = False
+        yield document
+    if empty:
+        raise CorpusError("corpus is empty: no document with text", path)
+
+
+def corpus_fingerprint(path) -> str:
+    """Cheap identity of a corpus path (size and mtime of its files) for caching and logs."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    parts = []
+    for f in files:
+        st = os.stat(f)
+        parts.append(f"{f.name}:{st.st_size}:{int(st.st_mtime)}")
+    import hashlib
+
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
