@@ -1,0 +1,43 @@
+"""dpbert's artifact types.
+
+TYPE_NAME is ``components.<Class>``: the Kubeflow V2 runtime re-imports an artifact class from
+its TYPE_NAME, so ``components`` must be a top-level importable package in the container image
+(it is: ``setup.py`` installs it) and each class is re-exported from ``components/__init__.py``.
+No PROPERTIES are declared (the Vertex compiler rejects them on custom types): every value is a
+custom property.
+
+``PRIVATE`` marks artifacts whose files hold private data (tuples of raw text, the canary
+secrets): the dashboard and the report never open them.
+"""
+from tfx.types.artifact import Artifact
+
+
+class WordTuples(Artifact):
+    """The corpus cut into N-word tuples (the privacy unit), as gzipped TFRecord shards."""
+
+    TYPE_NAME = "components.WordTuples"
+    PRIVATE = True
+
+
+class DPVocabulary(Artifact):
+    """The noisy histogram (kept words only) and the WordPiece vocabulary learnt from it."""
+
+    TYPE_NAME = "components.DPVocabulary"
+    PRIVATE = False
+
+
+class PretrainedModel(Artifact):
+    """A BERT masked-LM checkpoint with its training ledger (DP event, steps, σ, C, ...)."""
+
+    TYPE_NAME = "components.PretrainedModel"
+    PRIVATE = False
+
+
+class PrivacyReport(Artifact):
+    """The run's ε ledger (JSON + readable statement)."""
+
+    TYPE_NAME = "components.PrivacyReport"
+    PRIVATE = False
+
+
+ALL_TYPES = (WordTuples, DPVocabulary, PretrainedModel, PrivacyReport)

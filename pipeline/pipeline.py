@@ -1,0 +1,57 @@
+"""The dpbert DAG: one ``create_pipeline(config, ...)`` factory used by every runner."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import List, Optional
+
+from tfx import v1 as tfx
+
+from dpbert.config import Config
+from pipeline.code_version import code_version
+
+
+def _section_json(section) -> str:
+    return json.dumps(dataclasses.asdict(section), sort_keys=True)
+
+
+def _core_version(*extra: str) -> str:
+    return code_version("dpbert", "components/common.py", "components/artifacts.py", *extra)
+
+
+def create_components(config: Config) -> List:
+    """The components of the DAG, in order, wired by their artifacts."""
+    from components.ingest import CorpusIngest
+
+    ingest = CorpusIngest(
+        corpus_config=_section_json(config.corpus),
+        tuple_words=config.privacy.tuple_words,
+        code_version=_core_version("components/ingest.py"),
+    )
+    return [ingest]
+
+
+def create_pipeline(config: Config, pipeline_root: str, metadata_path: Optional[str] = None,
+                    beam_pipeline_args: Optional[List[str]] = None) -> tfx.dsl.Pipeline:
+    """Build the DAG for ``config``.
+
+    ``metadata_path``: a local sqlite ML Metadata store (None for Kubeflow/Vertex, which bring
+    their own). ``beam_pipeline_args`` default to ``config.beam.pipeline_args()``.
+    """
+    metadata = (tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path)
+                if metadata_path else None)
+    return tfx.dsl.Pipeline(
+        pipeline_name=config.pipeline.name,
+        pipeline_root=pipeline_root,
+        components=create_components(config),
+        enable_cache=config.pipeline.enable_cache,
+        metadata_connection_config=metadata,
+        beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else config.beam.pipeline_args(),
+    )
+
+
+def output_paths(output_dir: str):
+    """(pipeline_root, metadata sqlite path) under a local output directory."""
+    output_dir = os.path.abspath(output_dir)
+    return os.path.join(output_dir, "pipeline_root"), os.path.join(output_dir, "metadata.sqlite")

@@ -1,0 +1,62 @@
+import pytest
+
+from dpbert.config import ConfigError, load_config
+
+
+def test_defaults_and_presets_validate():
+    assert load_config().vocab.sigma == 200.0
+    demo = load_config(preset="demo")
+    assert demo.corpus.path is None and demo.pipeline.name == "dpbert-demo"
+    assert load_config(preset="default").training.replicas == 256
+
+
+@pytest.mark.parametrize("override,field", [
+    ("vocab.sigma=0", "vocab.sigma"),
+    ("vocab.sigma=-1", "vocab.sigma"),
+    ("vocab.delta=0", "vocab.delta"),
+    ("vocab.delta=1", "vocab.delta"),
+    ("training.delta=1.5", "training.delta"),
+    ("privacy.tuple_words=0", "privacy.tuple_words"),
+    ("training.noise_multiplier=-1", "training.noise_multiplier"),
+    ("training.clip_norm=0", "training.clip_norm"),
+    ("training.steps=0", "training.steps"),
+    ("training.sampling=random", "training.sampling"),
+    ("training.batch_size=30", "training.batch_size"),  # not divisible by replicas × accumulation
+    ("privacy.epsilon_budget=-2", "privacy.epsilon_budget"),
+    ("vocab.threshold_mode=erf", "vocab.threshold_mode"),
+    ("vocab.sigma=abc", "vocab.sigma"),
+    ("training.steps=1.5", "training.steps"),
+    ("vocab.colour=red", "vocab.colour"),
+])
+def test_invalid_values_name_the_field(override, field):
+    overrides = [override]
+    if field == "training.batch_size":
+        overrides += ["training.accumulation_steps=4"]
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=overrides)
+    assert field in str(err.value)
+
+
+def test_file_plus_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("vocab:\n  sigma: 50\ntraining:\n  steps: 10\n")
+    config = load_config(str(path), ["training.steps=20", "corpus.path=/x.csv"])
+    assert config.vocab.sigma == 50.0 and config.training.steps == 20 and config.corpus.path == "/x.csv"
+
+
+def test_file_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("vocab:\n  sigma: [1\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml:\d+: not valid YAML"):
+        load_config(str(bad))
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("vocab:\n  sigma: -3\n")
+    with pytest.raises(ConfigError, match="vocab.sigma"):
+        load_config(str(wrong))
+
+
+def test_non_private_baseline_refused_with_a_budget():
+    with pytest.raises(ConfigError, match="vocab.non_private"):
+        load_config(overrides=["vocab.non_private=true", "privacy.epsilon_budget=8"])
