@@ -103,6 +103,23 @@ def cmd_synth(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from dpbert import metadata, report
+
+    try:
+        path = metadata.metadata_path_for(args.output, args.metadata)
+        run = metadata.get_run(metadata.open_store(path), args.run)
+    except (FileNotFoundError, LookupError) as err:
+        print(f"dpbert report: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    built = report.build_report(run)
+    if args.json:
+        print_json(built)
+    else:
+        print(report.format_report(built))
+    return 0
+
+
 def cmd_reserved(args) -> int:
     print(f"dpbert {args.command}: not available in this version yet", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -130,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--notes", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234)
     p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("report", help="the latest (or given) run's results, read from ML Metadata")
+    p.add_argument("--output", help="the run's output directory (default demo_output)")
+    p.add_argument("--metadata", help="path of the ML Metadata sqlite store (instead of --output)")
+    p.add_argument("--run", help="pipeline run id (default: the latest)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_report)
 
     for name, text in (("privacy", "privacy calculators (histogram, dpsgd, noise-check)"),
                        ("budget", "the planned ε of a configuration against its budget"),

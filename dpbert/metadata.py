@@ -1,0 +1,165 @@
+"""Read-only access to a run's ML Metadata store (no TFX imports): runs, components, artifacts.
+
+This is what `dpbert report` and the dashboard read. It never opens artifact files marked
+private (``private`` custom property = 1: tuples of raw text, canary secrets); it returns only
+custom properties and URIs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2
+
+STATE_NAMES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
+
+
+def metadata_path_for(output_dir: Optional[str] = None, metadata: Optional[str] = None) -> str:
+    path = metadata or os.path.join(output_dir or "demo_output", "metadata.sqlite")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no ML Metadata store at {path} (run `dpbert run --output DIR` first)")
+    return path
+
+
+def open_store(path: str) -> metadata_store.MetadataStore:
+    config = metadata_store_pb2.ConnectionConfig()
+    config.sqlite.filename_uri = path
+    config.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
+    return metadata_store.MetadataStore(config)
+
+
+def _value(v: metadata_store_pb2.Value) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "string_value":
+        s = v.string_value
+        if s == "inf":
+            return float("inf")
+        if s[:1] in "[{":
+            try:
+                return json.loads(s)
+            except ValueError:
+                return s
+        return s
+    if kind == "int_value":
+        return v.int_value
+    if kind == "double_value":
+        return v.double_value
+    if kind == "bool_value":
+        return v.bool_value
+    return None
+
+
+@dataclasses.dataclass
+class ArtifactInfo:
+    id: int
+    type: str
+    uri: str
+    name: str  # output key, e.g. "tuples"
+    properties: Dict[str, Any]
+
+    @property
+    def private(self) -> bool:
+        return bool(self.properties.get("private"))
+
+
+@dataclasses.dataclass
+class ComponentRun:
+    node_id: str
+    execution_id: int
+    state: str
+    started_ms: int
+    updated_ms: int
+    inputs: List[ArtifactInfo]
+    outputs: List[ArtifactInfo]
+
+    @property
+    def duration_s(self) -> float:
+        return max(0.0, (self.updated_ms - self.started_ms) / 1000.0)
+
+
+@dataclasses.dataclass
+class RunInfo:
+    run_id: str
+    pipeline: str
+    created_ms: int
+    components: List[ComponentRun]
+
+    @property
+    def status(self) -> str:
+        states = {c.state for c in self.components}
+        if not states:
+            return "EMPTY"
+        if "FAILED" in states:
+            return "FAILED"
+        if states & {"RUNNING", "NEW"}:
+            return "RUNNING"
+        return "COMPLETE"
+
+    @property
+    def duration_s(self) -> float:
+        if not self.components:
+            return 0.0
+        return max(0.0, (max(c.updated_ms for c in self.components) - self.created_ms) / 1000.0)
+
+    def artifacts(self, type_name: str, key: Optional[str] = None) -> List[ArtifactInfo]:
+        return [a for c in self.components for a in c.outputs
+                if a.type == type_name and (key is None or a.name == key)]
+
+
+def _artifact_infos(store, events, wanted_types) -> List[ArtifactInfo]:
+    chosen = [e for e in events if e.type in wanted_types]
+    if not chosen:
+        return []
+    artifacts = {a.id: a for a in store.get_artifacts_by_id([e.artifact_id for e in chosen])}
+    type_names = {t.id: t.name for t in store.get_artifact_types()}
+    out = []
+    for e in chosen:
+        a = artifacts[e.artifact_id]
+        key = e.path.steps[0].key if e.path.steps else ""
+        out.append(ArtifactInfo(
+            id=a.id, type=type_names.get(a.type_id, a.type), uri=a.uri, name=key,
+            properties={k: _value(v) for k, v in a.custom_properties.items()}))
+    return out
+
+
+def list_runs(store) -> List[RunInfo]:
+    """Every pipeline run, newest first."""
+    runs = []
+    for ctx in store.get_contexts_by_type("pipeline_run"):
+        executions = store.get_executions_by_context(ctx.id)
+        pipeline = ""
+        for parent in store.get_parent_contexts_by_context(ctx.id):
+            pipeline = parent.name
+        components = []
+        for ex in sorted(executions, key=lambda e: e.create_time_since_epoch):
+            node = ""
+            for c in store.get_contexts_by_execution(ex.id):
+                if c.type == "node":
+                    node = c.name.split(".", 1)[-1]
+                    pipeline = pipeline or c.name.split(".", 1)[0]
+            events = store.get_events_by_execution_ids([ex.id])
+            Event = metadata_store_pb2.Event
+            components.append(ComponentRun(
+                node_id=node, execution_id=ex.id, state=STATE_NAMES.get(ex.last_known_state, "UNKNOWN"),
+                started_ms=ex.create_time_since_epoch, updated_ms=ex.last_update_time_since_epoch,
+                inputs=_artifact_infos(store, events, {Event.INPUT}),
+                outputs=_artifact_infos(store, events, {Event.OUTPUT, Event.DECLARED_OUTPUT})))
+        runs.append(RunInfo(run_id=ctx.name, pipeline=pipeline, created_ms=ctx.create_time_since_epoch,
+                            components=components))
+    runs.sort(key=lambda r: r.created_ms, reverse=True)
+    return runs
+
+
+def get_run(store, run_id: Optional[str] = None) -> RunInfo:
+    runs = list_runs(store)
+    if not runs:
+        raise LookupError("the ML Metadata store holds no pipeline run")
+    if run_id is None:
+        return runs[0]
+    for run in runs:
+        if run.run_id == run_id:
+            return run
+    raise LookupError(f"no run {run_id!r} (have: {', '.join(r.run_id for r in runs[:10])})")
