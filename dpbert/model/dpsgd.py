@@ -1,0 +1,393 @@
+"""DP-SGD for Keras functional models: fast per-example clipping, ONE noise draw per logical batch.
+
+Mechanism (one optimizer step, logical batch β sampled by ``dpbert.model.sampling``)::
+
+    g_i   = ∇θ ℓ_i · min(1, C / ‖∇θ ℓ_i‖)                 (per-example clipping, ‖g_i‖ ≤ C)
+    S     = Σ_{i∈β} g_i                                     (sum of clipped gradients)
+    ĝ     = (S + z) / B,   z ~ N(0, σ² C² I)                (one Gaussian draw; B = E|β| public)
+    θ    ← AdamW(θ, ĝ)
+
+``ℓ_i`` is example i's own loss (for MLM: the mean cross-entropy over ITS masked positions, so the
+per-example loss vector has shape ``[b]``). Padded rows (example mask 0) have ℓ_i = 0, hence
+g_i = 0, and are not counted. Adding or removing one example changes S by at most C in L2, so
+S + z is the Gaussian mechanism with noise multiplier σ, and the accountant charges σ per step.
+
+Where the noise goes — derivation (P replicas, T accumulation micro-steps)
+--------------------------------------------------------------------------
+The logical batch is split into P·T shards (p, t); S = Σ_p Σ_t S_{p,t}.
+
+1. tensorflow-privacy's Keras optimizers (and the paper's code) add z_{p,t} ~ N(0, σ²C²I) in
+   every shard. The z_{p,t} are independent, so Σ z_{p,t} ~ N(0, P·T·σ²C²I): the released sum
+   carries noise multiplier σ√(P·T) (their docstring's ``noise_multiplier *
+   sqrt(gradient_accumulation_steps)``), i.e. √(P·T) times the noise the accountant is told.
+2. Here no shard adds noise. Each replica accumulates Σ_t S_{p,t} in a replica-local
+   (SyncOnRead) buffer, the buffers are all-reduced with SUM (S on every replica), and then every
+   replica adds THE SAME draw z ~ N(0, σ²C²I): ``tf.random.stateless_normal`` with a seed that
+   depends only on (secret base seed, DP step counter, variable index), identical on all
+   replicas. The released sum is S + z: one draw per logical batch, std σC per coordinate.
+3. Divided by the public constant B, the update's per-coordinate noise std is σC/B (measured by
+   ``dpbert.model.noise_check``), not σC√(P·T)/B.
+4. Equivalent formulation (not used): each shard adds an independent N(0, σ²C²/(P·T)) draw; the
+   sum of P·T of them is again N(0, σ²C²).
+5. ``noise_mode="paper"`` reproduces (1) on purpose for comparison: the single draw is scaled by
+   √(P·T) (same distribution as P·T independent σC draws) and ``effective_noise_multiplier``
+   reports σ√(P·T), which is what an accountant must then be given.
+
+Because a Poisson batch has a random size, the number of micro-steps of a logical step is
+whatever the batch needs (``sampling.py``); the noise is still drawn once, at the end.
+
+Per-example clipping path
+-------------------------
+``ghost`` (the only private path; logged once with ``logging.info``): the ghost-norm trick of
+Goodfellow (2015) / Li et al. (2021) using tensorflow-privacy 0.9.0's registry functions for
+``Dense``, ``Embedding``, ``EinsumDense``, ``LayerNormalization`` and ``MultiHeadAttention``
+(``make_layer_registry``; 0.9.0's ``make_default_layer_registry`` only registers Dense and
+Embedding). Unlike ``clip_grads.compute_clipped_gradients_and_outputs`` (two forward passes, the
+first without dropout), ONE forward pass is recorded on a persistent tape, with ``training=True``
+passed to every layer that takes it, so the norms are those of the very function whose gradient
+is applied (dropout masks included — with tf-privacy's two passes the first pass runs without
+dropout and the clip bound does not hold for the second). Then:
+
+* backward 1: gradients of Σℓ_i w.r.t. each registered layer's pre-activation, from which the
+  registry functions give every example's squared gradient norm without materialising
+  per-example gradients;
+* backward 2: gradient of Σ w_i ℓ_i with w_i = stop_gradient(min(1, C/‖∇ℓ_i‖)) · mask_i, which
+  is exactly S.
+
+A model with a trainable layer outside the registry, or a variable shared by two layers (tied
+weights: the registry's per-layer norms would miss the cross term), is refused with an error;
+there is no silent slow fallback. ``non_private`` mode (baseline, ε = ∞) skips clipping and
+noise and averages over the real examples of the batch.
+
+Noise RNG: the base seed comes from OS entropy (``secrets``) unless an explicit test seed is
+given. The base seed is never logged or checkpointed (a resumed run draws a new one).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import secrets
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils
+from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry as lr
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import dense as dense_fn
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import einsum_dense
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import embedding as embedding_fn
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import layer_normalization
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import multi_head_attention
+
+log = logging.getLogger(__name__)
+
+NOISE_MODES = ("once", "paper")
+_LOGGED_PATHS = set()
+
+
+def _log_path_once(message: str):
+    if message not in _LOGGED_PATHS:
+        _LOGGED_PATHS.add(message)
+        log.info(message)
+
+
+def make_layer_registry() -> lr.LayerRegistry:
+    """Ghost-norm registry with every layer type ``dpbert.model.bert`` uses."""
+    registry = lr.LayerRegistry()
+    registry.insert(tf_keras.layers.Dense, dense_fn.dense_layer_computation)
+    registry.insert(tf_keras.layers.Embedding, embedding_fn.embedding_layer_computation)
+    registry.insert(tf_keras.layers.EinsumDense, einsum_dense.einsum_layer_computation)
+    registry.insert(tf_keras.layers.LayerNormalization, layer_normalization.layer_normalization_computation)
+    registry.insert(tf_keras.layers.MultiHeadAttention, multi_head_attention.multi_head_attention_layer_computation)
+    return registry
+
+
+def check_model_supported(model: tf_keras.Model, registry: lr.LayerRegistry):
+    """Raise unless ghost clipping is exact for ``model``: every trainable layer registered, no
+    nested model, no variable owned by two layers."""
+    owners = {}
+    for layer in model.layers:
+        if not layer.trainable_variables:
+            continue
+        if isinstance(layer, tf_keras.Model):
+            raise NotImplementedError(f"nested model {layer.name!r}: flatten it for ghost clipping")
+        if not registry.is_elem(layer):
+            raise NotImplementedError(
+                f"layer {layer.name!r} ({type(layer).__name__}) has trainable weights but no fast "
+                f"clipping registry function; refusing to fall back to a slow path")
+        for var in layer.trainable_variables:
+            other = owners.setdefault(var.ref(), layer.name)
+            if other != layer.name:
+                raise NotImplementedError(
+                    f"variable {var.name} is shared by layers {other!r} and {layer.name!r} (tied "
+                    f"weights): ghost norms would be wrong")
+
+
+def per_example_mlm_loss(masked_labels, logits, masked_weights) -> tf.Tensor:
+    """Mean cross-entropy over each example's masked positions: shape ``[b]`` (0 if none)."""
+    labels = tf.where(masked_weights > 0, masked_labels, tf.zeros_like(masked_labels))
+    xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    weights = tf.cast(masked_weights, xent.dtype)
+    return tf.math.divide_no_nan(tf.reduce_sum(xent * weights, axis=1), tf.reduce_sum(weights, axis=1))
+
+
+def _registry_generator(tape, registry, training):
+    def generator(layer, args, kwargs):
+        kwargs = dict(kwargs)
+        if training is not None and getattr(layer, "_expects_training_arg", False):
+            kwargs["training"] = training
+        if layer.trainable_variables:
+            if not registry.is_elem(layer):
+                raise NotImplementedError(
+                    f"layer {layer.name!r} ({type(layer).__name__}) is not in the fast clipping "
+                    f"registry")
+            base_vars, outputs, sqr_norm_fn = registry.lookup(layer)(layer, args, kwargs, tape, None)
+            return outputs, (base_vars, sqr_norm_fn)
+        return layer(*args, **kwargs), None
+    return generator
+
+
+def _dense(grad):
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def ghost_clipped_gradients(model: tf_keras.Model, registry: lr.LayerRegistry, inputs,
+                            loss_fn: Callable, example_mask, clip_norm: float, training: bool = True):
+    """Sum of per-example clipped gradients for one (micro-)batch, via ghost norms.
+
+    ``loss_fn(model_outputs) -> [b]`` per-example losses. ``example_mask`` ``[b]`` (1 real, 0
+    padding). Returns ``(grads, per_example_loss, norms, outputs)``: ``grads`` is the list (in
+    ``model.trainable_variables`` order) of Σ_i mask_i·min(1, C/‖∇ℓ_i‖)·∇ℓ_i, ``norms`` the
+    unclipped per-example gradient norms ``[b]``.
+    """
+    variables = model.trainable_variables
+    example_mask = tf.cast(example_mask, tf.float32)
+    tape = tf.GradientTape(persistent=True)
+    with tape:
+        outputs, generated = gradient_clipping_utils.model_forward_pass(
+            model, inputs, generator_fn=_registry_generator(tape, registry, training))
+        losses = loss_fn(outputs)
+        if losses.shape.rank != 1:
+            raise ValueError(f"per-example loss must have shape [b], got {losses.shape}")
+        losses = losses * example_mask
+        summed = tf.reduce_sum(losses)
+    generated = [g for g in generated if g is not None]
+    base_vars = [g[0] for g in generated]
+    base_grads = tape.gradient(summed, base_vars, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    sqr_norms = tf.add_n([fn(grad) for (_, fn), grad in zip(generated, base_grads)])
+    norms = tf.sqrt(tf.maximum(sqr_norms, 0.0))
+    weights = tf.stop_gradient(clip_norm / tf.maximum(norms, clip_norm) * example_mask)
+    with tape:
+        weighted = tf.reduce_sum(weights * losses)
+    grads = tape.gradient(weighted, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    del tape
+    return [_dense(g) for g in grads], losses, norms, outputs
+
+
+def plain_gradients(model: tf_keras.Model, inputs, loss_fn: Callable, example_mask, training: bool = True):
+    """Non-private: Σ_i mask_i ∇ℓ_i (no clipping). Returns ``(grads, per_example_loss, outputs)``."""
+    example_mask = tf.cast(example_mask, tf.float32)
+    with tf.GradientTape() as tape:
+        outputs = model(inputs, training=training)
+        losses = loss_fn(outputs) * example_mask
+        summed = tf.reduce_sum(losses)
+    grads = tape.gradient(summed, model.trainable_variables,
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return [_dense(g) for g in grads], losses, outputs
+
+
+@dataclasses.dataclass
+class DPSGDConfig:
+    """Parameters of the DP-SGD aggregate. ``expected_batch_size`` is the public divisor B."""
+
+    clip_norm: float = 0.01
+    noise_multiplier: float = 1.0
+    expected_batch_size: float = 64.0
+    non_private: bool = False
+    #: once (correct: one N(0, σ²C²) draw per logical batch) | paper (σ√(P·T), reported).
+    noise_mode: str = "once"
+    #: Fixed noise seed: tests only. None = OS entropy.
+    noise_seed: Optional[int] = None
+    replicas: int = 1
+    accumulation_steps: int = 1
+
+    def __post_init__(self):
+        if self.noise_mode not in NOISE_MODES:
+            raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
+        if not self.non_private:
+            if not self.clip_norm > 0:
+                raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
+            if not self.noise_multiplier > 0:
+                raise ValueError(f"noise_multiplier must be > 0, got {self.noise_multiplier}")
+        if not self.expected_batch_size > 0:
+            raise ValueError(f"expected_batch_size must be > 0, got {self.expected_batch_size}")
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """σ actually carried by the released sum (what an accountant must be given)."""
+        if self.non_private:
+            return 0.0
+        if self.noise_mode == "paper":
+            return self.noise_multiplier * math.sqrt(self.replicas * self.accumulation_steps)
+        return self.noise_multiplier
+
+    @property
+    def noise_std(self) -> float:
+        """Per-coordinate std of the noise in the averaged update: σ_eff · C / B."""
+        return self.effective_noise_multiplier * self.clip_norm / self.expected_batch_size
+
+
+def _entropy_seed() -> int:
+    return secrets.randbits(62)
+
+
+class DPSGDTrainStep:
+    """The distributed train step: clipped sums accumulated over micro-rounds, one noise draw.
+
+    ``prepare_fn(features, seed) -> (model_inputs, targets)`` runs inside the replica (e.g. MLM
+    masking with ``seed``, a ``[2]`` int64 tensor); ``loss_fn(targets, outputs) -> [b]``;
+    ``metrics_fn(targets, outputs, example_mask) -> dict of scalar sums`` (optional).
+
+    A logical step is ``run_step(rounds, num_examples)``: ``rounds`` is a list of R ≥ 1 dicts
+    ``{"features": array [P, m, ...], "example_mask": array [P, m]}``; round r goes to replica p
+    as ``features[p]``. Each round adds its replica's clipped sum to the replica-local
+    accumulators (one compiled function); then one compiled ``apply`` all-reduces them, adds the
+    noise once, divides by B (private) or by ``num_examples`` (non-private), applies the
+    optimizer, zeroes the accumulators and increments ``dp_step``.
+    """
+
+    def __init__(self, model: tf_keras.Model, optimizer, config: DPSGDConfig, *,
+                 prepare_fn: Callable, loss_fn: Callable, metrics_fn: Optional[Callable] = None,
+                 strategy: Optional[tf.distribute.Strategy] = None, mask_seed: int = 0):
+        self.model = model
+        self.optimizer = optimizer
+        self.config = config
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.prepare_fn = prepare_fn
+        self.loss_fn = loss_fn
+        self.metrics_fn = metrics_fn
+        self.replicas = self.strategy.num_replicas_in_sync
+        if self.replicas != config.replicas:
+            raise ValueError(f"strategy has {self.replicas} replicas, config says {config.replicas}")
+        self.registry = make_layer_registry()
+        if config.non_private:
+            self.clipping_path = "none"
+            _log_path_once("dpbert DP-SGD: NON-PRIVATE baseline (no clipping, no noise, epsilon = inf)")
+        else:
+            check_model_supported(model, self.registry)
+            self.clipping_path = "ghost"
+            _log_path_once(
+                "dpbert DP-SGD: per-example clipping path = ghost norms (tensorflow-privacy registry: "
+                "Dense, Embedding, EinsumDense, LayerNormalization, MultiHeadAttention; one forward "
+                f"pass, two backward passes); noise mode = {config.noise_mode}, one draw per logical batch")
+        seed = config.noise_seed if config.noise_seed is not None else _entropy_seed()
+        self._noise_seed = tf.constant([seed >> 31, seed & 0x7FFFFFFF], dtype=tf.int64)
+        self._mask_seed = tf.constant([int(mask_seed), 0x5EED], dtype=tf.int64)
+        with self.strategy.scope():
+            self.variables = list(model.trainable_variables)
+            self.dp_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_step",
+                                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.accumulators = [
+                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"acc_{i}",
+                            synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.SUM)
+                for i, v in enumerate(self.variables)]
+            # Build the optimizer's slots now (not inside a replica function).
+            self.optimizer.build(self.variables)
+        self._accumulate_fn = tf.function(self._accumulate, autograph=False)
+        self._apply_fn = tf.function(self._apply, autograph=False)
+
+    # ----------------------------------------------------------------- replica computations
+    def _replica_seed(self, round_index):
+        ctx = tf.distribute.get_replica_context()
+        replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
+        seed = tf.random.experimental.stateless_fold_in(self._mask_seed, self.dp_step.read_value())
+        seed = tf.random.experimental.stateless_fold_in(seed, round_index)
+        return tf.random.experimental.stateless_fold_in(seed, replica)
+
+    def _compute(self, batch, round_index):
+        example_mask = tf.cast(batch["example_mask"], tf.float32)
+        inputs, targets = self.prepare_fn(batch["features"], self._replica_seed(round_index))
+        loss_fn = lambda outputs: self.loss_fn(targets, outputs)  # noqa: E731
+        if self.config.non_private:
+            grads, losses, outputs = plain_gradients(self.model, inputs, loss_fn, example_mask)
+            clipped = tf.constant(0.0)
+        else:
+            grads, losses, norms, outputs = ghost_clipped_gradients(
+                self.model, self.registry, inputs, loss_fn, example_mask, self.config.clip_norm)
+            clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * example_mask)
+        stats = {"loss_sum": tf.reduce_sum(losses), "examples": tf.reduce_sum(example_mask),
+                 "clipped": clipped}
+        if self.metrics_fn is not None:
+            stats.update(self.metrics_fn(targets, outputs, example_mask))
+        return grads, stats
+
+    def _replica_accumulate(self, batch, round_index):
+        grads, stats = self._compute(batch, round_index)
+        for acc, g in zip(self.accumulators, grads):
+            acc.assign_add(g)
+        return stats
+
+    def _noise(self):
+        step_seed = tf.random.experimental.stateless_fold_in(self._noise_seed, self.dp_step.read_value())
+        std = self.config.effective_noise_multiplier * self.config.clip_norm
+        return [std * tf.random.stateless_normal(
+                    v.shape, tf.random.experimental.stateless_fold_in(step_seed, i), dtype=v.dtype)
+                for i, v in enumerate(self.variables)]
+
+    def _replica_apply(self, denominator):
+        grads = [acc.read_value() for acc in self.accumulators]
+        ctx = tf.distribute.get_replica_context()
+        if self.replicas > 1:
+            grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        if not self.config.non_private:
+            # The same seed on every replica: the same single draw z is added everywhere.
+            grads = [g + z for g, z in zip(grads, self._noise())]
+        grads = [g / tf.cast(denominator, g.dtype) for g in grads]
+        self.optimizer.apply_gradients(zip(grads, self.variables), skip_gradients_aggregation=True)
+        for acc in self.accumulators:
+            acc.assign(tf.zeros_like(acc))
+        return tf.constant(0.0)
+
+    # ----------------------------------------------------------------- cross-replica functions
+    def _accumulate(self, batch, round_index):
+        stats = self.strategy.run(self._replica_accumulate, args=(batch, round_index))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, stats, axis=None)
+
+    def _apply(self, denominator):
+        self.strategy.run(self._replica_apply, args=(denominator,))
+        self.dp_step.assign_add(1)
+
+    # ----------------------------------------------------------------- host API
+    def _distribute(self, round_batch):
+        features = np.asarray(round_batch["features"])
+        mask = np.asarray(round_batch["example_mask"], dtype=np.float32)
+        if features.shape[0] != self.replicas or mask.shape[0] != self.replicas:
+            raise ValueError(f"round arrays must have a leading replica axis of {self.replicas}")
+        if self.replicas == 1 and not isinstance(self.strategy, tf.distribute.MirroredStrategy):
+            return {"features": tf.constant(features[0]), "example_mask": tf.constant(mask[0])}
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: {"features": tf.constant(features[ctx.replica_id_in_sync_group]),
+                         "example_mask": tf.constant(mask[ctx.replica_id_in_sync_group])})
+
+    def run_step(self, rounds: Sequence[Dict[str, np.ndarray]], num_examples: Optional[float] = None
+                 ) -> Dict[str, float]:
+        """One logical DP-SGD step over ``rounds`` (R ≥ 1). Returns summed stats (python floats)."""
+        if not rounds:
+            raise ValueError("a logical step needs at least one (possibly all-padding) round")
+        if self.config.non_private:
+            if num_examples is None:
+                num_examples = float(sum(np.sum(r["example_mask"]) for r in rounds))
+            denominator = max(float(num_examples), 1.0)
+        else:
+            denominator = float(self.config.expected_batch_size)
+        totals: Dict[str, float] = {}
+        denominator_t = tf.constant(denominator, tf.float32)
+        for r, round_batch in enumerate(rounds):
+            stats = self._accumulate_fn(self._distribute(round_batch), tf.constant(r, tf.int64))
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        self._apply_fn(denominator_t)
+        return totals

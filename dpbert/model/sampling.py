@@ -1,0 +1,167 @@
+"""Logical-batch sampling for DP-SGD and packing into fixed-shape micro-rounds.
+
+Poisson sampling (``mode="poisson"``, what the accountant's amplification-by-sampling assumes):
+every step, each of the n examples is included independently with probability q. q is GIVEN
+(planned by the accountant as B / n_planned before any private data is read) and used exactly,
+whatever the actual n, so the batch size is Binomial(n, q) with mean q·n (= B when n = n_planned).
+The sampler draws the size from Binomial(n, q) and then a uniform subset of that size, which
+is the same distribution as n independent coin flips, in O(batch) instead of O(n).
+
+Shuffling (``mode="shuffle"``): fixed-size batches of exactly B from a fresh random permutation
+each epoch (wrapping into the next epoch's permutation). Recorded as "shuffle" for the accountant:
+it gives no amplification by Poisson subsampling.
+
+Variable batch sizes, fixed shapes, no dropped example
+------------------------------------------------------
+The compiled step sees fixed shapes: a ROUND is ``[P, m, L]`` (P replicas × m examples each,
+``m = B / (P·T)``). A logical batch of b examples is packed into ``R = max(1, ceil(b / (P·m)))``
+rounds; the tail of the last round is padding with ``example_mask = 0`` (padded rows have zero
+loss, hence zero gradient, and are not counted). The noise is added once after the last round
+(``dpsgd.py``). R is T on average and varies with b; the cap is on the round's shape, not on the
+batch, so NO example is ever dropped and no overflow probability has to be folded into δ. An
+empty batch still takes a step (one all-padding round: the update is pure noise), as the
+Poisson mechanism requires.
+
+Fixed-cap alternative (for a fully compiled loop with a static number of rounds, e.g. TPU
+pods): ``poisson_batch_cap(n, q, failure_probability)`` returns the smallest multiple of P·m,
+``B_max ≈ B + k√B``, with P[Binomial(n, q) > B_max] ≤ failure_probability. Derivation: by
+Bernstein's inequality, with μ = nq and Var ≤ μ, P[X ≥ μ + k√μ] ≤ exp(−k² / (2(1 + k/(3√μ)))),
+so k ≈ √(2 ln(1/p_fail)) (+ a small correction) — k ≈ 7.5 for p_fail = 1e-12; the function uses
+the exact binomial tail (scipy). If such a cap is used, ``pack_rounds(..., max_rounds=...)``
+RAISES ``PoissonOverflowError`` instead of dropping examples (dropping would make the released
+sum depend on which examples were dropped and break the add/remove sensitivity C); the run's
+privacy guarantee is then (ε, δ + steps · p_fail), the overflow being the only event where the
+truncated mechanism differs from the analysed one. ``train_mlm`` does not use a cap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Optional
+
+import numpy as np
+
+SAMPLING_MODES = ("poisson", "shuffle")
+
+
+class PoissonOverflowError(RuntimeError):
+    """A Poisson batch exceeded an explicitly requested cap (never silently truncated)."""
+
+
+def micro_batch_size(batch_size: int, replicas: int, accumulation_steps: int) -> int:
+    """m = B / (P·T) examples per replica per round."""
+    if batch_size % (replicas * accumulation_steps):
+        raise ValueError(f"batch_size {batch_size} must be divisible by replicas × accumulation_steps "
+                         f"= {replicas * accumulation_steps}")
+    return batch_size // (replicas * accumulation_steps)
+
+
+def poisson_batch_cap(n: int, q: float, failure_probability: float = 1e-12, multiple: int = 1) -> int:
+    """Smallest multiple of ``multiple`` with P[Binomial(n, q) > cap] ≤ failure_probability."""
+    from scipy import stats
+
+    if not 0 < q <= 1:
+        raise ValueError(f"q must be in (0, 1], got {q}")
+    mean = n * q
+    cap = int(math.ceil(mean))
+    step = max(1, int(math.ceil(math.sqrt(max(mean, 1.0)) / 4)))
+    while stats.binom.sf(cap, n, q) > failure_probability and cap < n:
+        cap += step
+    while cap > 0 and stats.binom.sf(cap - 1, n, q) <= failure_probability:
+        cap -= 1
+    return int(math.ceil(cap / multiple) * multiple)
+
+
+def poisson_size_tolerance(n: int, q: float, draws: int = 1, z: float = 4.0) -> float:
+    """z standard errors of the mean of ``draws`` Binomial(n, q) batch sizes."""
+    return z * math.sqrt(n * q * (1 - q) / draws)
+
+
+class PoissonSampler:
+    """Each example independently in the batch with probability ``q``. ``seed=None``: OS entropy."""
+
+    mode = "poisson"
+
+    def __init__(self, n: int, q: float, seed: Optional[int] = None):
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not 0 < q <= 1:
+            raise ValueError(f"sampling probability q must be in (0, 1], got {q}")
+        self.n, self.q = int(n), float(q)
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.n * self.q
+
+    def sample(self) -> np.ndarray:
+        size = int(self.rng.binomial(self.n, self.q))
+        return np.sort(self.rng.choice(self.n, size=size, replace=False)).astype(np.int64)
+
+
+class ShuffleSampler:
+    """Fixed-size batches of ``batch_size`` from per-epoch random permutations."""
+
+    mode = "shuffle"
+
+    def __init__(self, n: int, batch_size: int, seed: Optional[int] = None):
+        if n < 1 or batch_size < 1:
+            raise ValueError("n and batch_size must be >= 1")
+        self.n, self.batch_size = int(n), int(batch_size)
+        self.rng = np.random.default_rng(seed)
+        self._order = np.empty(0, dtype=np.int64)
+
+    @property
+    def q(self) -> float:
+        return min(1.0, self.batch_size / self.n)
+
+    @property
+    def expected_batch_size(self) -> float:
+        return float(self.batch_size)
+
+    def sample(self) -> np.ndarray:
+        while self._order.size < self.batch_size:
+            self._order = np.concatenate([self._order, self.rng.permutation(self.n)])
+        batch, self._order = self._order[:self.batch_size], self._order[self.batch_size:]
+        return batch
+
+
+def make_sampler(mode: str, n: int, batch_size: int, q: Optional[float] = None,
+                 seed: Optional[int] = None):
+    if mode == "poisson":
+        return PoissonSampler(n, q if q is not None else min(1.0, batch_size / n), seed)
+    if mode == "shuffle":
+        return ShuffleSampler(n, batch_size, seed)
+    raise ValueError(f"sampling mode must be one of {SAMPLING_MODES}, got {mode!r}")
+
+
+def pack_rounds(data: np.ndarray, indices: np.ndarray, micro_batch: int, replicas: int,
+                max_rounds: Optional[int] = None) -> List[Dict[str, np.ndarray]]:
+    """Pack ``data[indices]`` into R ≥ 1 rounds ``{"features": [P, m, ...], "example_mask": [P, m]}``.
+
+    Padding rows are zeros (pad id 0) with mask 0. ``max_rounds``: raise ``PoissonOverflowError``
+    if the batch needs more rounds (never truncate).
+    """
+    per_round = micro_batch * replicas
+    b = int(len(indices))
+    rounds = max(1, int(math.ceil(b / per_round)))
+    if max_rounds is not None and rounds > max_rounds:
+        raise PoissonOverflowError(
+            f"batch of {b} examples needs {rounds} rounds > cap {max_rounds}; refusing to drop examples")
+    features = np.zeros((rounds * per_round,) + data.shape[1:], dtype=data.dtype)
+    mask = np.zeros((rounds * per_round,), dtype=np.float32)
+    features[:b] = data[np.asarray(indices, dtype=np.int64)]
+    mask[:b] = 1.0
+    features = features.reshape((rounds, replicas, micro_batch) + data.shape[1:])
+    mask = mask.reshape(rounds, replicas, micro_batch)
+    return [{"features": features[r], "example_mask": mask[r]} for r in range(rounds)]
+
+
+@dataclasses.dataclass
+class SamplingRecord:
+    """What the accountant needs to know about how batches were drawn."""
+
+    mode: str
+    q: float
+    expected_batch_size: float
+    n: int

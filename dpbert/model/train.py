@@ -1,0 +1,422 @@
+"""MLM pre-training with DP-SGD (or the non-private baseline): ``train_mlm``.
+
+One call trains (or resumes) a BERT MLM on already tokenized, padded tuples ``token_ids``
+``[n, L]`` (pad id 0) and writes to ``output_dir``::
+
+    checkpoints/        tf.train.CheckpointManager: model, optimizer (its step counter), dp_step
+    dp_ledger.json      DP steps EXECUTED in this run chain, written BEFORE each step runs
+    run_config.json     the privacy-relevant parameters; a resume with different ones is refused
+    model/              model_config.json + Keras weights (``dpbert.model.bert.load_bert``)
+    saved_model/        SavedModel of the encoder (optional, ``export_saved_model=True``)
+    tensorboard/        loss, MLM accuracy, fraction of clipped examples, batch size, lr
+    train_result.json   ``TrainResult``
+
+Step counting across crashes: the checkpoint holds the optimizer's ``iterations`` and the
+``dp_step`` counter, so a resumed run continues at the checkpoint's step and stops at the planned
+total. Steps executed after the last checkpoint and lost in a crash were still computed on private
+data; the write-ahead ledger counts them, and ``TrainResult.steps_taken_total`` (what the
+accountant must charge) is the ledger's count, ≥ ``model_step`` (the step of the saved model).
+
+Distribution: ``training.strategy`` default (one device) | mirrored (``MirroredStrategy`` over
+the first P devices: GPUs, or logical CPUs made with ``configure_logical_cpus(P)`` BEFORE
+TensorFlow initialises its devices — which is how P = 2 is tested on a CPU machine) | tpu
+(``TPUClusterResolver(tpu=$TPU_NAME)``, ``experimental_connect_to_cluster``,
+``initialize_tpu_system``, ``TPUStrategy`` — the same host loop; untested here, there is no TPU).
+``multi_worker_mirrored`` is refused: the Poisson sample and the noise seed would have to be
+shared secrets across workers, which this trainer does not implement.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from dpbert.model import bert as bert_lib
+from dpbert.model import dpsgd, masking, sampling
+
+log = logging.getLogger(__name__)
+
+LEDGER_FILE = "dp_ledger.json"
+RUN_CONFIG_FILE = "run_config.json"
+RESULT_FILE = "train_result.json"
+MASK_TOKEN_NAMES = ("[MASK]", "<mask>", "MASK")
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised by ``train_mlm(..., stop_after_steps=k)`` (tests): stops like a crash, no final save."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    steps_taken_total: int
+    steps_this_run: int
+    model_step: int
+    resumed_from_step: int
+    steps_planned: int
+    losses: List[float]
+    final_mlm_loss: float
+    final_mlm_accuracy: float
+    clipped_fraction: float
+    sampling_mode: str
+    sampling_rate: float
+    expected_batch_size: float
+    logical_batch: int
+    replicas: int
+    accumulation: int
+    micro_batch: int
+    noise_multiplier: float
+    effective_noise_multiplier: float
+    noise_mode: str
+    clip_norm: float
+    non_private: bool
+    epsilon: Optional[float]
+    delta: Optional[float]
+    dataset_size: int
+    planned_dataset_size: int
+    clipping_path: str
+    strategy: str
+    seconds: float
+    model_dir: str
+    checkpoint_dir: str
+    saved_model_dir: Optional[str]
+    tensorboard_dir: str
+    ledger_path: str
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        if data["epsilon"] is not None and math.isinf(data["epsilon"]):
+            data["epsilon"] = "inf"
+        return data
+
+
+# --------------------------------------------------------------------------- devices / strategy
+def configure_logical_cpus(count: int):
+    """Split the first CPU into ``count`` logical devices. Must run before TF initialises devices
+    (i.e. before any op runs); raises RuntimeError otherwise."""
+    cpus = tf.config.list_physical_devices("CPU")
+    existing = tf.config.get_logical_device_configuration(cpus[0])
+    if existing is not None and len(existing) == count:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"cannot split the CPU into {count} logical devices after TensorFlow has initialised; "
+            f"call configure_logical_cpus({count}) first thing in the process") from err
+
+
+def make_strategy(name: str, replicas: int) -> tf.distribute.Strategy:
+    if name == "default":
+        if replicas != 1:
+            raise ValueError(f"training.replicas={replicas} needs training.strategy mirrored or tpu")
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = gpus if len(gpus) >= replicas else tf.config.list_logical_devices("CPU")
+        if len(devices) < replicas:
+            raise ValueError(
+                f"mirrored strategy with {replicas} replicas needs {replicas} devices, found "
+                f"{len(devices)}; on a CPU machine call configure_logical_cpus({replicas}) before "
+                f"TensorFlow starts")
+        return tf.distribute.MirroredStrategy(devices=[d.name for d in devices[:replicas]])
+    if name == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=os.environ.get("TPU_NAME", ""))
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        strategy = tf.distribute.TPUStrategy(resolver)
+        if strategy.num_replicas_in_sync != replicas:
+            raise ValueError(f"TPU has {strategy.num_replicas_in_sync} replicas, config says {replicas}")
+        return strategy
+    if name == "multi_worker_mirrored":
+        raise NotImplementedError(
+            "multi_worker_mirrored needs the Poisson sample and the noise seed shared secretly "
+            "across workers; not implemented (use mirrored or tpu)")
+    raise ValueError(f"unknown strategy {name!r}")
+
+
+# --------------------------------------------------------------------------- schedule
+class WarmupLinearDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
+    """BERT's schedule: linear warmup 0 → peak over ``warmup_steps``, then linear decay to 0 at
+    ``total_steps``."""
+
+    def __init__(self, peak: float, warmup_steps: int, total_steps: int):
+        self.peak, self.warmup_steps, self.total_steps = float(peak), int(warmup_steps), int(total_steps)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warmup = tf.cast(max(self.warmup_steps, 1), tf.float32)
+        total = tf.cast(max(self.total_steps, self.warmup_steps + 1), tf.float32)
+        up = self.peak * (step + 1.0) / warmup
+        down = self.peak * tf.maximum(total - step, 0.0) / tf.maximum(total - float(self.warmup_steps), 1.0)
+        return tf.where(step < float(self.warmup_steps), up, down)
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
+
+
+def make_optimizer(training_config, total_steps: int):
+    """AdamW (decoupled weight decay, not on LayerNorm or biases) with ``WarmupLinearDecay``."""
+    schedule = WarmupLinearDecay(training_config.learning_rate, training_config.warmup_steps, total_steps)
+    optimizer = tf_keras.optimizers.AdamW(learning_rate=schedule, weight_decay=training_config.weight_decay,
+                                          beta_1=0.9, beta_2=0.999, epsilon=1e-6, jit_compile=False)
+    optimizer.exclude_from_weight_decay(var_names=["layer_norm", "bias"])
+    optimizer.dpbert_schedule = schedule
+    return optimizer
+
+
+# --------------------------------------------------------------------------- MLM functions
+def _mask_token_id(special_token_ids, mask_token_id):
+    if mask_token_id is not None:
+        return int(mask_token_id)
+    if isinstance(special_token_ids, Mapping):
+        for name in MASK_TOKEN_NAMES:
+            if name in special_token_ids:
+                return int(special_token_ids[name])
+    raise ValueError("pass special_token_ids as a mapping with '[MASK]', or mask_token_id=")
+
+
+def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask_token_id: int,
+                       mask_probability: float):
+    """(prepare_fn, loss_fn, metrics_fn) for ``dpsgd.DPSGDTrainStep`` on the MLM model."""
+
+    def prepare_fn(features, seed):
+        masked = masking.mask_tokens(
+            features, seed, special_token_ids=special_ids, mask_token_id=mask_token_id,
+            vocab_size=spec.vocab_size, max_predictions=spec.max_predictions,
+            mask_probability=mask_probability, pad_id=spec.pad_id)
+        inputs = {"input_ids": masked["input_ids"], "masked_positions": masked["masked_positions"]}
+        return inputs, (masked["masked_labels"], masked["masked_weights"])
+
+    def loss_fn(targets, logits):
+        labels, weights = targets
+        return dpsgd.per_example_mlm_loss(labels, logits, weights)
+
+    def metrics_fn(targets, logits, example_mask):
+        labels, weights = targets
+        weights = weights * example_mask[:, tf.newaxis]
+        correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
+        return {"correct": tf.reduce_sum(correct * weights), "predictions": tf.reduce_sum(weights)}
+
+    return prepare_fn, loss_fn, metrics_fn
+
+
+# --------------------------------------------------------------------------- ledger
+def _read_json(path: Path, default):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return default
+
+
+def _write_json_atomic(path: Path, data):
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _planned_steps(training_config, n_planned: int) -> int:
+    if training_config.steps is not None:
+        return int(training_config.steps)
+    return int(math.ceil(training_config.epochs * n_planned / training_config.batch_size))
+
+
+# --------------------------------------------------------------------------- main entry point
+def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int], Sequence[int]],
+              vocab_size: int, model_config, training_config, output_dir,
+              sampling_probability: Optional[float] = None, resume: bool = True, progress: bool = True,
+              *, mask_token_id: Optional[int] = None, noise_mode: str = "once",
+              export_saved_model: bool = True, stop_after_steps: Optional[int] = None,
+              strategy: Optional[tf.distribute.Strategy] = None) -> TrainResult:
+    """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
+
+    ``sampling_probability``: the q planned by the accountant (Poisson mode); default
+    ``batch_size / (training.dataset_size or n)``. It is used exactly whatever the actual n.
+    ``special_token_ids``: mapping name → id (must contain ``[MASK]``) or a sequence of ids plus
+    ``mask_token_id``. ``stop_after_steps`` (tests): raise ``SimulatedCrash`` after that many steps
+    of this run, without saving, like a crash.
+    """
+    t0 = time.time()
+    tc = training_config
+    token_ids = np.asarray(token_ids)
+    if token_ids.ndim != 2 or not np.issubdtype(token_ids.dtype, np.integer):
+        raise ValueError(f"token_ids must be an integer array [n, L], got {token_ids.dtype} {token_ids.shape}")
+    n, length = token_ids.shape
+    if n < 1:
+        raise ValueError("token_ids is empty")
+    if length > model_config.max_seq_length:
+        raise ValueError(f"sequences of length {length} exceed model.max_seq_length {model_config.max_seq_length}")
+    if length < model_config.max_seq_length:
+        token_ids = np.pad(token_ids, [(0, 0), (0, model_config.max_seq_length - length)])
+    token_ids = token_ids.astype(np.int32)
+    if token_ids.max() >= vocab_size or token_ids.min() < 0:
+        raise ValueError(f"token ids must be in [0, {vocab_size})")
+    mask_id = _mask_token_id(special_token_ids, mask_token_id)
+    specials = sorted(set(int(v) for v in (special_token_ids.values() if isinstance(special_token_ids, Mapping)
+                                            else special_token_ids)) | {mask_id, 0})
+
+    n_planned = int(tc.dataset_size) if tc.dataset_size is not None else n
+    if tc.sampling == "poisson":
+        q = float(sampling_probability) if sampling_probability is not None else min(1.0, tc.batch_size / n_planned)
+        expected_batch = q * n_planned
+    else:
+        if sampling_probability is not None:
+            raise ValueError("sampling_probability is for Poisson sampling; training.sampling is shuffle")
+        q = min(1.0, tc.batch_size / n)
+        expected_batch = float(tc.batch_size)
+    if not 0 < q <= 1:
+        raise ValueError(f"sampling probability must be in (0, 1], got {q}")
+    steps_planned = _planned_steps(tc, n_planned)
+    P, T = int(tc.replicas), int(tc.accumulation_steps)
+    m = sampling.micro_batch_size(tc.batch_size, P, T)
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = output_dir / "checkpoints"
+    tb_dir = output_dir / "tensorboard"
+    ledger_path = output_dir / LEDGER_FILE
+    spec = bert_lib.spec_from_config(model_config, vocab_size, tc.mask_probability)
+    run_config = {
+        "spec": spec.to_dict(), "batch_size": tc.batch_size, "sampling": tc.sampling, "q": q,
+        "noise_multiplier": 0.0 if tc.non_private else tc.noise_multiplier, "clip_norm": tc.clip_norm,
+        "non_private": tc.non_private, "noise_mode": noise_mode, "mask_probability": tc.mask_probability,
+        "specials": specials, "mask_token_id": mask_id,
+    }
+    if not resume and (ckpt_dir.exists() or ledger_path.exists()):
+        old = _read_json(ledger_path, {})
+        log.warning("resume=False: discarding checkpoints in %s (previous chain executed %s DP steps)",
+                    ckpt_dir, old.get("steps_executed"))
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        history = old.get("history", []) + ([{"steps_executed": old["steps_executed"]}] if old else [])
+        _write_json_atomic(ledger_path, {"steps_executed": 0, "history": history})
+    previous = _read_json(output_dir / RUN_CONFIG_FILE, None)
+    if resume and previous is not None and (ckpt_dir.exists() and tf.train.latest_checkpoint(str(ckpt_dir))):
+        if previous != json.loads(json.dumps(run_config)):
+            diff = sorted(k for k in run_config if previous.get(k) != json.loads(json.dumps(run_config[k])))
+            raise ValueError(f"cannot resume {output_dir}: parameters changed ({', '.join(diff)}); "
+                             f"use a new output_dir or resume=False")
+    _write_json_atomic(output_dir / RUN_CONFIG_FILE, run_config)
+
+    strategy = strategy or make_strategy(tc.strategy, P)
+    dp_config = dpsgd.DPSGDConfig(
+        clip_norm=tc.clip_norm, noise_multiplier=tc.noise_multiplier, expected_batch_size=expected_batch,
+        non_private=tc.non_private, noise_mode=noise_mode, noise_seed=tc.noise_seed, replicas=P,
+        accumulation_steps=T)
+    prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, mask_id, tc.mask_probability)
+    with strategy.scope():
+        models = bert_lib.build_bert(spec, seed=tc.seed)
+        if model_config.init == "minilm":
+            from dpbert.model import init_public
+            init_public.init_from_minilm(models)
+        optimizer = make_optimizer(tc, steps_planned)
+    stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn,
+                                   loss_fn=loss_fn, metrics_fn=metrics_fn, strategy=strategy,
+                                   mask_seed=tc.seed)
+    checkpoint = tf.train.Checkpoint(model=models.mlm, optimizer=optimizer, dp_step=stepper.dp_step)
+    manager = tf.train.CheckpointManager(checkpoint, str(ckpt_dir), max_to_keep=3)
+    start_step = 0
+    if resume and manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        start_step = int(stepper.dp_step.numpy())
+        if int(optimizer.iterations.numpy()) != start_step:
+            raise RuntimeError("checkpoint's optimizer step and DP step disagree")
+        log.info("resumed from %s at step %d", manager.latest_checkpoint, start_step)
+    ledger = _read_json(ledger_path, {"steps_executed": 0})
+    ledger["steps_executed"] = max(int(ledger.get("steps_executed", 0)), start_step)
+    _write_json_atomic(ledger_path, ledger)
+
+    sampling_seed = None if tc.noise_seed is None else [int(tc.noise_seed), start_step]
+    if tc.sampling == "poisson":
+        sampler = sampling.PoissonSampler(n, q, seed=sampling_seed)
+    else:
+        sampler = sampling.ShuffleSampler(n, tc.batch_size, seed=sampling_seed)
+    log.info("train_mlm: n=%d (planned %d), %s sampling q=%.6g, E[batch]=%.2f, P=%d, T=%d, m=%d, "
+             "sigma=%s, C=%s, non_private=%s, steps %d→%d", n, n_planned, tc.sampling, q, expected_batch,
+             P, T, m, tc.noise_multiplier, tc.clip_norm, tc.non_private, start_step, steps_planned)
+
+    writer = tf.summary.create_file_writer(str(tb_dir))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=steps_planned, initial=start_step, desc="DP-SGD" if not tc.non_private else "SGD",
+                   unit="step")
+    losses: List[float] = []
+    last_accuracy = float("nan")
+    clipped_total = examples_total = 0.0
+    steps_this_run = 0
+    step = start_step
+    try:
+        while step < steps_planned:
+            if stop_after_steps is not None and steps_this_run >= stop_after_steps:
+                raise SimulatedCrash(f"simulated crash after {steps_this_run} steps (at step {step})")
+            ledger["steps_executed"] += 1  # write-ahead: a step that starts is charged
+            _write_json_atomic(ledger_path, ledger)
+            indices = sampler.sample()
+            rounds = sampling.pack_rounds(token_ids, indices, m, P)
+            stats = stepper.run_step(rounds)
+            step += 1
+            steps_this_run += 1
+            examples = stats["examples"]
+            loss = stats["loss_sum"] / examples if examples > 0 else float("nan")
+            last_accuracy = stats["correct"] / stats["predictions"] if stats["predictions"] > 0 else float("nan")
+            losses.append(loss)
+            clipped_total += stats["clipped"]
+            examples_total += examples
+            with writer.as_default(step=step):
+                tf.summary.scalar("mlm_loss", loss)
+                tf.summary.scalar("mlm_accuracy", last_accuracy)
+                tf.summary.scalar("clipped_fraction", stats["clipped"] / examples if examples else 0.0)
+                tf.summary.scalar("batch_size", examples)
+                tf.summary.scalar("learning_rate", float(optimizer.dpbert_schedule(step - 1)))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", acc=f"{last_accuracy:.3f}")
+            if step % tc.checkpoint_every == 0:
+                manager.save(checkpoint_number=step)
+    finally:
+        if bar is not None:
+            bar.close()
+        writer.flush()
+    if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[1]) != step:
+        manager.save(checkpoint_number=step)
+    model_dir = output_dir / "model"
+    bert_lib.save_bert(models, model_dir)
+    saved_model_dir = None
+    if export_saved_model:
+        saved_model_dir = output_dir / "saved_model"
+        models.encoder.save(str(saved_model_dir), include_optimizer=False, save_format="tf")
+        saved_model_dir = str(saved_model_dir)
+
+    result = TrainResult(
+        steps_taken_total=int(ledger["steps_executed"]), steps_this_run=steps_this_run,
+        model_step=int(stepper.dp_step.numpy()), resumed_from_step=start_step, steps_planned=steps_planned,
+        losses=losses, final_mlm_loss=float(np.mean(losses[-min(len(losses), 5):])) if losses else float("nan"),
+        final_mlm_accuracy=last_accuracy,
+        clipped_fraction=clipped_total / examples_total if examples_total else 0.0,
+        sampling_mode=tc.sampling, sampling_rate=q, expected_batch_size=expected_batch,
+        logical_batch=tc.batch_size, replicas=P, accumulation=T, micro_batch=m,
+        noise_multiplier=0.0 if tc.non_private else tc.noise_multiplier,
+        effective_noise_multiplier=dp_config.effective_noise_multiplier, noise_mode=noise_mode,
+        clip_norm=tc.clip_norm, non_private=tc.non_private,
+        epsilon=math.inf if tc.non_private else None, delta=None if tc.non_private else tc.delta,
+        dataset_size=n, planned_dataset_size=n_planned, clipping_path=stepper.clipping_path,
+        strategy=type(strategy).__name__, seconds=time.time() - t0, model_dir=str(model_dir),
+        checkpoint_dir=str(ckpt_dir), saved_model_dir=saved_model_dir, tensorboard_dir=str(tb_dir),
+        ledger_path=str(ledger_path))
+    _write_json_atomic(output_dir / RESULT_FILE, result.to_dict())
+    return result
+
+
+def load_encoder(output_dir) -> bert_lib.BertModels:
+    """Rebuild the trained models from ``output_dir/model`` (config + weights)."""
+    return bert_lib.load_bert(Path(output_dir) / "model")
