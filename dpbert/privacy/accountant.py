@@ -1,0 +1,371 @@
+r"""The privacy ledger: ε of DP-SGD, of the vocabulary, and of the whole run.
+
+Everything is recomputed from the events recorded on the artifacts (``dpbert.privacy.events``)
+or, before a run, from the configuration alone (``planned_ledger``). The unit of privacy is one
+N-word tuple (or one patient with ≤ k tuples, ``privacy.unit = patient``); every mechanism of a
+ledger must use the same unit.
+
+DP-SGD (``dpsgd_epsilon``, ``dpsgd_report``)
+--------------------------------------------
+Poisson sampling: SelfComposed(PoissonSampled(q, Gaussian(σ)), steps), q = B/n, accounted by
+dp-accounting 0.4.3's ``RdpAccountant`` (Mironov et al. 2019) and ``PLDAccountant`` (privacy
+loss distributions, Koskela et al. 2020 / Doroshenko et al. 2022; value discretization 1e-4,
+pessimistic). With steps from epochs, steps = ceil(epochs·n/B). Reference values
+(n = 60000, B = 256, σ = 1.1, 60 epochs → 14063 steps, q = 256/60000, δ = 1e-5):
+RDP ε = 2.597, PLD ε = 2.382 — PLD is tighter because RDP's conversion to (ε, δ) is lossy.
+Shuffled fixed-size batches: no amplification, replace-one adjacency (σ/2 per occurrence),
+see ``events`` for the derivation and the count of occurrences.
+
+tensorflow-privacy 0.9.0's ``compute_dp_sgd_privacy_statement`` defaults to
+``used_microbatching=True``, which halves σ (microbatches of > 1 example double the add/remove
+sensitivity) and reports ε = 16.384 for the configuration above; dpbert clips per example (one
+example per microbatch), so that doubling does not apply: with ``used_microbatching=False`` it
+reports 2.597 = our RDP ε.
+
+Composition (``ledger``)
+------------------------
+Inputs: the vocabulary record (σ, m√N, threshold C, its total δ_V) and training records. The
+target δ (``delta_target``) is the total δ of everything released. Three bounds, each at total
+δ_target, each stated with its δ split:
+
+* basic: ε_V + ε_T with δ_V + δ_T = δ_target: ε_V is the histogram's ε at its own δ_V
+  (``histogram.histogram_epsilon``: per-configuration bound), ε_T the training events' PLD ε at
+  δ_T = δ_target − δ_V (basic composition, Dwork & Roth 2014, Thm. 3.16).
+* pld (``epsilon_total_pld``, the number checked against the budget): the histogram's Gaussian
+  part, GaussianDpEvent(σ/(m√N)), and all training events composed in ONE ``PLDAccountant``,
+  evaluated at δ_c = δ_target − δ₂, where δ₂ = mN·P[Z ≥ C − m] is the threshold's δ. Valid by
+  the split bound (``histogram`` docstring): conditioned on no fresh word being released
+  (probability ≥ 1 − δ₂, on either side of a neighbouring pair), the vocabulary is a
+  post-processing of the Gaussian, so the adaptive composition is (ε, δ_c + δ₂)-DP.
+  dp-accounting has no thresholding event, hence δ₂ outside the PLD.
+* rdp: the same composition in ``RdpAccountant``, at δ_c.
+Reference (``/work/shared/DP-VOCABULARY-NOTES.md``): q = 131072/83M, σ_T = 2.72, 50k steps,
+vocabulary σ = 200, δ_V = 1e-9, N = 256, δ_target = 1.1e-8: ε_T = 0.676 at δ_T = 1e-8,
+composed PLD ε = 0.792 at δ_c = 1e-8, basic 0.424 + 0.676 = 1.100 (the notes' 1.109 adds the
+library-split ε_V = 0.434 instead of the per-configuration 0.424).
+
+Adjacency: the vocabulary and Poisson DP-SGD are accounted for adding/removing one unit;
+shuffled DP-SGD for replacing one (twice the sensitivity), which also covers "zero-out"
+(replacing the unit by an empty one, which for the histogram is the same as removing it). A
+ledger that mixes them therefore holds for zero-out adjacency.
+
+Several training records compose (a resumed run records the steps of each segment).
+A non-private stage (``NonPrivateDpEvent``) makes every ε infinite: reports hold
+``float('inf')`` and ``"non_private": True``; ``events.to_json`` writes it as the string "inf".
+
+Budget (``planned_ledger``): ``within_budget`` is ``epsilon_total_pld <= privacy.epsilon_budget``
+(always true without a budget). The total δ of a planned run is vocab.delta (or the real δ of the
+paper's threshold) + training.delta.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+import dp_accounting
+from dp_accounting import pld as _pld
+from dp_accounting import rdp as _rdp
+
+from dpbert.privacy import _checks
+from dpbert.privacy import events as _events
+from dpbert.privacy import histogram as _histogram
+
+ACCOUNTANTS = ("pld", "rdp")
+PLD_DISCRETIZATION = _histogram.PLD_DISCRETIZATION
+TF_PRIVACY_NOTE = (
+    "tensorflow-privacy 0.9.0's compute_dp_sgd_privacy_statement assumes used_microbatching=True "
+    "by default, which halves the noise multiplier (16.384 instead of 2.597 for n=60000, B=256, "
+    "sigma=1.1, 60 epochs, delta=1e-5); dpbert clips per example, so pass "
+    "used_microbatching=False to compare.")
+
+
+def _make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
+    _checks.choice("accountant", kind, ACCOUNTANTS)
+    if kind == "pld":
+        return _pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    return _rdp.RdpAccountant()
+
+
+def _gaussian_only(event: dp_accounting.DpEvent) -> Optional[float]:
+    """Σ count/σ² over a composition made only of GaussianDpEvents (None if anything else)."""
+    if isinstance(event, dp_accounting.NoOpDpEvent):
+        return 0.0
+    if isinstance(event, dp_accounting.GaussianDpEvent):
+        return math.inf if event.noise_multiplier == 0 else event.noise_multiplier ** -2
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        inner = _gaussian_only(event.event)
+        return None if inner is None else event.count * inner
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        parts = [_gaussian_only(e) for e in event.events]
+        return None if any(p is None for p in parts) else sum(parts)
+    return None
+
+
+def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str) -> float:
+    """ε at δ of ``event``. For "pld", a composition of Gaussian mechanisms only (the vocabulary,
+    shuffled DP-SGD) is one Gaussian mechanism with noise multiplier (Σ count/σᵢ²)^(−1/2) — its
+    privacy loss distribution is exactly that Gaussian's — so its ε is evaluated in closed form
+    (Balle & Wang 2018), the exact value the discretized PLD approximates from above (and which
+    dp-accounting 0.4.3 takes seconds to reach for noise multipliers ≪ 1)."""
+    if kind == "pld":
+        weight = _gaussian_only(event)
+        if weight is not None:
+            if weight == 0:
+                return 0.0
+            if math.isinf(weight):
+                return math.inf
+            return _histogram.gaussian_epsilon(weight ** -0.5, delta, 1.0, method="analytic")
+    accountant = _make_accountant(kind)
+    if not accountant.supports(event):
+        raise ValueError(f"event is not supported by the {kind} accountant: {event}")
+    return float(accountant.compose(event).get_epsilon(delta))
+
+
+def steps_for(examples: int, batch_size: int, epochs: float) -> int:
+    """ceil(epochs · n / B) (14063 for 60 epochs of 60000 examples, B = 256)."""
+    examples = _checks.integer("examples", examples, 1)
+    batch_size = _checks.integer("batch_size", batch_size, 1)
+    epochs = _checks.positive("epochs", epochs)
+    x = epochs * examples / batch_size
+    exact = _events._nearest_integer(x)
+    return max(1, exact if exact is not None else math.ceil(x))
+
+
+# ------------------------------------------------------------------------------------ DP-SGD
+
+def dpsgd_epsilon(noise_multiplier: float, sampling_probability: float, steps: int, delta: float,
+                  sampling: str = "poisson", accountant: str = "pld",
+                  max_contributions: int = 1) -> float:
+    """ε of ``steps`` DP-SGD steps at δ (event: ``events.dpsgd_dp_event``)."""
+    delta = _checks.probability("delta", delta)
+    event = _events.dpsgd_dp_event(noise_multiplier, sampling_probability, steps, sampling,
+                                   max_contributions)
+    return _epsilon(event, delta, accountant)
+
+
+def dpsgd_report(examples: int, batch_size: int, noise_multiplier: float, delta: float,
+                 epochs: Optional[float] = None, steps: Optional[int] = None,
+                 sampling: str = "poisson", max_contributions: int = 1) -> Dict[str, Any]:
+    """ε of DP-SGD on n = ``examples`` with batch B (give exactly one of epochs and steps).
+
+    Returns: examples, batch_size, noise_multiplier, delta, steps, epochs (= steps·B/n),
+    sampling_probability (B/n), sampling, adjacency, unit, max_contributions, epsilon_rdp,
+    epsilon_pld, event (the training record), tf_privacy_note, and for shuffle participations /
+    straddling.
+    """
+    delta = _checks.probability("delta", delta)
+    examples = _checks.integer("examples", examples, 1)
+    batch_size = _checks.integer("batch_size", batch_size, 1)
+    if (epochs is None) == (steps is None):
+        raise ValueError(f"exactly one of epochs and steps must be given, got epochs={epochs!r}, "
+                         f"steps={steps!r}")
+    if steps is None:
+        steps = steps_for(examples, batch_size, epochs)
+    record = _events.dpsgd_event(noise_multiplier, batch_size, examples, steps, sampling,
+                                 max_contributions)
+    event = _events.dp_event_from_dict(record["event"])
+    report = {
+        "examples": examples, "batch_size": batch_size, "noise_multiplier": float(noise_multiplier),
+        "delta": delta, "steps": record["steps"], "epochs": record["steps"] * batch_size / examples,
+        "sampling_probability": record["sampling_probability"], "sampling": sampling,
+        "adjacency": record["adjacency"], "unit": record["unit"],
+        "max_contributions": record["max_contributions"],
+        "epsilon_rdp": _epsilon(event, delta, "rdp"),
+        "epsilon_pld": _epsilon(event, delta, "pld"),
+        "event": record,
+        "tf_privacy_note": TF_PRIVACY_NOTE,
+    }
+    if sampling == "shuffle":
+        report["participations"] = record["participations"]
+        report["straddling"] = record["straddling"]
+    return report
+
+
+def noise_multiplier_for_target(target_epsilon: float, sampling_probability: float, steps: int,
+                                delta: float, sampling: str = "poisson", accountant: str = "pld",
+                                tol: float = 1e-3, max_contributions: int = 1) -> float:
+    """Smallest σ (within ``tol``) whose DP-SGD ε at δ is ≤ ``target_epsilon``.
+
+    dp-accounting's ``calibrate_dp_mechanism`` (Brent's method; it guarantees ε(σ) ≤ target)
+    on an explicit bracket. The bracket is grown from σ = 1 by factors of 2 for RDP; for PLD it
+    starts at the (cheap) RDP answer and moves by factors of 1.25, so that the slow PLD is never
+    evaluated at a σ much smaller than the answer. σ is not searched below 0.01: if even that
+    meets the target, 0.01 is returned (valid, not minimal).
+    """
+    target_epsilon = _checks.positive("target_epsilon", target_epsilon)
+    delta = _checks.probability("delta", delta)
+    tol = _checks.positive("tol", tol)
+    _checks.choice("accountant", accountant, ACCOUNTANTS)
+    # Validate the remaining arguments once, with clear messages.
+    _events.dpsgd_dp_event(1.0, sampling_probability, steps, sampling, max_contributions)
+
+    def make_event(sigma: float):
+        return _events.dpsgd_dp_event(sigma, sampling_probability, steps, sampling, max_contributions)
+
+    def eps(sigma: float) -> float:
+        return _epsilon(make_event(sigma), delta, accountant)
+
+    floor = 1e-2
+    if accountant == "pld":
+        hi = noise_multiplier_for_target(target_epsilon, sampling_probability, steps, delta, sampling,
+                                         "rdp", tol, max_contributions)
+        factor = 1.25
+    else:
+        hi, factor = 1.0, 2.0
+    while eps(hi) > target_epsilon:
+        hi *= factor
+        if hi > 1e6:
+            raise ValueError(f"target_epsilon {target_epsilon} is not reachable with noise_multiplier "
+                             f"<= 1e6")
+    lo = max(hi / factor, floor)
+    while eps(lo) <= target_epsilon:
+        if lo <= floor:
+            return floor
+        hi, lo = lo, max(lo / factor, floor)
+    return float(dp_accounting.calibrate_dp_mechanism(
+        lambda: _make_accountant(accountant), make_event, target_epsilon, delta,
+        dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol))
+
+
+# ------------------------------------------------------------------------------------ ledger
+
+def ledger(vocab_event_json, train_event_jsons: Iterable, delta_target: float) -> Dict[str, Any]:
+    """Compose the vocabulary record and the training records at total δ = ``delta_target``.
+
+    ``vocab_event_json``: a vocabulary record (JSON text or dict: ``events.histogram_event`` or
+    ``events.non_private_event("vocab")``), or None if no vocabulary was built from private
+    data. ``train_event_jsons``: training records (``events.dpsgd_event`` /
+    ``non_private_event("train")``), composed in order.
+
+    Returns (ε as float, ``inf`` for a non-private stage):
+      epsilon_vocab at delta_vocab (the histogram's own total δ),
+      epsilon_train (PLD) and epsilon_train_rdp at delta_train = delta_target − delta_vocab,
+      epsilon_total_basic = epsilon_vocab + epsilon_train (δ = delta_vocab + delta_train),
+      epsilon_total_pld, epsilon_total_rdp at delta_composed = delta_target − delta_threshold
+        (vocabulary Gaussian + training in one accountant, the threshold's δ₂ added at the end),
+      epsilon_total (= epsilon_total_pld), delta / delta_total (= delta_target), delta_vocab,
+      delta_train, delta_threshold, delta_composed, steps, non_private, unit, max_contributions.
+    """
+    delta_target = _checks.probability("delta_target", delta_target)
+    if isinstance(train_event_jsons, (str, bytes, Mapping)):
+        raise ValueError("train_event_jsons must be a list of training records")
+    vocab = None if vocab_event_json is None else _events.validate_record(vocab_event_json)
+    trains = [_events.validate_record(t) for t in train_event_jsons]
+    if vocab is not None and vocab["stage"] != "vocab":
+        raise ValueError(f"vocab_event_json must be a vocabulary record, got stage {vocab['stage']!r}")
+    for record in trains:
+        if record["stage"] != "train":
+            raise ValueError(f"train_event_jsons must hold training records, got stage {record['stage']!r}")
+
+    units = {(r["unit"], r["max_contributions"]) for r in ([vocab] if vocab else []) + trains
+             if r["mechanism"] != "non_private"}
+    if len(units) > 1:
+        raise ValueError(f"all records must use the same privacy unit, got {sorted(units)}")
+    unit, k = next(iter(units)) if units else ("tuple", 1)
+
+    non_private = any(r["mechanism"] == "non_private" for r in ([vocab] if vocab else []) + trains)
+    steps = sum(r.get("steps", 0) for r in trains)
+
+    if vocab is not None and vocab["mechanism"] == "dp_histogram":
+        delta_vocab = vocab["delta"]
+        delta_threshold = vocab["threshold_delta"]
+    else:
+        delta_vocab = delta_threshold = 0.0
+    delta_train = delta_target - delta_vocab
+    delta_composed = delta_target - delta_threshold
+    if delta_train <= 0 or delta_composed <= 0:
+        raise ValueError(f"delta_target must be > the vocabulary's delta {delta_vocab:.6g}, "
+                         f"got {delta_target!r}")
+
+    result: Dict[str, Any] = {
+        "delta": delta_target, "delta_total": delta_target, "delta_vocab": delta_vocab,
+        "delta_train": delta_train if trains else 0.0, "delta_threshold": delta_threshold,
+        "delta_composed": delta_composed, "steps": steps, "unit": unit, "max_contributions": k,
+        "non_private": non_private, "training_records": len(trains),
+    }
+    vocab_private = vocab is not None and vocab["mechanism"] == "dp_histogram"
+    trains_private = all(r["mechanism"] == "dp_sgd" for r in trains)
+    if vocab is None:
+        epsilon_vocab = 0.0
+    else:
+        epsilon_vocab = _vocab_epsilon(vocab) if vocab_private else math.inf
+    if not trains:
+        epsilon_train = epsilon_train_rdp = 0.0
+    elif trains_private:
+        epsilon_train = _train_epsilon(trains, delta_train, "pld")
+        epsilon_train_rdp = _train_epsilon(trains, delta_train, "rdp")
+    else:
+        epsilon_train = epsilon_train_rdp = math.inf
+    result.update({"epsilon_vocab": epsilon_vocab, "epsilon_train": epsilon_train,
+                   "epsilon_train_rdp": epsilon_train_rdp,
+                   "epsilon_total_basic": epsilon_vocab + epsilon_train})
+    if non_private:
+        result.update({"epsilon_total_pld": math.inf, "epsilon_total_rdp": math.inf})
+    elif vocab is None and not trains:
+        result.update({"epsilon_total_pld": 0.0, "epsilon_total_rdp": 0.0})
+    else:
+        composed = dp_accounting.ComposedDpEvent(
+            ([_events.accountable_event(vocab)] if vocab else [])
+            + [_events.accountable_event(r) for r in trains])
+        result.update({"epsilon_total_pld": _epsilon(composed, delta_composed, "pld"),
+                       "epsilon_total_rdp": _epsilon(composed, delta_composed, "rdp")})
+    result["epsilon_total"] = result["epsilon_total_pld"]
+    return result
+
+
+def _vocab_epsilon(vocab: Mapping[str, Any]) -> float:
+    return _histogram.histogram_epsilon(vocab["sigma"], vocab["delta"], vocab["threshold"],
+                                        vocab["tuple_words"], vocab["max_contributions"])
+
+
+def _train_epsilon(trains: List[Mapping[str, Any]], delta: float, kind: str) -> float:
+    return _epsilon(dp_accounting.ComposedDpEvent([_events.accountable_event(r) for r in trains]),
+                    delta, kind)
+
+
+# ---------------------------------------------------------------------------------- planning
+
+def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]:
+    """The ε a configuration WILL spend, from the configuration alone (no private data read).
+
+    ``dataset_size``: n, the number of tuples (a public lower bound is fine: the trainer samples
+    with the planned q = B/n); default ``config.training.dataset_size``.
+    Returns the ``ledger`` fields plus epsilon_budget, within_budget (epsilon_total_pld ≤ budget;
+    True without a budget), dataset_size, batch_size, sampling, sampling_probability,
+    noise_multiplier, vocab_event and train_events (the records the run should write).
+    """
+    privacy, vocab_cfg, train_cfg = config.privacy, config.vocab, config.training
+    if dataset_size is None:
+        dataset_size = train_cfg.dataset_size
+    if dataset_size is None:
+        raise ValueError("dataset_size must be given (or training.dataset_size set), got None")
+    n = _checks.integer("dataset_size", dataset_size, 1)
+    k = privacy.max_tuples_per_patient if privacy.unit == "patient" else 1
+
+    if vocab_cfg.non_private:
+        vocab_record = _events.non_private_event("vocab")
+        delta_vocab = 0.0
+    else:
+        report = _histogram.histogram_report(vocab_cfg.sigma, vocab_cfg.delta, privacy.tuple_words,
+                                             vocab_cfg.threshold_mode, k, unit=privacy.unit)
+        vocab_record = _events.histogram_event(report)
+        delta_vocab = report["delta"]
+
+    steps = train_cfg.steps if train_cfg.steps is not None else \
+        steps_for(n, train_cfg.batch_size, train_cfg.epochs)
+    if train_cfg.non_private:
+        train_record = _events.non_private_event("train")
+    else:
+        train_record = _events.dpsgd_event(train_cfg.noise_multiplier, train_cfg.batch_size, n, steps,
+                                           train_cfg.sampling, k)
+    result = ledger(vocab_record, [train_record], delta_vocab + train_cfg.delta)
+    budget = privacy.epsilon_budget
+    result.update({
+        "epsilon_budget": budget,
+        "within_budget": True if budget is None else bool(result["epsilon_total_pld"] <= budget),
+        "dataset_size": n, "batch_size": train_cfg.batch_size, "sampling": train_cfg.sampling,
+        "sampling_probability": min(1.0, train_cfg.batch_size / n),
+        "noise_multiplier": train_cfg.noise_multiplier, "steps": steps,
+        "vocab_event": vocab_record, "train_events": [train_record],
+    })
+    return result

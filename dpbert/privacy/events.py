@@ -1,0 +1,342 @@
+r"""DP events recorded on artifacts, so that the accountant can recompute every ε.
+
+dp-accounting 0.4.3's ``DpEvent`` classes are ``attrs`` classes with ``to_named_tuple()`` /
+``DpEvent.from_named_tuple()`` but no JSON codec (and ``from_named_tuple`` imports whatever
+module the data names). This module adds a small JSON codec restricted to the known event classes,
+and two records of our own for the pipeline's two mechanisms.
+
+JSON schema (``SCHEMA = "dpbert.privacy/1"``; all records are JSON objects)
+---------------------------------------------------------------------------
+DpEvent (``dp_event_to_dict``): ``{"type": <class name>, <field>: <value>, ...}`` recursively, e.g.
+  {"type": "SelfComposedDpEvent", "count": 14063,
+   "event": {"type": "PoissonSampledDpEvent", "sampling_probability": 0.004266...,
+             "event": {"type": "GaussianDpEvent", "noise_multiplier": 1.1}}}
+  Allowed types: NoOpDpEvent, NonPrivateDpEvent, GaussianDpEvent, LaplaceDpEvent,
+  SelfComposedDpEvent, ComposedDpEvent (``events`` is a list), PoissonSampledDpEvent,
+  SampledWithReplacementDpEvent, SampledWithoutReplacementDpEvent.
+
+Vocabulary (``histogram_event``), from ``histogram.histogram_report``:
+  {"schema", "mechanism": "dp_histogram", "stage": "vocab",
+   "gaussian": <GaussianDpEvent, noise_multiplier σ/(m√N)>,
+   "sigma", "sensitivity_l2", "tuple_words", "unit", "max_contributions",
+   "threshold", "threshold_mode", "threshold_delta" (δ₂ = mN·P[Z ≥ C − m], recomputed from σ and
+   C when read), "delta" (the histogram's total δ), "epsilon" (its ε at that δ, informative: the
+   accountant recomputes it)}
+  Thresholding has no dp-accounting event: the Gaussian part composes (PLD/RDP) with the
+  training events and δ₂ is added to δ at the end (the split bound, ``histogram`` docstring).
+
+Training (``dpsgd_event``):
+  {"schema", "mechanism": "dp_sgd", "stage": "train", "event": <DpEvent>,
+   "sampling": "poisson" | "shuffle", "steps", "noise_multiplier", "sampling_probability",
+   "batch_size", "dataset_size", "unit", "max_contributions", "adjacency",
+   and for shuffle "participations" (E) and "straddling" (bool)}
+  ``event`` is rebuilt from the parameters when read and must match (a record cannot claim an
+  event its parameters do not give).
+
+Non-private stage (``non_private_event``): {"schema", "mechanism": "non_private", "stage",
+  "event": {"type": "NonPrivateDpEvent"}} — ε = ∞.
+
+Infinity: JSON has none. ``to_json`` writes non-finite floats as the strings "inf", "-inf",
+"nan" (strict JSON, ``allow_nan=False``) and ``from_json`` turns those strings back into floats;
+reports also carry ``"non_private": true`` when ε is infinite because of a non-private stage.
+
+DP-SGD events (derivations; ``dpsgd_dp_event``)
+-----------------------------------------------
+One step releases S + N(0, σ²C²I), S = the sum of clipped per-example gradients (‖g‖ ≤ C).
+
+poisson (add/remove one example, which dp-accounting's PoissonSampledDpEvent assumes): each
+  example joins each step's batch independently with probability q = B/n →
+  SelfComposed(PoissonSampled(q, Gaussian(σ)), steps) (Abadi et al. 2016; Mironov et al. 2019).
+  Patient unit, ≤ k examples per patient: in a step the patient contributes j ~ Bin(k, q)
+  examples, a shift of norm ≤ jC ≤ kC. Write the step's output as a mixture over j ≥ 1 of
+  (1 − q_k)·N(0) + q_k·N(μ_j) with q_k = 1 − (1 − q)^k, ‖μ_j‖ ≤ kC; the hockey-stick divergence
+  is jointly convex, and each component is a post-processing (x ↦ (‖μ_j‖/kC)x + independent
+  Gaussian) of the pair with ‖μ‖ = kC, so the step is dominated by
+  PoissonSampled(q_k, Gaussian(σ/k)). Valid but loose for large k.
+
+shuffle (``dpbert.model.sampling.ShuffleSampler``: consecutive windows of B over a stream of
+  independent uniform permutations of the n examples, wrapping across epochs; B ≤ n). No
+  amplification is claimed. Adjacency: replace-one (slot-preserving: the replaced example takes
+  the same positions), the conservative choice — the released sum then moves by ≤ 2C per
+  occurrence (noise multiplier σ/2), twice what add/remove or zero-out would charge.
+  After s steps the stream has used sB positions, so each example occurred
+  E = ceil(sB/n) times (once per permutation touched). A window of B ≤ n positions holds at
+  most 2 occurrences (consecutive permutations), and none twice if n % B == 0 (windows align
+  with permutations). Conditioned on the (data-independent) permutations, the s steps are
+  Gaussian mechanisms with shifts 2C·a_s, a_s occurrences in step s, Σ a_s = E; composing
+  Gaussians adds squared shifts: total (2C)²·Σ a_s² ≤ (2C)²·E·max a_s. So
+  SelfComposed(Gaussian(σ/2), E) if n % B == 0, else SelfComposed(Gaussian(σ/2), 2E) — the
+  mixture over permutations is no worse (joint convexity). Patient unit (k examples):
+  a_s ≤ k (aligned) or 2k, Σ a_s = kE → Gaussian(σ/(2k)) composed E or 2E times.
+  tensorflow-privacy's "epsilon with each example occurring once per epoch" is
+  SelfComposed(Gaussian(σ), ceil(epochs)) (add/remove, no straddling); with
+  ``used_microbatching=True`` it halves σ, which equals ours when n % B == 0.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Dict, Mapping, Optional, Union
+
+import attr
+import dp_accounting
+from dp_accounting import dp_event as _dpe
+
+from dpbert.privacy import _checks
+from dpbert.privacy import histogram as _histogram
+
+SCHEMA = "dpbert.privacy/1"
+SAMPLING = ("poisson", "shuffle")
+
+_EVENT_CLASSES = {cls.__name__: cls for cls in (
+    _dpe.NoOpDpEvent, _dpe.NonPrivateDpEvent, _dpe.GaussianDpEvent, _dpe.LaplaceDpEvent,
+    _dpe.SelfComposedDpEvent, _dpe.ComposedDpEvent, _dpe.PoissonSampledDpEvent,
+    _dpe.SampledWithReplacementDpEvent, _dpe.SampledWithoutReplacementDpEvent)}
+
+
+# ------------------------------------------------------------------------------ JSON codec
+
+def dp_event_to_dict(event: dp_accounting.DpEvent) -> Dict[str, Any]:
+    """A dp-accounting event as a JSON-ready dict ``{"type": ..., fields...}``."""
+    name = type(event).__name__
+    if _EVENT_CLASSES.get(name) is not type(event):
+        raise ValueError(f"event must be one of {', '.join(sorted(_EVENT_CLASSES))}, "
+                         f"got {type(event).__name__}")
+    out: Dict[str, Any] = {"type": name}
+    for field in attr.fields(type(event)):
+        value = getattr(event, field.name)
+        if isinstance(value, dp_accounting.DpEvent):
+            value = dp_event_to_dict(value)
+        elif isinstance(value, (list, tuple)):
+            value = [dp_event_to_dict(v) if isinstance(v, dp_accounting.DpEvent) else v for v in value]
+        out[field.name] = value
+    return out
+
+
+def dp_event_from_dict(data: Mapping[str, Any]) -> dp_accounting.DpEvent:
+    """Inverse of ``dp_event_to_dict`` (only the known event classes; unknown fields rejected)."""
+    if not isinstance(data, Mapping) or "type" not in data:
+        raise ValueError(f"event must be a mapping with a 'type', got {data!r}")
+    cls = _EVENT_CLASSES.get(data["type"])
+    if cls is None:
+        raise ValueError(f"event type must be one of {', '.join(sorted(_EVENT_CLASSES))}, "
+                         f"got {data['type']!r}")
+    names = {f.name for f in attr.fields(cls)}
+    extra = set(data) - names - {"type"}
+    if extra:
+        raise ValueError(f"event fields {sorted(extra)} are not fields of {cls.__name__}")
+    kwargs = {}
+    for name in names:
+        if name not in data:
+            raise ValueError(f"event field {cls.__name__}.{name} is missing")
+        value = data[name]
+        if isinstance(value, Mapping):
+            value = dp_event_from_dict(value)
+        elif isinstance(value, list):
+            value = [dp_event_from_dict(v) if isinstance(v, Mapping) else v for v in value]
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _encode(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, Mapping):
+        return {str(k): _encode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v) for v in obj]
+    if isinstance(obj, dp_accounting.DpEvent):
+        return dp_event_to_dict(obj)
+    if hasattr(obj, "item") and callable(obj.item):     # numpy scalars
+        return _encode(obj.item())
+    return obj
+
+
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _decode(obj):
+    if isinstance(obj, str) and obj in _NON_FINITE:
+        return _NON_FINITE[obj]
+    if isinstance(obj, dict):
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def to_json(obj, **kwargs) -> str:
+    """Strict JSON; non-finite floats become "inf" / "-inf" / "nan", DpEvents become dicts."""
+    return json.dumps(_encode(obj), allow_nan=False, **kwargs)
+
+
+def from_json(text: Union[str, bytes]) -> Any:
+    """Inverse of ``to_json`` (the strings "inf", "-inf", "nan" become floats)."""
+    return _decode(json.loads(text))
+
+
+def _as_record(record) -> Dict[str, Any]:
+    if isinstance(record, (str, bytes)):
+        record = from_json(record)
+    if not isinstance(record, Mapping):
+        raise ValueError(f"event record must be a JSON object or a mapping, got {type(record).__name__}")
+    record = _decode(_encode(dict(record)))      # a plain, JSON-equivalent copy
+    if record.get("schema") != SCHEMA:
+        raise ValueError(f"event record schema must be {SCHEMA!r}, got {record.get('schema')!r}")
+    return record
+
+
+# ------------------------------------------------------------------------------ vocabulary
+
+def histogram_event(report: Mapping[str, Any]) -> Dict[str, Any]:
+    """The vocabulary record, from ``histogram.histogram_report(...)``."""
+    if not isinstance(report, Mapping) or report.get("mechanism") != "dp_histogram":
+        raise ValueError("report must be a histogram_report(...) dict (mechanism dp_histogram)")
+    record = {
+        "schema": SCHEMA,
+        "mechanism": "dp_histogram",
+        "stage": "vocab",
+        "gaussian": dp_event_to_dict(dp_accounting.GaussianDpEvent(
+            report["sigma"] / report["sensitivity_l2"])),
+    }
+    for key in ("sigma", "sensitivity_l2", "tuple_words", "unit", "max_contributions", "threshold",
+                "threshold_mode", "delta", "epsilon"):
+        record[key] = report[key]
+    record["threshold_delta"] = report["delta_threshold"]
+    return validate_record(record)
+
+
+def non_private_event(stage: str) -> Dict[str, Any]:
+    """A stage that used exact data (ε = ∞): ``stage`` is ``vocab`` or ``train``."""
+    _checks.choice("stage", stage, ("vocab", "train"))
+    return {"schema": SCHEMA, "mechanism": "non_private", "stage": stage,
+            "event": dp_event_to_dict(dp_accounting.NonPrivateDpEvent())}
+
+
+# -------------------------------------------------------------------------------- training
+
+def _nearest_integer(x: float) -> Optional[int]:
+    """round(x) if x is an integer up to float rounding (relative 1e-12), else None.
+
+    x is a ratio of integers with denominator ≤ n (e.g. s·B/n or n/B); a non-integer one is at
+    least 1/n from an integer, far more than the float error, for any n below 1e11.
+    """
+    r = round(x)
+    return int(r) if abs(x - r) <= 1e-12 * max(1.0, abs(x)) else None
+
+
+def shuffle_participations(steps: int, sampling_probability: float):
+    """(E, straddling) for shuffled fixed-size batches with q = B/n: E = ceil(s·B/n) occurrences
+    of one example in s steps; straddling = a batch can span two permutations (n/B not an
+    integer). See the module docstring."""
+    steps = _checks.integer("steps", steps, 1)
+    q = _checks.fraction("sampling_probability", sampling_probability)
+    x = steps * q
+    exact = _nearest_integer(x)
+    occurrences = exact if exact is not None else math.ceil(x)
+    straddling = _nearest_integer(1.0 / q) is None
+    return int(occurrences), bool(straddling)
+
+
+def dpsgd_dp_event(noise_multiplier: float, sampling_probability: float, steps: int,
+                   sampling: str = "poisson", max_contributions: int = 1) -> dp_accounting.DpEvent:
+    """The dp-accounting event of ``steps`` DP-SGD steps (derivations in the module docstring).
+
+    ``sampling_probability`` is q = B/n (for shuffle it fixes n/B; q ≤ 1, i.e. B ≤ n).
+    """
+    sigma = _checks.positive("noise_multiplier", noise_multiplier)
+    q = _checks.fraction("sampling_probability", sampling_probability)
+    steps = _checks.integer("steps", steps, 1)
+    _checks.choice("sampling", sampling, SAMPLING)
+    k = _checks.integer("max_contributions", max_contributions, 1)
+    if sampling == "poisson":
+        q_k = -math.expm1(k * math.log1p(-q)) if q < 1 else 1.0   # 1 − (1 − q)^k
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q_k, dp_accounting.GaussianDpEvent(sigma / k)), steps)
+    occurrences, straddling = shuffle_participations(steps, q)
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(sigma / (2 * k)), occurrences * (2 if straddling else 1))
+
+
+def dpsgd_event(noise_multiplier: float, batch_size: int, dataset_size: int, steps: int,
+                sampling: str = "poisson", max_contributions: int = 1) -> Dict[str, Any]:
+    """The training record of ``steps`` steps with expected batch B over n examples (q = B/n)."""
+    noise_multiplier = _checks.positive("noise_multiplier", noise_multiplier)
+    batch_size = _checks.integer("batch_size", batch_size, 1)
+    dataset_size = _checks.integer("dataset_size", dataset_size, 1)
+    steps = _checks.integer("steps", steps, 1)
+    _checks.choice("sampling", sampling, SAMPLING)
+    k = _checks.integer("max_contributions", max_contributions, 1)
+    if batch_size > dataset_size:
+        raise ValueError(f"batch_size must be <= dataset_size ({dataset_size}), got {batch_size}")
+    q = batch_size / dataset_size
+    record = {
+        "schema": SCHEMA, "mechanism": "dp_sgd", "stage": "train",
+        "event": dp_event_to_dict(dpsgd_dp_event(noise_multiplier, q, steps, sampling, k)),
+        "sampling": sampling, "steps": steps, "noise_multiplier": noise_multiplier,
+        "sampling_probability": q, "batch_size": batch_size, "dataset_size": dataset_size,
+        "unit": "tuple" if k == 1 else "patient", "max_contributions": k,
+        "adjacency": "add_or_remove_one" if sampling == "poisson" else "replace_one",
+    }
+    if sampling == "shuffle":
+        record["participations"], record["straddling"] = shuffle_participations(steps, q)
+    return validate_record(record)
+
+
+# ------------------------------------------------------------------------------ validation
+
+def validate_record(record) -> Dict[str, Any]:
+    """Parse (JSON text or mapping) and check a record; returns a plain dict.
+
+    The accountable parts are recomputed from the parameters: a histogram record's threshold δ₂
+    from σ and C (a record may not understate it), a training record's event from
+    (σ, q, steps, sampling, k).
+    """
+    record = _as_record(record)
+    mechanism = record.get("mechanism")
+    _checks.choice("mechanism", mechanism, ("dp_histogram", "dp_sgd", "non_private"))
+    try:
+        if mechanism == "non_private":
+            _checks.choice("stage", record.get("stage"), ("vocab", "train"))
+            if not isinstance(dp_event_from_dict(record["event"]), dp_accounting.NonPrivateDpEvent):
+                raise ValueError("event of a non_private record must be NonPrivateDpEvent")
+        elif mechanism == "dp_histogram":
+            m = _checks.integer("max_contributions", record["max_contributions"], 1)
+            n = _checks.integer("tuple_words", record["tuple_words"], 1)
+            sigma = _checks.positive("sigma", record["sigma"])
+            _checks.probability("delta", record["delta"])
+            expected = _histogram.sensitivity_l2(n, m)
+            if not math.isclose(record["sensitivity_l2"], expected, rel_tol=1e-12):
+                raise ValueError(f"sensitivity_l2 must be m√N = {expected}, got {record['sensitivity_l2']!r}")
+            gaussian = dp_event_from_dict(record["gaussian"])
+            if gaussian != dp_accounting.GaussianDpEvent(sigma / expected):
+                raise ValueError(f"gaussian must be GaussianDpEvent(σ/(m√N) = {sigma / expected}), "
+                                 f"got {record['gaussian']!r}")
+            actual = _histogram.actual_threshold_delta(sigma, record["threshold"], n, m)
+            if not record["threshold_delta"] >= actual * (1 - 1e-9):
+                raise ValueError(f"threshold_delta must be >= mN·P[Z ≥ C − m] = {actual:.6g}, "
+                                 f"got {record['threshold_delta']!r}")
+            record["threshold_delta"] = max(record["threshold_delta"], actual)
+            _checks.choice("unit", record["unit"], _histogram.UNITS)
+        else:
+            expected = dpsgd_dp_event(record["noise_multiplier"], record["sampling_probability"],
+                                      record["steps"], record["sampling"], record["max_contributions"])
+            q = record["batch_size"] / record["dataset_size"]
+            if not math.isclose(record["sampling_probability"], q, rel_tol=1e-12):
+                raise ValueError(f"sampling_probability must be batch_size/dataset_size = {q}, "
+                                 f"got {record['sampling_probability']!r}")
+            if dp_event_from_dict(record["event"]) != expected:
+                raise ValueError(f"event does not match its parameters: expected "
+                                 f"{dp_event_to_dict(expected)}, got {record['event']!r}")
+    except KeyError as err:
+        raise ValueError(f"{mechanism} record is missing field {err.args[0]!r}") from None
+    return record
+
+
+def accountable_event(record) -> dp_accounting.DpEvent:
+    """The part of a record a PLD/RDP accountant composes: the histogram's Gaussian event, the
+    training event, or NonPrivateDpEvent."""
+    record = validate_record(record)
+    if record["mechanism"] == "dp_histogram":
+        return dp_event_from_dict(record["gaussian"])
+    return dp_event_from_dict(record["event"])
