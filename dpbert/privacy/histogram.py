@@ -215,9 +215,12 @@ def _invert(delta_of_epsilon, delta: float) -> float:
             return math.inf
     lo = hi / 2.0 if hi > 1.0 else 0.0
     root = optimize.brentq(lambda e: delta_of_epsilon(e) - delta, lo, hi, xtol=1e-12, rtol=1e-12)
-    # brentq's root is within xtol; step up until the constraint holds (never report below).
+    # brentq's root is within its tolerance; step up until the constraint holds (never report
+    # an ε whose δ exceeds the target).
+    step = max(1e-12, 1e-12 * root)
     while delta_of_epsilon(root) > delta:
-        root = math.nextafter(root, math.inf) + 1e-12
+        root += step
+        step *= 2
     return float(root)
 
 
