@@ -1,0 +1,516 @@
+"""Named-entity recognition evaluation: readers, BIO entities, entity-level F1, fine-tuning.
+
+Plain Python except :func:`finetune_and_score` (TensorFlow / tf_keras, imported lazily).
+
+Readers (both return a list of :class:`Sentence`, i.e. tokens + BIO tags):
+
+* :func:`read_conll` — IOB/CoNLL TSV: one ``token<TAB>tag`` line per token (extra middle columns
+  are ignored: the token is the first column, the tag the last), a blank line between sentences,
+  ``-DOCSTART-`` lines skipped. Tags must be ``O``, ``B-<type>`` or ``I-<type>``. A malformed line
+  raises :class:`NerFormatError` naming ``file:line``.
+* :func:`read_i2b2` — the i2b2-2010 concept format: a ``.txt`` file with one sentence per line
+  (tokens separated by whitespace) and a ``.con`` file with lines such as
+  ``c="chest pain" 12:3 12:4||t="problem"``: 1-based line numbers, 0-based token offsets, the end
+  offset inclusive. Concepts become ``B-problem I-problem``. Errors name the ``.con`` file and
+  line.
+
+Entities follow conlleval's chunk semantics (:func:`extract_entities`): a chunk starts at ``B-X``,
+at ``I-X`` after ``O``, and at ``I-X`` after a tag of a different type; it ends before ``O``, before
+``B-*`` and before a tag of another type. Scores (:func:`entity_scores`) are entity-level, exact
+span AND type match: a partially overlapping prediction is one false positive plus one false
+negative, as in conlleval. Micro precision/recall/F1 over all entities plus per-type scores.
+
+Fine-tuning (:func:`finetune_and_score`) puts a token-classification head on a pre-trained
+encoder. The interface is deliberately small so the real encoder plugs in later:
+
+* ``encoder_builder()`` returns a fresh ``tf_keras.Model`` mapping ``input_ids`` ``[B, L]`` int32
+  to either a tensor ``[B, L, H]`` or a dict with ``"sequence_output"`` ``[B, L, H]`` (the
+  ``BertModels.encoder`` of ``dpbert.model.bert``), with the pre-trained weights loaded;
+* ``tokenizer`` is either a Hugging Face ``tokenizers.Tokenizer`` (WordPiece) or a callable
+  ``word -> list of piece ids``.
+
+Word-piece alignment: every word is split into pieces; the FIRST piece carries the word's label,
+the other pieces (and ``[CLS]``, ``[SEP]``, padding) are ignored by the loss and at prediction
+time. A word that yields no piece is encoded as ``[UNK]``. Sentences longer than ``L - 2`` pieces
+are cut at word boundaries into several windows, so no gold entity is silently dropped (a
+single word longer than the window keeps only its first pieces).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
+IGNORE_LABEL = -100
+
+_RESOURCES = Path(__file__).resolve().parent.parent / "resources" / "ner"
+
+
+class NerFormatError(ValueError):
+    """A malformed NER file; the message starts with ``file:line:``."""
+
+    def __init__(self, path, line: Optional[int], message: str):
+        self.path, self.line = str(path), line
+        where = f"{path}:{line}" if line is not None else f"{path}"
+        super().__init__(f"{where}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sentence:
+    """One sentence: its tokens and their BIO tags (same length)."""
+
+    tokens: Tuple[str, ...]
+    tags: Tuple[str, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "tokens", tuple(self.tokens))
+        object.__setattr__(self, "tags", tuple(self.tags))
+        if len(self.tokens) != len(self.tags):
+            raise ValueError(f"{len(self.tokens)} tokens but {len(self.tags)} tags")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entity:
+    """An entity span: ``tokens[start:end]`` (end exclusive) of type ``type``."""
+
+    type: str
+    start: int
+    end: int
+
+
+_TAG_RE = re.compile(r"^(?:O|[BI]-\S+)$")
+
+
+def _check_tag(tag: str, path, line: int) -> str:
+    if not _TAG_RE.match(tag):
+        raise NerFormatError(path, line, f"invalid tag {tag!r} (expected O, B-<type> or I-<type>)")
+    return tag
+
+
+# --------------------------------------------------------------------------------------------
+# Readers
+# --------------------------------------------------------------------------------------------
+
+def read_conll(path) -> List[Sentence]:
+    """Read an IOB/CoNLL TSV file (see the module docstring) into sentences."""
+    path = Path(path)
+    sentences: List[Sentence] = []
+    tokens: List[str] = []
+    tags: List[str] = []
+
+    def flush():
+        if tokens:
+            sentences.append(Sentence(tuple(tokens), tuple(tags)))
+            tokens.clear()
+            tags.clear()
+
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise NerFormatError(path, number, f"not valid UTF-8 ({exc.reason})") from None
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                flush()
+                continue
+            if line.startswith("-DOCSTART-"):
+                flush()
+                continue
+            columns = line.split("\t")
+            if len(columns) < 2:
+                raise NerFormatError(path, number, "expected 'token<TAB>tag', found no tab")
+            token, tag = columns[0], columns[-1].strip()
+            if not token.strip():
+                raise NerFormatError(path, number, "empty token")
+            tokens.append(token)
+            tags.append(_check_tag(tag, path, number))
+    flush()
+    return sentences
+
+
+_CON_RE = re.compile(r'^c="(.*)" (\d+):(\d+) (\d+):(\d+)\|\|t="([^"]+)"\s*$')
+
+
+def read_i2b2(txt_path, con_path, check_text: bool = True) -> List[Sentence]:
+    """Read an i2b2-2010 ``.txt`` / ``.con`` pair into BIO-tagged sentences.
+
+    ``check_text``: the concept text must equal the tokens it points at (case-insensitive,
+    whitespace-normalized); a mismatch is an error naming the ``.con`` line. Concepts spanning
+    several lines or overlapping another concept are errors (BIO cannot represent them). Empty
+    ``.txt`` lines yield no sentence.
+    """
+    txt_path, con_path = Path(txt_path), Path(con_path)
+    try:
+        lines = txt_path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise NerFormatError(txt_path, None, f"not valid UTF-8 ({exc.reason})") from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    token_lines = [line.split() for line in lines]
+    tag_lines = [["O"] * len(tokens) for tokens in token_lines]
+    owner: Dict[Tuple[int, int], int] = {}
+
+    try:
+        con_text = con_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise NerFormatError(con_path, None, f"not valid UTF-8 ({exc.reason})") from None
+    for number, line in enumerate(con_text.split("\n"), start=1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            continue
+        match = _CON_RE.match(line)
+        if not match:
+            raise NerFormatError(con_path, number,
+                                 "expected 'c=\"text\" LINE:TOKEN LINE:TOKEN||t=\"type\"'")
+        text, l1, t1, l2, t2, ctype = match.groups()
+        l1, t1, l2, t2 = int(l1), int(t1), int(l2), int(t2)
+        if l1 != l2:
+            raise NerFormatError(con_path, number, "a concept spanning several lines is not supported")
+        if not 1 <= l1 <= len(token_lines):
+            raise NerFormatError(con_path, number,
+                                 f"line {l1} is outside {txt_path.name} ({len(token_lines)} lines)")
+        tokens = token_lines[l1 - 1]
+        if not 0 <= t1 <= t2 < len(tokens):
+            raise NerFormatError(con_path, number,
+                                 f"token span {t1}..{t2} is outside line {l1} ({len(tokens)} tokens)")
+        if check_text and " ".join(text.split()).lower() != " ".join(tokens[t1:t2 + 1]).lower():
+            raise NerFormatError(con_path, number,
+                                 f"concept text does not match tokens {t1}..{t2} of line {l1}")
+        for t in range(t1, t2 + 1):
+            if (l1, t) in owner:
+                raise NerFormatError(con_path, number,
+                                     f"overlaps the concept on line {owner[(l1, t)]}")
+            owner[(l1, t)] = number
+        tag_lines[l1 - 1][t1] = f"B-{ctype}"
+        for t in range(t1 + 1, t2 + 1):
+            tag_lines[l1 - 1][t] = f"I-{ctype}"
+    return [Sentence(tuple(tokens), tuple(tags))
+            for tokens, tags in zip(token_lines, tag_lines) if tokens]
+
+
+def bundled_bc5cdr_path(split: str) -> Path:
+    """Path of the BC5CDR subset shipped in ``dpbert/resources/ner/bc5cdr`` (train or test)."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    return _RESOURCES / "bc5cdr" / f"{split}.tsv"
+
+
+def bundled_bc5cdr(split: str) -> List[Sentence]:
+    """The shipped BC5CDR subset (README in the same folder: CC BY 4.0, attribution)."""
+    return read_conll(bundled_bc5cdr_path(split))
+
+
+# --------------------------------------------------------------------------------------------
+# Entities and scores
+# --------------------------------------------------------------------------------------------
+
+def _split_tag(tag: str) -> Tuple[str, str]:
+    if tag == "O" or not tag:
+        return "O", ""
+    prefix, _, etype = tag.partition("-")
+    if prefix not in ("B", "I") or not etype:
+        raise ValueError(f"invalid BIO tag {tag!r}")
+    return prefix, etype
+
+
+def extract_entities(tags: Sequence[str]) -> List[Entity]:
+    """Entities of a BIO tag sequence with conlleval's chunk boundaries (module docstring)."""
+    entities: List[Entity] = []
+    start: Optional[int] = None
+    current = ""
+    for i, tag in enumerate(tags):
+        prefix, etype = _split_tag(tag)
+        # end of the open chunk?
+        if start is not None and (prefix in ("O", "B") or etype != current):
+            entities.append(Entity(current, start, i))
+            start = None
+        # start of a chunk? (B-X; I-X after O; I-X after another type — conlleval)
+        if prefix != "O" and start is None:
+            start, current = i, etype
+    if start is not None:
+        entities.append(Entity(current, start, len(tags)))
+    return entities
+
+
+def _prf(tp: int, fp: int, fn: int) -> Dict[str, float]:
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1,
+            "tp": tp, "fp": fp, "fn": fn, "support": tp + fn}
+
+
+def entity_scores(gold: Iterable[Sequence[str]], predicted: Iterable[Sequence[str]]) -> dict:
+    """Entity-level micro precision/recall/F1 and per-type scores (exact span + type match).
+
+    ``gold`` and ``predicted``: parallel sequences of tag sequences (one per sentence), or of
+    :class:`Sentence`. Returns ``{"precision", "recall", "f1", "tp", "fp", "fn", "support",
+    "per_type": {type: {...same keys...}}}``; a type present only in predictions appears with
+    support 0.
+    """
+    gold, predicted = list(gold), list(predicted)
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
+    tp: Counter = Counter()
+    n_gold: Counter = Counter()
+    n_pred: Counter = Counter()
+    for i, (g, p) in enumerate(zip(gold, predicted)):
+        g = g.tags if isinstance(g, Sentence) else g
+        p = p.tags if isinstance(p, Sentence) else p
+        if len(g) != len(p):
+            raise ValueError(f"sentence {i}: {len(g)} gold tags but {len(p)} predicted")
+        gold_entities = set(extract_entities(g))
+        pred_entities = set(extract_entities(p))
+        for e in gold_entities:
+            n_gold[e.type] += 1
+        for e in pred_entities:
+            n_pred[e.type] += 1
+        for e in gold_entities & pred_entities:
+            tp[e.type] += 1
+    types = sorted(set(n_gold) | set(n_pred))
+    per_type = {t: _prf(tp[t], n_pred[t] - tp[t], n_gold[t] - tp[t]) for t in types}
+    total_tp = sum(tp.values())
+    result = _prf(total_tp, sum(n_pred.values()) - total_tp, sum(n_gold.values()) - total_tp)
+    result["per_type"] = per_type
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Word-piece alignment
+# --------------------------------------------------------------------------------------------
+
+TokenizerLike = Union[Callable[[str], Sequence[int]], object]
+
+
+def word_piece_ids(tokenizer: TokenizerLike, words: Sequence[str], unk_id: int = UNK_ID
+                   ) -> List[List[int]]:
+    """The piece ids of each word (``[unk_id]`` for a word that yields none).
+
+    ``tokenizer``: a Hugging Face ``tokenizers.Tokenizer`` (anything with ``encode`` accepting
+    ``is_pretokenized``) or a callable ``word -> piece ids``.
+    """
+    words = list(words)
+    if hasattr(tokenizer, "encode"):
+        encoding = tokenizer.encode(words, is_pretokenized=True, add_special_tokens=False)
+        pieces: List[List[int]] = [[] for _ in words]
+        for piece_id, word_id in zip(encoding.ids, encoding.word_ids):
+            if word_id is not None:
+                pieces[word_id].append(int(piece_id))
+    elif callable(tokenizer):
+        pieces = [[int(i) for i in tokenizer(word)] for word in words]
+    else:
+        raise TypeError("tokenizer must be a tokenizers.Tokenizer or a callable word -> ids")
+    return [p if p else [int(unk_id)] for p in pieces]
+
+
+@dataclasses.dataclass
+class EncodedNer:
+    """Model inputs for token classification, one row per window.
+
+    ``input_ids`` / ``labels`` ``[N, L]`` int32 (labels ``IGNORE_LABEL`` except at first pieces);
+    ``sentence_index[N]`` and ``word_offset[N]``: which sentence a window comes from and the
+    index of its first word; ``first_piece[N, L]`` the word index (within the sentence) whose
+    first piece is at that position, -1 elsewhere.
+    """
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    first_piece: np.ndarray
+    sentence_index: np.ndarray
+
+
+def encode_sentences(sentences: Sequence[Sentence], tokenizer: TokenizerLike,
+                     label_to_id: Dict[str, int], max_seq_length: int, *,
+                     cls_id: int = CLS_ID, sep_id: int = SEP_ID, pad_id: int = PAD_ID,
+                     unk_id: int = UNK_ID, unknown_label: Optional[str] = "O") -> EncodedNer:
+    """Word-piece-align BIO sentences: ``[CLS] pieces... [SEP] pad...``, label on first pieces.
+
+    A tag missing from ``label_to_id`` is mapped to ``unknown_label`` (``None``: error).
+    """
+    L = int(max_seq_length)
+    if L < 3:
+        raise ValueError(f"max_seq_length must be >= 3, got {L}")
+    room = L - 2
+    rows_ids, rows_labels, rows_first, rows_sentence = [], [], [], []
+    for s_index, sentence in enumerate(sentences):
+        pieces = word_piece_ids(tokenizer, sentence.tokens, unk_id)
+        w = 0
+        while w < len(pieces):
+            ids = [cls_id]
+            labels = [IGNORE_LABEL]
+            first = [-1]
+            while w < len(pieces):
+                word = pieces[w]
+                if len(ids) - 1 + len(word) > room:
+                    if len(ids) > 1:
+                        break          # close this window; the word starts the next one
+                    word = word[:room]  # a single word longer than a window: keep its head
+                tag = sentence.tags[w]
+                if tag not in label_to_id:
+                    if unknown_label is None:
+                        raise ValueError(f"sentence {s_index}: tag {tag!r} has no label id")
+                    tag = unknown_label
+                ids.extend(word)
+                labels.extend([label_to_id[tag]] + [IGNORE_LABEL] * (len(word) - 1))
+                first.extend([w] + [-1] * (len(word) - 1))
+                w += 1
+            ids.append(sep_id)
+            labels.append(IGNORE_LABEL)
+            first.append(-1)
+            pad = L - len(ids)
+            rows_ids.append(ids + [pad_id] * pad)
+            rows_labels.append(labels + [IGNORE_LABEL] * pad)
+            rows_first.append(first + [-1] * pad)
+            rows_sentence.append(s_index)
+    return EncodedNer(
+        input_ids=np.asarray(rows_ids, np.int32).reshape(-1, L),
+        labels=np.asarray(rows_labels, np.int32).reshape(-1, L),
+        first_piece=np.asarray(rows_first, np.int32).reshape(-1, L),
+        sentence_index=np.asarray(rows_sentence, np.int32),
+    )
+
+
+def decode_predictions(encoded: EncodedNer, label_ids: np.ndarray, id_to_label: Sequence[str],
+                       sentences: Sequence[Sentence]) -> List[Tuple[str, ...]]:
+    """Per-sentence predicted tags from per-position label ids ``[N, L]`` (first pieces only)."""
+    predicted = [["O"] * len(s.tokens) for s in sentences]
+    rows, cols = np.nonzero(encoded.first_piece >= 0)
+    for r, c in zip(rows, cols):
+        s = int(encoded.sentence_index[r])
+        predicted[s][int(encoded.first_piece[r, c])] = id_to_label[int(label_ids[r, c])]
+    return [tuple(p) for p in predicted]
+
+
+def label_list(sentences: Iterable[Sentence], types: Optional[Sequence[str]] = None) -> List[str]:
+    """``["O", "B-t1", "I-t1", ...]`` for the given types (default: every type in ``sentences``)."""
+    if types is None:
+        found = set()
+        for sentence in sentences:
+            for tag in sentence.tags:
+                prefix, etype = _split_tag(tag)
+                if etype:
+                    found.add(etype)
+        types = sorted(found)
+    labels = ["O"]
+    for t in types:
+        labels += [f"B-{t}", f"I-{t}"]
+    return labels
+
+
+# --------------------------------------------------------------------------------------------
+# Fine-tuning
+# --------------------------------------------------------------------------------------------
+
+def _sequence_output(outputs):
+    if isinstance(outputs, dict):
+        if "sequence_output" not in outputs:
+            raise ValueError("the encoder returned a dict without 'sequence_output'")
+        return outputs["sequence_output"]
+    if isinstance(outputs, (list, tuple)):
+        return outputs[0]
+    return outputs
+
+
+def build_token_classifier(encoder, num_labels: int, max_seq_length: int, dropout: float = 0.1,
+                           seed: Optional[int] = None):
+    """``encoder`` (input_ids → [B, L, H] or dict) + Dropout + Dense(num_labels) logits."""
+    import tensorflow as tf
+    import tf_keras
+
+    input_ids = tf_keras.Input(shape=(int(max_seq_length),), dtype=tf.int32, name="input_ids")
+    hidden = _sequence_output(encoder(input_ids))
+    hidden = tf_keras.layers.Dropout(dropout, seed=seed, name="ner_dropout")(hidden)
+    logits = tf_keras.layers.Dense(
+        int(num_labels), name="ner_classifier",
+        kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02, seed=seed))(hidden)
+    return tf_keras.Model(inputs=input_ids, outputs=logits, name="ner_token_classifier")
+
+
+def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: TokenizerLike,
+                       train_sentences: Sequence[Sentence], test_sentences: Sequence[Sentence],
+                       epochs: int, *, max_seq_length: int = 128, batch_size: int = 16,
+                       learning_rate: float = 5e-5, dropout: float = 0.1,
+                       entity_types: Optional[Sequence[str]] = None, seed: Optional[int] = 0,
+                       cls_id: int = CLS_ID, sep_id: int = SEP_ID, pad_id: int = PAD_ID,
+                       unk_id: int = UNK_ID) -> dict:
+    """Fine-tune ``encoder_builder()`` + a token-classification head on ``train_sentences``
+    (non-private, as in Hoory et al.'s downstream evaluation) and score ``test_sentences``.
+
+    Training: Adam, ``epochs`` passes over the windows in a fresh random order (``seed``), loss =
+    mean cross-entropy over the first pieces of the batch (every other position is ignored).
+    The step is a ``tf.function`` without autograph (tracing a Keras ``fit`` step through
+    autograph costs ~10 s of CPU per process; the step has no Python control flow to convert).
+
+    Returns the :func:`entity_scores` dict plus ``labels`` (the label list), ``loss_history``
+    (mean training loss per epoch), ``predictions`` (tags per test sentence) and counts.
+    """
+    import tensorflow as tf
+    import tf_keras
+
+    if epochs < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs}")
+    if seed is not None:
+        tf_keras.utils.set_random_seed(int(seed))
+    labels = label_list(train_sentences, entity_types)
+    label_to_id = {label: i for i, label in enumerate(labels)}
+    kwargs = dict(cls_id=cls_id, sep_id=sep_id, pad_id=pad_id, unk_id=unk_id)
+    train = encode_sentences(train_sentences, tokenizer, label_to_id, max_seq_length, **kwargs)
+    test = encode_sentences(test_sentences, tokenizer, label_to_id, max_seq_length, **kwargs)
+
+    model = build_token_classifier(encoder_builder(), len(labels), max_seq_length, dropout, seed)
+    optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
+    variables = model.trainable_variables
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def train_step(ids, targets, weights):
+        with tf.GradientTape() as tape:
+            logits = model(ids, training=True)
+            per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+            loss = tf.reduce_sum(per_token * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def predict_step(ids):
+        return tf.argmax(model(ids, training=False), axis=-1, output_type=tf.int32)
+
+    weights = (train.labels != IGNORE_LABEL).astype(np.float32)
+    targets = np.where(train.labels == IGNORE_LABEL, 0, train.labels).astype(np.int32)
+    order_rng = np.random.default_rng(seed)
+    loss_history: List[float] = []
+    n_train, bs = len(train.input_ids), int(batch_size)
+    for _ in range(int(epochs) if n_train else 0):
+        order = order_rng.permutation(n_train)
+        losses, sizes = [], []
+        for start in range(0, n_train, bs):
+            idx = order[start:start + bs]
+            loss = train_step(tf.constant(train.input_ids[idx]), tf.constant(targets[idx]),
+                              tf.constant(weights[idx]))
+            losses.append(float(loss))
+            sizes.append(float(weights[idx].sum()))
+        loss_history.append(float(np.average(losses, weights=np.maximum(sizes, 1e-12))))
+
+    predicted_ids = np.zeros((len(test.input_ids), int(max_seq_length)), np.int32)
+    for start in range(0, len(test.input_ids), max(bs, 32)):
+        chunk = test.input_ids[start:start + max(bs, 32)]
+        predicted_ids[start:start + len(chunk)] = predict_step(tf.constant(chunk)).numpy()
+    predictions = decode_predictions(test, predicted_ids, labels, test_sentences)
+    result = entity_scores([s.tags for s in test_sentences], predictions)
+    result.update({
+        "labels": labels,
+        "loss_history": loss_history,
+        "predictions": predictions,
+        "train_sentences": len(train_sentences),
+        "test_sentences": len(test_sentences),
+        "train_windows": int(n_train),
+        "test_windows": int(len(test.input_ids)),
+        "epochs": int(epochs),
+    })
+    return result
