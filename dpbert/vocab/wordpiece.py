@@ -15,15 +15,16 @@ linear in the total count, about 0.85 µs per copy on this 2-core machine, so at
 leaves the order of the trainer's pair counts unchanged up to rounding; the rounding error of a
 word is at most 0.5 / (s · count) relative. The automatic choice (``count_scale=None``):
 
-    s = min(1, max(MAX_OCCURRENCES / total, MIN_SCALED_COUNT / smallest_count))
+    s = min(1, MIN_SCALED_COUNT / smallest_count)        (MIN_SCALED_COUNT = 50)
 
-i.e. shrink the total towards ``MAX_OCCURRENCES`` (20M copies, ≈ 17 s) but never so far that the
-smallest count falls below ``MIN_SCALED_COUNT`` (50, ≤ 1 % rounding error for every word). A DP
-histogram's counts are all ≥ the threshold (≈ 1369 for σ = 200), so it shrinks a lot; an exact
-histogram (smallest count 1) is never scaled. Measured on a synthetic clinical DP histogram
-(``benchmarks/vocab_bench.py``), two unscaled runs agree on 99.65 % of the vocabulary (the trainer
-breaks ties arbitrarily) and so does a run scaled until the smallest count is 6; the agreement
-falls to 95 % at 3 and 86 % at 0.6.
+i.e. shrink until the smallest count is 50 copies (≤ 1 % rounding error for every word), never
+enlarge. The cost is then ≈ 50 · total / smallest copies. A DP histogram's counts are all ≥ the
+threshold (≈ 1369 for σ = 200), so it shrinks by ≈ 27× (MIMIC-scale: ≈ 400M → ≈ 15M copies);
+an exact histogram (smallest count 1) is never scaled, its cost stays linear in its total.
+Measurements (``benchmarks/vocab_bench.py`` and the module's tests) are in the report of the
+benchmark; in short, scaled and unscaled training agree on the vocabulary as well as two unscaled
+runs agree with each other (the trainer breaks ties arbitrarily) once the smallest scaled count is
+≥ 6, and diverge below ≈ 3.
 """
 from __future__ import annotations
 
@@ -45,8 +46,6 @@ MIN_VOCAB_SIZE = 10
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
 
-#: Automatic scaling: target number of word copies fed to the trainer.
-MAX_OCCURRENCES = 20_000_000
 #: Automatic scaling never maps the smallest count below this.
 MIN_SCALED_COUNT = 50
 _REPEAT_CHUNK = 1024
@@ -94,9 +93,8 @@ def _check_histogram(histogram) -> Tuple[List[str], np.ndarray]:
 
 
 def choose_count_scale(counts: np.ndarray) -> float:
-    """The automatic scale factor (see the module docstring)."""
-    total, smallest = float(np.sum(counts)), float(np.min(counts))
-    return float(min(1.0, max(MAX_OCCURRENCES / total, MIN_SCALED_COUNT / smallest)))
+    """The automatic scale factor: ``min(1, MIN_SCALED_COUNT / smallest count)``."""
+    return float(min(1.0, MIN_SCALED_COUNT / float(np.min(counts))))
 
 
 def scaled_counts(counts: np.ndarray, scale: float) -> np.ndarray:
@@ -271,6 +269,6 @@ def tokenize_tuples(tokenizer: Tokenizer, word_tuples: Iterable, max_seq_length:
 
 __all__ = [
     "SPECIAL_TOKENS", "PAD", "UNK", "CLS", "SEP", "MASK", "VOCAB_FILE", "TOKENIZER_FILE",
-    "MAX_OCCURRENCES", "MIN_SCALED_COUNT", "train_wordpiece", "choose_count_scale", "scaled_counts",
+    "MIN_SCALED_COUNT", "train_wordpiece", "choose_count_scale", "scaled_counts",
     "save_vocabulary", "load_tokenizer", "read_vocab_txt", "tokenize_tuples",
 ]
