@@ -120,6 +120,77 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_privacy_histogram(args) -> int:
+    from dpbert.privacy.histogram import histogram_report
+
+    report = histogram_report(args.sigma, args.delta, args.tuple_words, args.threshold_mode,
+                              args.max_contributions,
+                              threshold_delta_fraction=args.threshold_delta_fraction)
+    if args.json:
+        print_json(report)
+    else:
+        print(f"threshold C = {report['threshold']:.1f} ({report['threshold_mode']})")
+        print(f"ε = {report['epsilon']:.4g} at δ = {report['delta']:.3g} "
+              f"(threshold δ₂ = {report['delta_threshold']:.3g}); classic ε = {report['epsilon_classic']:.4g}")
+        if report.get("warning"):
+            print("WARNING: " + report["warning"])
+    return 0
+
+
+def cmd_privacy_dpsgd(args) -> int:
+    from dpbert.privacy.accountant import dpsgd_report
+
+    report = dpsgd_report(args.examples, args.batch_size, args.noise_multiplier, args.delta,
+                          epochs=args.epochs, steps=args.steps, sampling=args.sampling)
+    if args.json:
+        print_json(report)
+    else:
+        print(f"DP-SGD ({report['sampling']} sampling, q = {report['sampling_probability']:.4g}, "
+              f"{report['steps']} steps, σ = {report['noise_multiplier']}): "
+              f"ε = {report['epsilon_pld']:.4g} (PLD), {report['epsilon_rdp']:.4g} (RDP) "
+              f"at δ = {report['delta']:.3g}")
+    return 0
+
+
+def cmd_privacy_noise_check(args) -> int:
+    from dpbert.model.noise_check import run_noise_check_cli
+
+    return run_noise_check_cli(args)
+
+
+def cmd_budget(args) -> int:
+    from dpbert.privacy import accountant
+
+    config = _load(args, preset=None)
+    if args.target_epsilon is not None:
+        t = config.training
+        n = args.examples or t.dataset_size
+        if n is None:
+            from dpbert.data.corpus import count_tuples
+
+            n = count_tuples(config.corpus, config.privacy.tuple_words)
+        steps = t.steps if t.steps is not None else accountant.steps_for(n, t.batch_size, t.epochs)
+        q = min(1.0, t.batch_size / n)
+        sigma = accountant.noise_multiplier_for_target(args.target_epsilon, q, steps, t.delta, t.sampling)
+        out = {"target_epsilon": args.target_epsilon, "noise_multiplier": sigma, "sampling_probability": q,
+               "steps": steps, "delta": t.delta, "sampling": t.sampling,
+               "epsilon_pld": accountant.dpsgd_epsilon(sigma, q, steps, t.delta, t.sampling)}
+        if args.json:
+            print_json(out)
+        else:
+            print(f"noise multiplier σ = {sigma:.4f} gives ε_T = {out['epsilon_pld']:.4g} ≤ {args.target_epsilon} "
+                  f"(q = {q:.4g}, {steps} steps, δ = {t.delta:.3g}, {t.sampling} sampling)")
+        return 0
+    from pipeline import guard
+
+    planned = guard.planned(config, dataset_size=args.examples)
+    if args.json:
+        print_json({k: v for k, v in planned.items() if k not in ("vocab_event", "train_events")})
+    else:
+        print(guard.planned_statement(planned))
+    return 0 if planned["within_budget"] else EXIT_OVER_BUDGET
+
+
 def cmd_reserved(args) -> int:
     print(f"dpbert {args.command}: not available in this version yet", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -155,6 +226,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("privacy", help="privacy calculators: histogram, dpsgd, noise-check")
+    psub = p.add_subparsers(dest="privacy_command", metavar="CALCULATOR")
+    psub.required = True
+    q = psub.add_parser("histogram", help="threshold and (ε, δ) of the DP vocabulary histogram")
+    q.add_argument("--sigma", type=float, required=True, help="noise standard deviation per count")
+    q.add_argument("--delta", type=float, required=True, help="total δ of the histogram")
+    q.add_argument("--tuple-words", type=int, default=256, help="N, words per tuple (default 256)")
+    q.add_argument("--threshold-mode", choices=("correct", "paper"), default="correct")
+    q.add_argument("--max-contributions", type=int, default=1,
+                   help="k tuples per privacy unit (patient-level unit); default 1")
+    q.add_argument("--threshold-delta-fraction", type=float, default=1.0,
+                   help="fraction of δ given to the threshold (1 = the paper's Corollary 1; "
+                        "0.5 = Google DP library's split)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_privacy_histogram)
+    q = psub.add_parser("dpsgd", help="ε of DP-SGD (RDP and PLD accountants)")
+    q.add_argument("--examples", type=int, required=True, help="n, training examples (tuples)")
+    q.add_argument("--batch-size", type=int, required=True, help="B, logical batch size")
+    q.add_argument("--noise-multiplier", type=float, required=True)
+    q.add_argument("--delta", type=float, required=True)
+    g = q.add_mutually_exclusive_group(required=True)
+    g.add_argument("--epochs", type=float)
+    g.add_argument("--steps", type=int)
+    q.add_argument("--sampling", choices=("poisson", "shuffle"), default="poisson")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_privacy_dpsgd)
+    q = psub.add_parser("noise-check", help="measure the DP-SGD noise std of the real training step")
+    q.add_argument("--replicas", type=int, default=1, help="P, replicas (logical CPU devices here)")
+    q.add_argument("--accumulation", type=int, default=1, help="T, accumulation micro-steps")
+    q.add_argument("--noise-multiplier", type=float, required=True)
+    q.add_argument("--clip", type=float, required=True)
+    q.add_argument("--batch-size", type=int, required=True, help="B, logical batch size")
+    q.add_argument("--steps", type=int, default=200, help="noisy steps to measure over")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_privacy_noise_check)
+
+    p = sub.add_parser("budget", help="the planned ε of a configuration against privacy.epsilon_budget "
+                                      "(exit 3 when over), or the σ that meets --target-epsilon")
+    _config_args(p)
+    p.add_argument("--examples", type=int, help="n, tuples to plan with (default: training.dataset_size, "
+                                                "else counted from the corpus)")
+    p.add_argument("--target-epsilon", type=float, help="print the training noise multiplier that meets "
+                                                        "this ε_T instead")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_budget)
+
     for name, text in (("privacy", "privacy calculators (histogram, dpsgd, noise-check)"),
                        ("budget", "the planned ε of a configuration against its budget"),
                        ("report", "the latest run's results from ML Metadata"),
@@ -174,6 +291,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return args.func(args)
     except (ConfigError, CorpusError) as err:
+        print(f"dpbert {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as err:
+        # Parameter errors of the calculators (dpbert.privacy raises ValueError naming the
+        # parameter). `run` lets component failures propagate with their traceback instead.
+        if args.command == "run":
+            raise
         print(f"dpbert {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -1,24 +1,16 @@
 """The budget guard: the planned ε is computed from the configuration before any component runs.
 
-If it exceeds ``privacy.epsilon_budget`` the run stops (exit 3) and nothing is written.
+If it exceeds ``privacy.epsilon_budget`` the run stops (exit 3) and nothing is written: the
+guard runs in the CLI process before the DAG is built, and reads the corpus only to check it
+opens and, when ``training.dataset_size`` is not set, to count its tuples (n fixes the sampling
+rate q = B/n the trainer will use).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
-from dpbert.config import Config
-
-
-def planned(config: Config) -> Optional[dict]:
-    """The planned ledger, or None while no accountant is available for this configuration."""
-    try:
-        from dpbert.privacy.accountant import planned_ledger
-    except ImportError:
-        return None
-    from dpbert.data.corpus import count_tuples
-
-    n = config.training.dataset_size or count_tuples(config.corpus, config.privacy.tuple_words)
-    return planned_ledger(config, n)
+from dpbert.config import Config, ConfigError
 
 
 def preflight_corpus(config: Config):
@@ -29,13 +21,44 @@ def preflight_corpus(config: Config):
     next(iter(iter_documents(config.corpus)))
 
 
-def check_budget(config: Config) -> Optional[dict]:
-    """Preflight the corpus, then compute the planned ledger (None if no accountant yet)."""
+def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
+    """The planned ledger (``dpbert.privacy.accountant.planned_ledger``) for ``config``."""
+    from dpbert.data.corpus import count_tuples
+    from dpbert.privacy.accountant import planned_ledger
+
+    n = dataset_size or config.training.dataset_size or count_tuples(config.corpus, config.privacy.tuple_words)
+    if n < config.training.batch_size:
+        raise ConfigError(f"training.batch_size must be <= the number of tuples n = {n}, "
+                          f"got {config.training.batch_size}")
+    return planned_ledger(config, n)
+
+
+def check_budget(config: Config) -> dict:
+    """Preflight the corpus, then compute the planned ledger."""
     preflight_corpus(config)
     return planned(config)
 
 
+def _fmt(x) -> str:
+    return "inf" if isinstance(x, float) and math.isinf(x) else f"{x:.4g}"
+
+
+def planned_statement(ledger: dict) -> str:
+    budget = ledger.get("epsilon_budget")
+    lines = [
+        f"planned privacy ledger (n = {ledger['dataset_size']} tuples, {ledger['steps']} steps, "
+        f"{ledger['sampling']} sampling, q = {ledger['sampling_probability']:.4g}):",
+        f"  ε_vocab             = {_fmt(ledger['epsilon_vocab'])}",
+        f"  ε_train             = {_fmt(ledger['epsilon_train'])}",
+        f"  ε_total (basic sum) = {_fmt(ledger['epsilon_total_basic'])}",
+        f"  ε_total (PLD)       = {_fmt(ledger['epsilon_total_pld'])}   at δ = {ledger['delta']:.3g}",
+        f"  budget              = {'none' if budget is None else _fmt(budget)}"
+        f"  → {'within budget' if ledger['within_budget'] else 'OVER BUDGET'}",
+    ]
+    return "\n".join(lines)
+
+
 def over_budget_message(ledger: dict) -> str:
-    return (f"planned ε = {ledger['epsilon_total_pld']:.4g} (δ = {ledger['delta']:.3g}) exceeds "
-            f"privacy.epsilon_budget = {ledger['epsilon_budget']:.4g}; nothing was run or written. "
-            f"Raise vocab.sigma / training.noise_multiplier, or lower training.steps.")
+    return (f"planned ε = {_fmt(ledger['epsilon_total_pld'])} (δ = {ledger['delta']:.3g}) exceeds "
+            f"privacy.epsilon_budget = {_fmt(ledger['epsilon_budget'])}; nothing was run or written. "
+            f"Raise vocab.sigma or training.noise_multiplier, or lower training.steps.")
