@@ -38,24 +38,23 @@ whatever the batch needs (``sampling.py``); the noise is still drawn once, at th
 
 Per-example clipping path
 -------------------------
-``ghost`` (the only private path; logged once with ``logging.info``): the ghost-norm trick of
-Goodfellow (2015) / Li et al. (2021) using tensorflow-privacy 0.9.0's registry functions for
-``Dense``, ``Embedding``, ``EinsumDense``, ``LayerNormalization`` and ``MultiHeadAttention``
-(``make_layer_registry``; 0.9.0's ``make_default_layer_registry`` only registers Dense and
-Embedding). Unlike ``clip_grads.compute_clipped_gradients_and_outputs`` (two forward passes, the
-first without dropout), ONE forward pass is recorded on a persistent tape, with ``training=True``
-passed to every layer that takes it, so the norms are those of the very function whose gradient
-is applied (dropout masks included — with tf-privacy's two passes the first pass runs without
-dropout and the clip bound does not hold for the second). Then:
+``clipping="ghost"`` (default; logged once with ``logging.info``): ``dpbert.model.ghost`` — one
+forward pass walked with tensorflow-privacy 0.9.0's ``model_forward_pass``, ONE backward pass to
+every layer's pre-activation, per-example norms by the ghost-norm trick (or per-layer
+instantiation when cheaper), and the clipped sum by book-keeping from the same quantities; no
+second backward pass. ``training=True`` is passed to every layer that takes it, so the norms are
+those of the very function (dropout masks included) whose gradient is applied.
 
-* backward 1: gradients of Σℓ_i w.r.t. each registered layer's pre-activation, from which the
-  registry functions give every example's squared gradient norm without materialising
-  per-example gradients;
-* backward 2: gradient of Σ w_i ℓ_i with w_i = stop_gradient(min(1, C/‖∇ℓ_i‖)) · mask_i, which
-  is exactly S.
+``clipping="tfp_two_pass"``: the same ghost norms from tensorflow-privacy's own registry
+functions for ``Dense``, ``Embedding``, ``EinsumDense``, ``LayerNormalization`` and
+``MultiHeadAttention`` (``make_layer_registry``; 0.9.0's ``make_default_layer_registry`` only
+registers Dense and Embedding), then a second backward pass of Σ w_i ℓ_i on the same persistent
+tape. Kept as an independent cross-check; slower. Unlike
+``clip_grads.compute_clipped_gradients_and_outputs`` (two forward passes, the first without
+dropout, so the clip bound does not hold for the second) it also uses a single forward pass.
 
 A model with a trainable layer outside the registry, or a variable shared by two layers (tied
-weights: the registry's per-layer norms would miss the cross term), is refused with an error;
+weights: per-layer norms would miss the cross term 2⟨g_a, g_b⟩), is refused with an error;
 there is no silent slow fallback. ``non_private`` mode (baseline, ε = ∞) skips clipping and
 noise and averages over the real examples of the batch.
 
@@ -81,9 +80,12 @@ from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import layer_normalization
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import multi_head_attention
 
+from dpbert.model import ghost
+
 log = logging.getLogger(__name__)
 
 NOISE_MODES = ("once", "paper")
+CLIPPING_PATHS = ("ghost", "tfp_two_pass")
 _LOGGED_PATHS = set()
 
 
@@ -104,16 +106,17 @@ def make_layer_registry() -> lr.LayerRegistry:
     return registry
 
 
-def check_model_supported(model: tf_keras.Model, registry: lr.LayerRegistry):
+def check_model_supported(model: tf_keras.Model, registry: Optional[lr.LayerRegistry] = None):
     """Raise unless ghost clipping is exact for ``model``: every trainable layer registered, no
     nested model, no variable owned by two layers."""
+    registered = registry.is_elem if registry is not None else ghost.is_registered
     owners = {}
     for layer in model.layers:
         if not layer.trainable_variables:
             continue
         if isinstance(layer, tf_keras.Model):
             raise NotImplementedError(f"nested model {layer.name!r}: flatten it for ghost clipping")
-        if not registry.is_elem(layer):
+        if not registered(layer):
             raise NotImplementedError(
                 f"layer {layer.name!r} ({type(layer).__name__}) has trainable weights but no fast "
                 f"clipping registry function; refusing to fall back to a slow path")
@@ -153,7 +156,7 @@ def _dense(grad):
     return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
 
-def ghost_clipped_gradients(model: tf_keras.Model, registry: lr.LayerRegistry, inputs,
+def tfp_two_pass_clipped_gradients(model: tf_keras.Model, registry: lr.LayerRegistry, inputs,
                             loss_fn: Callable, example_mask, clip_norm: float, training: bool = True):
     """Sum of per-example clipped gradients for one (micro-)batch, via ghost norms.
 
@@ -212,10 +215,14 @@ class DPSGDConfig:
     noise_seed: Optional[int] = None
     replicas: int = 1
     accumulation_steps: int = 1
+    #: ghost (one backward, book-keeping) | tfp_two_pass (tensorflow-privacy registry, 2 backward)
+    clipping: str = "ghost"
 
     def __post_init__(self):
         if self.noise_mode not in NOISE_MODES:
             raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
+        if self.clipping not in CLIPPING_PATHS:
+            raise ValueError(f"clipping must be one of {CLIPPING_PATHS}, got {self.clipping!r}")
         if not self.non_private:
             if not self.clip_norm > 0:
                 raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
@@ -276,12 +283,16 @@ class DPSGDTrainStep:
             self.clipping_path = "none"
             _log_path_once("dpbert DP-SGD: NON-PRIVATE baseline (no clipping, no noise, epsilon = inf)")
         else:
-            check_model_supported(model, self.registry)
-            self.clipping_path = "ghost"
-            _log_path_once(
-                "dpbert DP-SGD: per-example clipping path = ghost norms (tensorflow-privacy registry: "
-                "Dense, Embedding, EinsumDense, LayerNormalization, MultiHeadAttention; one forward "
-                f"pass, two backward passes); noise mode = {config.noise_mode}, one draw per logical batch")
+            self.clipping_path = config.clipping
+            if config.clipping == "ghost":
+                check_model_supported(model)
+                detail = "ghost norms + book-keeping (one forward, one backward)"
+            else:
+                check_model_supported(model, self.registry)
+                detail = "tensorflow-privacy registry ghost norms + second backward pass"
+            _log_path_once(f"dpbert DP-SGD: per-example clipping path = {config.clipping}: {detail}; "
+                           f"noise mode = {config.noise_mode} (one draw per logical batch"
+                           f"{'' if config.noise_mode == 'once' else ', scaled by sqrt(P*T)'})")
         seed = config.noise_seed if config.noise_seed is not None else _entropy_seed()
         self._noise_seed = tf.constant([seed >> 31, seed & 0x7FFFFFFF], dtype=tf.int64)
         self._mask_seed = tf.constant([int(mask_seed), 0x5EED], dtype=tf.int64)
@@ -314,8 +325,13 @@ class DPSGDTrainStep:
         if self.config.non_private:
             grads, losses, outputs = plain_gradients(self.model, inputs, loss_fn, example_mask)
             clipped = tf.constant(0.0)
+        elif self.config.clipping == "ghost":
+            grads, losses, norms, outputs = ghost.clipped_gradient_sum(
+                self.model, inputs, loss_fn, example_mask, self.config.clip_norm)
+            grads = [_dense(g) for g in grads]
+            clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * example_mask)
         else:
-            grads, losses, norms, outputs = ghost_clipped_gradients(
+            grads, losses, norms, outputs = tfp_two_pass_clipped_gradients(
                 self.model, self.registry, inputs, loss_fn, example_mask, self.config.clip_norm)
             clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * example_mask)
         stats = {"loss_sum": tf.reduce_sum(losses), "examples": tf.reduce_sum(example_mask),
