@@ -1,0 +1,53 @@
+"""A readable privacy statement for a ledger (in the spirit of tensorflow-privacy's
+``compute_dp_sgd_privacy_statement``), stating δ and its split next to every ε."""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+
+def _eps(x) -> str:
+    if x is None:
+        return "-"
+    return "∞ (non-private)" if math.isinf(x) else f"{x:.4f}"
+
+
+def ledger_statement(ledger: Mapping[str, Any]) -> str:
+    """The statement for ``dpbert.privacy.accountant.ledger`` output (plus optional budget keys)."""
+    unit = ledger.get("unit", "tuple")
+    unit_text = (f"one N-word tuple" if unit == "tuple"
+                 else f"one patient (at most {ledger.get('max_contributions')} tuples)")
+    train = (ledger.get("train_events") or [{}])[0]
+    lines = [
+        "DP-BERT privacy statement",
+        "=========================",
+        f"Unit of privacy: {unit_text}; neighbouring datasets differ by adding or removing one unit.",
+        "",
+        "Vocabulary (Gaussian noise on per-tuple word counts + threshold):",
+        f"  ε_V = {_eps(ledger.get('epsilon_vocab'))} at δ_V = {ledger.get('delta_vocab', 0):.3g}"
+        f" (of which the threshold's δ₂ = {ledger.get('delta_threshold', 0):.3g})",
+        "",
+        f"Pre-training (DP-SGD, {train.get('sampling', ledger.get('sampling', '?'))} sampling, "
+        f"q = {train.get('sampling_probability', float('nan')):.4g}, noise multiplier "
+        f"{train.get('noise_multiplier', float('nan'))}, {ledger.get('steps')} optimizer steps actually taken):",
+        f"  ε_T = {_eps(ledger.get('epsilon_train'))} (PLD), {_eps(ledger.get('epsilon_train_rdp'))} (RDP)"
+        f" at δ_T = {ledger.get('delta_train', 0):.3g}",
+        "",
+        "Whole run (vocabulary + pre-training):",
+        f"  basic composition  ε = {_eps(ledger.get('epsilon_total_basic'))} at δ = "
+        f"{ledger.get('delta_vocab', 0):.3g} + {ledger.get('delta_train', 0):.3g}",
+        f"  RDP composition    ε = {_eps(ledger.get('epsilon_total_rdp'))} at δ = {ledger.get('delta', 0):.3g}",
+        f"  PLD composition    ε = {_eps(ledger.get('epsilon_total_pld'))} at δ = {ledger.get('delta', 0):.3g}"
+        f"   ← the run's ε",
+        "  (PLD/RDP: the vocabulary's Gaussian and the training steps in one accountant; the",
+        "   threshold's δ₂ is added to δ at the end.)",
+    ]
+    budget = ledger.get("epsilon_budget")
+    if budget is not None:
+        verdict = "within budget" if ledger.get("within_budget") else "OVER BUDGET: run refused"
+        lines += ["", f"Budget: ε ≤ {budget:g} → {verdict}"]
+    if train.get("sampling") == "shuffle":
+        lines += ["", "Note: shuffled fixed-size batches are accounted without privacy amplification."]
+    if ledger.get("non_private"):
+        lines += ["", "Note: a stage ran without privacy (baseline): the run's ε is infinite."]
+    return "\n".join(lines)
