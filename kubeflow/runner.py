@@ -1,0 +1,171 @@
+"""Compile the dpbert DAG for Vertex AI Pipelines (a KFP v2 PipelineJob JSON), offline.
+
+    dpbert compile --target vertex --output pipeline.json --image IMAGE \
+        --pipeline-root gs://BUCKET/ROOT [--config FILE] [--set section.field=value ...] \
+        [--resources COMPONENT_ID:cpu=8,memory=32,accelerator=NVIDIA_TESLA_T4,accelerator_count=1]
+
+(also ``python -m kubeflow.runner compile ...``). The DAG is whatever
+``pipeline.pipeline.create_pipeline`` returns for the configuration, with no local ML Metadata
+store (Vertex brings its own) and the Beam args of ``kubeflow.beam_args.cloud_beam_args``.
+Nothing is contacted: the compiler only writes the file. See docs/running-on-vertex.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import List, Optional
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from dpbert.config import Config, ConfigError, load_config  # noqa: E402
+from kubeflow.beam_args import cloud_beam_args  # noqa: E402
+from kubeflow.resources import ResourcesArg, apply_resources, parse_resources  # noqa: E402
+
+EXIT_BAD_INPUT = 2
+EXIT_OVER_BUDGET = 3
+
+TARGETS = ("vertex",)
+
+#: Vertex AI / KFP pipeline names (tfx/orchestration/kubeflow/v2/pipeline_builder.py).
+_PIPELINE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,127}")
+
+
+def validate_for_vertex(config: Config, pipeline_root: str) -> None:
+    """Refuse, with the field to fix, what compiles but cannot run on Vertex AI."""
+    if not _PIPELINE_NAME.fullmatch(config.pipeline.name):
+        raise ConfigError(f"pipeline.name must match [a-z0-9][a-z0-9-]{{0,127}} for Vertex AI "
+                          f"(lower case, digits and -), got {config.pipeline.name!r}")
+    if not (pipeline_root or "").startswith("gs://") or len(pipeline_root.rstrip("/")) <= len("gs://"):
+        raise ConfigError(f"--pipeline-root must be a Cloud Storage URI gs://BUCKET/ROOT for Vertex AI, "
+                          f"got {pipeline_root!r}")
+    path = config.corpus.path
+    if path is not None:
+        if path.startswith("gs://"):
+            # dpbert.data.readers opens corpus files with open()/pathlib, which cannot read gs://.
+            raise ConfigError(
+                f"corpus.path {path!r}: the corpus readers open local files; on Vertex AI read the "
+                f"bucket through its Cloud Storage FUSE mount: corpus.path=/gcs/{path[len('gs://'):]}")
+        if not path.startswith("/gcs/"):
+            raise ConfigError(
+                f"corpus.path {path!r} is a path on this machine, which the Vertex AI step cannot see; "
+                f"upload the corpus to Cloud Storage and use its FUSE path /gcs/BUCKET/PATH")
+
+
+def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
+                   resources: Optional[ResourcesArg] = None, display_name: Optional[str] = None) -> str:
+    """Compile ``create_pipeline(config, pipeline_root)`` to a Vertex AI PipelineJob file.
+
+    ``output`` ending in ``.json`` gets the PipelineJob JSON (``pipelineSpec`` + ``runtimeConfig``
+    with ``gcsOutputDirectory = pipeline_root``; what ``aiplatform.PipelineJob(template_path=...)``
+    and the REST ``pipelineJobs.create`` take); ``.yaml``/``.yml`` gets the bare PipelineSpec.
+    Every component runs ``image``. ``resources``: component id -> ResourceSpec (or a dict of
+    ``kubeflow.resources.resource_spec`` keywords). Returns the absolute path written.
+
+    After writing, every executor class and custom artifact type the spec names is imported
+    here (as the V2 container entrypoint will in the image): ``ImportError`` if one does not.
+    """
+    from tfx import v1 as tfx
+
+    from kubeflow.spec_check import check_spec_importable, load_spec
+    from pipeline.pipeline import create_pipeline
+
+    validate_for_vertex(config, pipeline_root)
+    beam_args = cloud_beam_args(config, image)
+    dag = create_pipeline(config, pipeline_root, metadata_path=None, beam_pipeline_args=beam_args)
+    if resources:
+        apply_resources(dag, resources)
+    output = os.path.abspath(output)
+    runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
+        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
+            default_image=image, display_name=display_name or config.pipeline.name),
+        output_dir=os.path.dirname(output),
+        output_filename=os.path.basename(output),
+    )
+    runner.run(dag, write_out=True)
+    check_spec_importable(load_spec(output))
+    return output
+
+
+def planned_budget_problem(config: Config) -> Optional[str]:
+    """The budget guard for a compile: a message if the planned ε exceeds the budget, else None.
+
+    Counting the corpus needs it on this machine; for a corpus on Cloud Storage set
+    ``training.dataset_size`` (a public lower bound on the number of tuples) instead.
+    """
+    if config.privacy.epsilon_budget is None:
+        return None
+    if config.corpus.path is not None and config.training.dataset_size is None:
+        raise ConfigError(
+            "training.dataset_size must be set to compile with privacy.epsilon_budget: the budget is "
+            "checked before anything runs, and the corpus (corpus.path) is not readable from here")
+    from pipeline import guard
+
+    ledger = guard.planned(config)
+    if ledger is not None and not ledger["within_budget"]:
+        return guard.over_budget_message(ledger)
+    return None
+
+
+# --- command line -------------------------------------------------------------------------------
+
+def add_compile_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``compile`` subcommand to an ``argparse`` subparsers object."""
+    p = subparsers.add_parser(
+        "compile", help="compile the DAG for Kubeflow Pipelines / Vertex AI (offline)",
+        description="Compile the DAG to a Vertex AI PipelineJob JSON (KFP v2). Offline: nothing is "
+                    "contacted. See docs/running-on-vertex.md.")
+    p.add_argument("--target", choices=TARGETS, default="vertex", help="orchestrator (default: vertex)")
+    p.add_argument("--output", required=True, help="file to write: .json (PipelineJob) or .yaml (PipelineSpec)")
+    p.add_argument("--image", required=True,
+                   help="container image every step (and the Dataflow/portable Beam workers) runs, "
+                        "built from kubeflow/Dockerfile, e.g. REGION-docker.pkg.dev/PROJECT/REPO/dpbert:TAG")
+    p.add_argument("--pipeline-root", required=True, dest="pipeline_root",
+                   help="gs://BUCKET/ROOT where Vertex AI writes the artifacts")
+    p.add_argument("--config", help="YAML configuration file (default: the built-in defaults)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one configuration value (repeatable), e.g. --set beam.runner=DataflowRunner")
+    p.add_argument("--resources", action="append", default=[], metavar="COMPONENT_ID:KEY=VALUE,...",
+                   help="machine resources of one step (repeatable): cpu (vCPUs), memory (GB), "
+                        "accelerator (e.g. NVIDIA_TESLA_T4), accelerator_count")
+    p.add_argument("--display-name", dest="display_name", help="Vertex AI display name (default: pipeline.name)")
+    p.set_defaults(func=cmd_compile)
+    return p
+
+
+def cmd_compile(args) -> int:
+    """``dpbert compile``: 0 written; 2 bad input (ConfigError raised to the caller); 3 over budget."""
+    config = load_config(args.config, list(args.overrides))
+    resources = dict(parse_resources(text) for text in args.resources)
+    problem = planned_budget_problem(config)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_OVER_BUDGET
+    path = compile_vertex(config, args.output, args.image, args.pipeline_root, resources=resources,
+                          display_name=args.display_name)
+    print(f"compiled {config.pipeline.name} for {args.target}: {path}")
+    print("submit it with google.cloud.aiplatform.PipelineJob(template_path=...).submit() "
+          "(docs/running-on-vertex.md, section 5)")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m kubeflow.runner compile ...`` (same as ``dpbert compile``)."""
+    parser = argparse.ArgumentParser(prog="python -m kubeflow.runner")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    add_compile_parser(sub)
+    args = parser.parse_args(argv)
+    from dpbert.data.readers import CorpusError
+
+    try:
+        return args.func(args)
+    except (ConfigError, CorpusError) as err:
+        print(f"dpbert {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

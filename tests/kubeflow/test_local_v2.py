@@ -1,0 +1,88 @@
+"""Rehearse compiled tasks through TFX's Kubeflow V2 container entrypoint (kubeflow/local_v2.py):
+the executor input Vertex AI would send, the executor output Vertex AI would read back."""
+import os
+
+import pytest
+
+from tests.kubeflow.conftest import task_names
+
+TINY = [
+    "corpus.synthetic.patients=2",
+    "vocab.size=300",
+    "training.steps=4",
+    "training.batch_size=8",
+    "training.checkpoint_every=2",
+    "model.max_seq_length=64",
+    "beam.direct_num_workers=2",
+]
+
+
+def _root_tasks(spec):
+    tasks = spec["pipelineSpec"]["root"]["dag"]["tasks"]
+    return sorted(name for name, task in tasks.items() if not task.get("dependentTasks"))
+
+
+@pytest.fixture(scope="module")
+def rehearsed_roots(compile_spec, tmp_path_factory):
+    from kubeflow.local_v2 import run_spec_locally
+
+    spec = compile_spec(TINY)
+    root = tmp_path_factory.mktemp("rehearsal")
+    return spec, run_spec_locally(spec, str(root), tasks=_root_tasks(spec), in_process=True)
+
+
+def test_root_tasks_run_under_the_v2_entrypoint(rehearsed_roots):
+    spec, outputs = rehearsed_roots
+    assert set(outputs) == set(_root_tasks(spec)) and outputs
+    components = spec["pipelineSpec"]["components"]
+    for task, artifacts in outputs.items():
+        declared = components[spec["pipelineSpec"]["root"]["dag"]["tasks"][task]["componentRef"]["name"]]
+        assert set(artifacts) == set(declared.get("outputDefinitions", {}).get("artifacts", {}))
+        for artifact in artifacts.values():
+            assert os.path.exists(artifact["uri"])
+            assert artifact["metadata"]["tfx_version"]  # what Vertex AI records on the artifact
+    tuples = outputs["CorpusIngest"]["tuples"]
+    assert tuples["metadata"]["num_tuples"] > 0 and tuples["metadata"]["private"] == 1
+
+
+def test_task_order_follows_dependencies():
+    from kubeflow.local_v2 import task_order
+
+    spec = {"pipelineSpec": {"root": {"dag": {"tasks": {
+        "c": {"dependentTasks": ["a", "b"]}, "b": {"dependentTasks": ["a"]}, "a": {}}}}}}
+    assert task_order(spec) == ["a", "b", "c"]
+    spec["pipelineSpec"]["root"]["dag"]["tasks"]["a"]["dependentTasks"] = ["c"]
+    with pytest.raises(ValueError, match="cycle"):
+        task_order(spec)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "components/common.get_property does not read the struct_value custom properties that TFX's "
+    "V2 entrypoint rebuilds from a Vertex input artifact's metadata (patch in the kubeflow report); "
+    "remove this marker once it is applied"))
+def test_downstream_components_read_upstream_properties_on_vertex(rehearsed_roots):
+    """On Vertex AI an input artifact's custom properties come back from its metadata as
+    struct values (numbers as floats): what a downstream component's get_property must read."""
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+    from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_entrypoint_utils
+
+    from components.common import get_property
+
+    spec, outputs = rehearsed_roots
+    produced = dict(outputs["CorpusIngest"]["tuples"])
+    produced["type"] = {"instanceSchema": "title: components.WordTuples\ntype: object\n"}
+    artifact = kubeflow_v2_entrypoint_utils._parse_raw_artifact(  # pylint: disable=protected-access
+        json_format.ParseDict(produced, pipeline_spec_pb2.RuntimeArtifact()), {})
+    assert get_property(artifact, "num_tuples") == produced["metadata"]["num_tuples"]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_whole_dag_rehearses_under_the_v2_entrypoint(compile_spec, tmp_path):
+    """Every task, in a fresh interpreter each, as the containers would run them."""
+    from kubeflow.local_v2 import run_spec_locally
+
+    spec = compile_spec(TINY)
+    outputs = run_spec_locally(spec, str(tmp_path))
+    assert set(outputs) == task_names(spec)
