@@ -110,6 +110,15 @@ def check_model_supported(model: tf_keras.Model, registry: Optional[lr.LayerRegi
     """Raise unless ghost clipping is exact for ``model``: every trainable layer registered, no
     nested model, no variable owned by two layers."""
     registered = registry.is_elem if registry is not None else ghost.is_registered
+    calls = {}
+    for nodes in model._nodes_by_depth.values():  # pylint: disable=protected-access
+        for node in nodes:
+            if not node.is_input and node.layer.trainable_variables:
+                calls[node.layer.name] = calls.get(node.layer.name, 0) + 1
+    shared = sorted(name for name, count in calls.items() if count > 1)
+    if shared:
+        raise NotImplementedError(f"layers {shared} are called more than once in the model (shared "
+                                  f"weights): ghost norms would miss the cross terms")
     owners = {}
     for layer in model.layers:
         if not layer.trainable_variables:

@@ -66,16 +66,14 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
 
     from dpbert.model import bert as bert_lib
     from dpbert.model import dpsgd, sampling
-    from dpbert.model.train import make_mlm_functions
+    from dpbert.model.train import make_mlm_functions, mirrored_strategy
 
     m_per = sampling.micro_batch_size(batch_size, replicas, accumulation)
     spec = bert_lib.BertSpec(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
                              intermediate_size=32, max_seq_length=8, max_predictions=2,
                              dropout=0.1, attention_dropout=0.1, preset="custom")
     if replicas > 1:
-        gpus = tf.config.list_logical_devices("GPU")
-        devices = gpus if len(gpus) >= replicas else tf.config.list_logical_devices("CPU")
-        strategy = tf.distribute.MirroredStrategy(devices=[d.name for d in devices[:replicas]])
+        strategy = mirrored_strategy(replicas)
     else:
         strategy = tf.distribute.get_strategy()
     with strategy.scope():

@@ -116,20 +116,32 @@ def configure_logical_cpus(count: int):
             f"call configure_logical_cpus({count}) first thing in the process") from err
 
 
+def mirrored_strategy(replicas: int) -> tf.distribute.MirroredStrategy:
+    """``MirroredStrategy`` over the first ``replicas`` GPUs, else logical CPUs.
+
+    On CPUs the all-reduce is ``ReductionToOneDevice``: TF's collective all-reduce keys its
+    collective instances per process, and a second MirroredStrategy in the same process (e.g. a
+    noise check, then a training run) then fails with a collective shape mismatch.
+    """
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) >= replicas:
+        return tf.distribute.MirroredStrategy(devices=[d.name for d in gpus[:replicas]])
+    cpus = tf.config.list_logical_devices("CPU")
+    if len(cpus) < replicas:
+        raise ValueError(
+            f"mirrored strategy with {replicas} replicas needs {replicas} devices, found {len(cpus)}; "
+            f"on a CPU machine call configure_logical_cpus({replicas}) before TensorFlow starts")
+    return tf.distribute.MirroredStrategy(devices=[d.name for d in cpus[:replicas]],
+                                          cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
 def make_strategy(name: str, replicas: int) -> tf.distribute.Strategy:
     if name == "default":
         if replicas != 1:
             raise ValueError(f"training.replicas={replicas} needs training.strategy mirrored or tpu")
         return tf.distribute.get_strategy()
     if name == "mirrored":
-        gpus = tf.config.list_logical_devices("GPU")
-        devices = gpus if len(gpus) >= replicas else tf.config.list_logical_devices("CPU")
-        if len(devices) < replicas:
-            raise ValueError(
-                f"mirrored strategy with {replicas} replicas needs {replicas} devices, found "
-                f"{len(devices)}; on a CPU machine call configure_logical_cpus({replicas}) before "
-                f"TensorFlow starts")
-        return tf.distribute.MirroredStrategy(devices=[d.name for d in devices[:replicas]])
+        return mirrored_strategy(replicas)
     if name == "tpu":
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=os.environ.get("TPU_NAME", ""))
         tf.config.experimental_connect_to_cluster(resolver)

@@ -1,0 +1,202 @@
+"""DP-SGD core: per-example clipping vs brute force, noise placement and size, seeds, baseline."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from dpbert.model import bert as bert_lib
+from dpbert.model import dpsgd, ghost
+from dpbert.model.masking import mask_tokens
+from dpbert.model.noise_check import noise_check
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mlm_batch(spec, n=6, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, spec.vocab_size, (n, spec.max_seq_length)).astype(np.int32)
+    ids[:, 0] = 2
+    ids[:, 9:] = 0
+    ids[0, 2] = ids[0, 3] = ids[0, 4]  # repeated tokens in one example (embedding rows summed)
+    batch = mask_tokens(ids, [3, 4], special_token_ids=[1, 2, 3, 4], mask_token_id=4,
+                        vocab_size=spec.vocab_size, max_predictions=spec.max_predictions)
+    inputs = {"input_ids": batch["input_ids"], "masked_positions": batch["masked_positions"]}
+    loss_fn = lambda out: dpsgd.per_example_mlm_loss(batch["masked_labels"], out, batch["masked_weights"])  # noqa
+    return batch, inputs, loss_fn
+
+
+def _brute_force(model, batch, inputs, mask, clip):
+    """Per-example gradients one example at a time; returns (norms, clipped sum, contributions)."""
+    total = [tf.zeros_like(v) for v in model.trainable_variables]
+    norms, contributions = [], []
+    for i in range(len(mask)):
+        with tf.GradientTape() as tape:
+            out = model({k: v[i:i + 1] for k, v in inputs.items()}, training=True)
+            loss = dpsgd.per_example_mlm_loss(batch["masked_labels"][i:i + 1], out, batch["masked_weights"][i:i + 1])[0]
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+        norm = float(tf.linalg.global_norm(grads))
+        weight = min(1.0, clip / norm) * float(mask[i])
+        contributions.append(weight * norm)
+        norms.append(norm)
+        total = [t + weight * g for t, g in zip(total, grads)]
+    return np.array(norms), total, np.array(contributions)
+
+
+@pytest.mark.parametrize("path", ["ghost", "tfp_two_pass"])
+@pytest.mark.parametrize("geometry", [(12, 16, 32), (40, 8, 16)])  # ghost-norm and instantiation branches
+def test_clipping_matches_brute_force(path, geometry):
+    length, hidden, inter = geometry
+    spec = bert_lib.BertSpec(vocab_size=50, hidden_size=hidden, num_layers=2, num_heads=2,
+                             intermediate_size=inter, max_seq_length=length, max_predictions=4,
+                             dropout=0.0, attention_dropout=0.0)
+    model = bert_lib.build_bert(spec, seed=1).mlm
+    batch, inputs, loss_fn = _mlm_batch(spec)
+    mask = np.array([1, 1, 1, 1, 1, 0], np.float32)  # last row is padding
+    ref_norms, _, _ = _brute_force(model, batch, inputs, np.ones(6), 1e9)
+    clip = float(np.median(ref_norms[:5]))  # some examples clipped, some not
+    if path == "ghost":
+        grads, losses, norms, _ = ghost.clipped_gradient_sum(model, inputs, loss_fn, mask, clip)
+    else:
+        grads, losses, norms, _ = dpsgd.tfp_two_pass_clipped_gradients(
+            model, dpsgd.make_layer_registry(), inputs, loss_fn, mask, clip)
+    _, expected, contributions = _brute_force(model, batch, inputs, mask, clip)
+    np.testing.assert_allclose(norms.numpy()[:5], ref_norms[:5], rtol=1e-4)
+    assert norms.numpy()[5] == 0 and losses.numpy()[5] == 0  # padded row: no loss, no gradient
+    assert np.all(contributions <= clip * (1 + 1e-5))  # each example's contribution ≤ C
+    scale = max(float(tf.reduce_max(tf.abs(e))) for e in expected)
+    for got, want in zip(grads, expected):
+        np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), want.numpy(), atol=2e-6 * scale)
+
+
+def test_norms_are_those_of_the_applied_gradient_under_dropout():
+    """One forward pass: the norm used for clipping is the norm of the gradient actually applied,
+    dropout masks included (tensorflow-privacy's two-forward-pass path does not guarantee this)."""
+    spec = bert_lib.BertSpec(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+                             max_seq_length=12, max_predictions=4, dropout=0.3, attention_dropout=0.3)
+    model = bert_lib.build_bert(spec, seed=2).mlm
+    batch, inputs, loss_fn = _mlm_batch(spec, n=1)
+    for _ in range(3):
+        grads, _, norms, _ = ghost.clipped_gradient_sum(model, inputs, loss_fn, np.ones(1, np.float32), 1e9)
+        np.testing.assert_allclose(float(tf.linalg.global_norm([tf.convert_to_tensor(g) for g in grads])),
+                                   float(norms[0]), rtol=1e-5)
+        clip = float(norms[0]) / 3
+        grads, _, _, _ = ghost.clipped_gradient_sum(model, inputs, loss_fn, np.ones(1, np.float32), clip)
+        assert float(tf.linalg.global_norm([tf.convert_to_tensor(g) for g in grads])) <= clip * (1 + 1e-5)
+
+
+def test_per_example_loss_is_mean_over_own_masked_positions():
+    logits = tf.math.log(tf.constant([[[0.5, 0.5], [0.9, 0.1]], [[0.2, 0.8], [0.5, 0.5]]]))
+    labels = tf.constant([[0, 1], [1, 0]])
+    weights = tf.constant([[1.0, 1.0], [1.0, 0.0]])
+    loss = dpsgd.per_example_mlm_loss(labels, logits, weights).numpy()
+    assert loss.shape == (2,)
+    np.testing.assert_allclose(loss, [(-math.log(0.5) - math.log(0.1)) / 2, -math.log(0.8)], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- noise
+def _assert_noise(result, replicas, accumulation):
+    assert result["passed"], result
+    # Tolerance from the sampling distribution of the std (z = 4 relative standard errors).
+    assert abs(result["measured_std"] / result["expected_std"] - 1) <= result["tolerance"]
+    variance_ratio = (result["measured_std"] / result["expected_std"]) ** 2
+    if replicas * accumulation > 1:  # one draw per logical batch: σ²C²/B², not P·T times that
+        assert variance_ratio < 1 + 0.5 * (replicas * accumulation - 1)
+        assert abs(result["measured_std"] / result["paper_std"] - 1) > 10 * result["tolerance"]
+
+
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_noise_std_single_replica(accumulation):
+    result = noise_check(1, accumulation, noise_multiplier=1.3, clip=0.01, batch_size=16, steps=25)
+    _assert_noise(result, 1, accumulation)
+
+
+def test_noise_paper_mode_reports_effective_sigma():
+    result = noise_check(1, 4, noise_multiplier=1.0, clip=0.01, batch_size=16, steps=15, seed=4,
+                         noise_mode="paper")
+    assert result["passed"]
+    assert abs(result["measured_std"] / result["paper_std"] - 1) <= result["tolerance"]
+    config = dpsgd.DPSGDConfig(noise_multiplier=1.0, replicas=2, accumulation_steps=4, noise_mode="paper")
+    assert config.effective_noise_multiplier == pytest.approx(math.sqrt(8))
+
+
+def test_two_replicas_noise_and_training_in_subprocess(tmp_path):
+    """P = 2 needs two logical CPUs configured before TensorFlow starts: its own process."""
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("replicas_worker.py")), str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for result in out["noise"]:
+        assert result["strategy"] == "MirroredStrategy"
+        _assert_noise(result, 2, result["accumulation"])
+    train = out["train"]
+    assert train["replicas"] == 2 and train["accumulation"] == 2 and train["strategy"] == "MirroredStrategy"
+    assert train["model_step"] == train["steps_planned"] == 6
+    assert np.isfinite(train["final_mlm_loss"])
+
+
+# --------------------------------------------------------------------------- step semantics
+def _dense_stepper(noise_seed=None, non_private=False, sigma=1.0, clip=1.0, expected_batch=4.0):
+    x = tf_keras.Input((3,))
+    model = tf_keras.Model(x, tf_keras.layers.Dense(2, kernel_initializer=tf_keras.initializers.Constant(0.1))(x))
+    config = dpsgd.DPSGDConfig(clip_norm=clip, noise_multiplier=sigma, expected_batch_size=expected_batch,
+                               noise_seed=noise_seed, non_private=non_private)
+    stepper = dpsgd.DPSGDTrainStep(
+        model, tf_keras.optimizers.SGD(1.0), config,
+        prepare_fn=lambda f, seed: (f[:, :3], f[:, 3]),
+        loss_fn=lambda y, out: tf.reduce_sum(tf.square(out - y[:, None]), axis=1))
+    return model, stepper
+
+
+def _delta(model, stepper, features, mask):
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    stepper.run_step([{"features": features[None], "example_mask": mask[None]}])
+    return np.concatenate([(b - v.numpy()).ravel() for b, v in zip(before, model.trainable_variables)])
+
+
+def test_noise_seed_entropy_vs_explicit():
+    zeros = np.zeros((4, 4), np.float32)
+    off = np.zeros(4, np.float32)
+    deltas = [_delta(*_dense_stepper(seed), zeros, off) for seed in (None, None, 7, 7)]
+    assert not np.allclose(deltas[0], deltas[1])  # OS entropy: different noise
+    np.testing.assert_array_equal(deltas[2], deltas[3])  # explicit test seed: reproducible
+    model, stepper = _dense_stepper(7)
+    first, second = _delta(model, stepper, zeros, off), _delta(model, stepper, zeros, off)
+    assert not np.allclose(first, second)  # a fresh draw every step
+
+
+def _grads(features, mask, clip=None):
+    x = tf.constant(features[:, :3])
+    per = []
+    for i in range(len(features)):
+        w = tf.Variable(np.full((3, 2), 0.1, np.float32))
+        b = tf.Variable(np.zeros(2, np.float32))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.matmul(x[i:i + 1], w) + b - features[i, 3]))
+        g = np.concatenate([t.numpy().ravel() for t in tape.gradient(loss, [w, b])])
+        if clip is not None:
+            g = g * min(1.0, clip / np.linalg.norm(g))
+        per.append(g * mask[i])
+    return np.sum(per, axis=0)
+
+
+def test_dp_update_divides_by_expected_batch_and_baseline_by_count():
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(4, 4)).astype(np.float32)
+    mask = np.array([1, 1, 1, 0], np.float32)
+    # DP with negligible noise: update = S / B with B the public expected batch size (4), not 3.
+    model, stepper = _dense_stepper(noise_seed=1, sigma=1e-9, clip=0.5, expected_batch=4.0)
+    np.testing.assert_allclose(_delta(model, stepper, features, mask), _grads(features, mask, 0.5) / 4.0,
+                               rtol=1e-4, atol=1e-7)
+    assert stepper.clipping_path == "ghost"
+    # Non-private baseline: plain mean over the 3 real examples, no clipping, no noise.
+    model, stepper = _dense_stepper(non_private=True)
+    np.testing.assert_allclose(_delta(model, stepper, features, mask), _grads(features, mask) / 3.0, rtol=1e-5)
+    assert stepper.clipping_path == "none" and stepper.config.effective_noise_multiplier == 0.0

@@ -1,0 +1,91 @@
+"""train_mlm end to end on a tiny model: learning, records, resume, ledger."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dpbert.config import ModelConfig, TrainingConfig
+from dpbert.model.train import SimulatedCrash, load_encoder, train_mlm
+
+from .conftest import SPECIALS
+
+VOCAB = 40
+MODEL = ModelConfig(preset="tiny", max_seq_length=16, dropout=0.0)
+
+
+def _train(corpus, out, resume=True, **overrides):
+    params = dict(batch_size=16, steps=40, learning_rate=3e-3, warmup_steps=3, clip_norm=1.0,
+                  noise_multiplier=0.3, checkpoint_every=20, noise_seed=1)
+    stop = overrides.pop("stop_after_steps", None)
+    q = overrides.pop("sampling_probability", None)
+    params.update(overrides)
+    return train_mlm(corpus, SPECIALS, VOCAB, MODEL, TrainingConfig(**params), out, sampling_probability=q,
+                     resume=resume, progress=False, export_saved_model=False, stop_after_steps=stop)
+
+
+def _first_last(losses, k=5):
+    return float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
+
+
+def test_non_private_baseline_learns_and_records_infinite_epsilon(corpus, tmp_path):
+    result = _train(corpus, tmp_path, non_private=True)
+    first, last = _first_last(result.losses)
+    assert last < first - 1.0, result.losses  # repetitive corpus: loss clearly goes down
+    assert result.non_private and math.isinf(result.epsilon) and result.noise_multiplier == 0.0
+    assert result.clipping_path == "none" and result.clipped_fraction == 0.0
+    saved = json.loads((tmp_path / "train_result.json").read_text())
+    assert saved["epsilon"] == "inf" and saved["non_private"] is True
+    assert (tmp_path / "tensorboard").is_dir() and any((tmp_path / "tensorboard").iterdir())
+    models = load_encoder(tmp_path)  # evaluators reload the encoder from model_config.json + weights
+    assert models.spec.vocab_size == VOCAB and models.spec.max_seq_length == 16
+
+
+def test_dp_training_learns_with_small_noise_and_records(corpus, tmp_path):
+    result = _train(corpus, tmp_path, sampling_probability=0.2)
+    first, last = _first_last(result.losses)
+    assert last < first - 0.5, result.losses
+    assert not result.non_private and result.epsilon is None and result.delta == 1e-6
+    assert result.sampling_mode == "poisson" and result.sampling_rate == 0.2
+    assert result.expected_batch_size == pytest.approx(0.2 * 64)  # the noise divisor q·n
+    assert result.noise_multiplier == result.effective_noise_multiplier == 0.3
+    assert result.clip_norm == 1.0 and result.clipping_path == "ghost" and 0.0 <= result.clipped_fraction <= 1.0
+    assert result.steps_taken_total == result.model_step == 40
+    assert json.loads((tmp_path / "dp_ledger.json").read_text())["steps_executed"] == 40
+
+
+def test_resume_after_crash_keeps_every_step(corpus, tmp_path):
+    kwargs = dict(steps=8, checkpoint_every=3, accumulation_steps=2)
+    with pytest.raises(SimulatedCrash):
+        _train(corpus, tmp_path, stop_after_steps=5, **kwargs)  # checkpoint at 3; steps 4, 5 lost
+    assert json.loads((tmp_path / "dp_ledger.json").read_text())["steps_executed"] == 5
+    result = _train(corpus, tmp_path, **kwargs)
+    assert result.resumed_from_step == 3 and result.steps_this_run == 5
+    assert result.model_step == 8  # the model took the planned number of steps
+    assert result.steps_taken_total == 10  # ledger: 5 before the crash + 5 after (steps 4, 5 ran twice)
+    # A crash right after a checkpoint loses nothing: total = planned.
+    other = tmp_path / "b"
+    with pytest.raises(SimulatedCrash):
+        _train(corpus, other, stop_after_steps=6, **kwargs)
+    result = _train(corpus, other, **kwargs)
+    assert (result.resumed_from_step, result.steps_this_run, result.model_step, result.steps_taken_total) == (6, 2, 8, 8)
+    # Resuming a finished run takes no step; resuming with other privacy parameters is refused.
+    again = _train(corpus, other, **kwargs)
+    assert again.steps_this_run == 0 and again.steps_taken_total == 8
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        _train(corpus, other, noise_multiplier=2.0, **kwargs)
+
+
+def test_shuffle_mode_is_recorded(corpus, tmp_path):
+    result = _train(corpus, tmp_path, steps=3, sampling="shuffle")
+    assert result.sampling_mode == "shuffle" and result.expected_batch_size == 16
+    assert result.sampling_rate == 0.25
+
+
+def test_input_validation(corpus, tmp_path):
+    with pytest.raises(ValueError, match="exceed"):
+        _train(np.zeros((4, 32), np.int32), tmp_path)
+    with pytest.raises(ValueError, match=r"\[MASK\]"):
+        train_mlm(corpus, [0, 1, 2, 3], VOCAB, MODEL, TrainingConfig(steps=1), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="replicas"):
+        _train(corpus, tmp_path, replicas=2)  # default strategy cannot have 2 replicas
