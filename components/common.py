@@ -53,4 +53,9 @@ def get_property(artifact, key: str, default=None):
         return value.double_value
     if kind == "int_value":
         return value.int_value
+    if kind == "struct_value":
+        # Kubeflow V2 / Vertex AI: TFX's container entrypoint rebuilds an input artifact's custom
+        # properties from its metadata as JSON values (integers arrive as floats).
+        decoded = artifact.get_custom_property(key)
+        return float("inf") if decoded == "inf" else decoded
     return default

@@ -272,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_budget)
 
+    from kubeflow.runner import add_compile_parser  # Vertex AI / KFP v2: docs/running-on-vertex.md
+
+    add_compile_parser(sub)
+
     for name, text in (("privacy", "privacy calculators (histogram, dpsgd, noise-check)"),
                        ("budget", "the planned ε of a configuration against its budget"),
                        ("report", "the latest run's results from ML Metadata"),

@@ -56,10 +56,6 @@ def test_task_order_follows_dependencies():
         task_order(spec)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "components/common.get_property does not read the struct_value custom properties that TFX's "
-    "V2 entrypoint rebuilds from a Vertex input artifact's metadata (patch in the kubeflow report); "
-    "remove this marker once it is applied"))
 def test_downstream_components_read_upstream_properties_on_vertex(rehearsed_roots):
     """On Vertex AI an input artifact's custom properties come back from its metadata as
     struct values (numbers as floats): what a downstream component's get_property must read."""
