@@ -281,6 +281,7 @@ class DPSGDTrainStep:
         self.optimizer = optimizer
         self.config = config
         self.strategy = strategy or tf.distribute.get_strategy()
+        self._default_strategy = type(self.strategy).__name__ == "_DefaultDistributionStrategy"
         self.prepare_fn = prepare_fn
         self.loss_fn = loss_fn
         self.metrics_fn = metrics_fn
@@ -391,7 +392,7 @@ class DPSGDTrainStep:
         mask = np.asarray(round_batch["example_mask"], dtype=np.float32)
         if features.shape[0] != self.replicas or mask.shape[0] != self.replicas:
             raise ValueError(f"round arrays must have a leading replica axis of {self.replicas}")
-        if self.replicas == 1 and not isinstance(self.strategy, tf.distribute.MirroredStrategy):
+        if self._default_strategy:
             return {"features": tf.constant(features[0]), "example_mask": tf.constant(mask[0])}
         return self.strategy.experimental_distribute_values_from_function(
             lambda ctx: {"features": tf.constant(features[ctx.replica_id_in_sync_group]),

@@ -249,14 +249,17 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
               sampling_probability: Optional[float] = None, resume: bool = True, progress: bool = True,
               *, mask_token_id: Optional[int] = None, noise_mode: str = "once",
               export_saved_model: bool = True, stop_after_steps: Optional[int] = None,
-              strategy: Optional[tf.distribute.Strategy] = None) -> TrainResult:
+              strategy: Optional[tf.distribute.Strategy] = None,
+              vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None) -> TrainResult:
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
     ``sampling_probability``: the q planned by the accountant (Poisson mode); default
     ``batch_size / (training.dataset_size or n)``. It is used exactly whatever the actual n.
     ``special_token_ids``: mapping name → id (must contain ``[MASK]``) or a sequence of ids plus
     ``mask_token_id``. ``stop_after_steps`` (tests): raise ``SimulatedCrash`` after that many steps
-    of this run, without saving, like a crash.
+    of this run, without saving, like a crash. ``model.init: minilm`` takes the sizes from the public
+    checkpoint (``dpbert.model.init_public``) and needs ``vocab_tokens`` (the token strings of the
+    new vocabulary, index = id) to copy the shared rows.
     """
     t0 = time.time()
     tc = training_config
@@ -297,12 +300,18 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     ckpt_dir = output_dir / "checkpoints"
     tb_dir = output_dir / "tensorboard"
     ledger_path = output_dir / LEDGER_FILE
-    spec = bert_lib.spec_from_config(model_config, vocab_size, tc.mask_probability)
+    if model_config.init == "minilm":
+        from dpbert.model import init_public
+        if vocab_tokens is None:
+            raise ValueError("model.init=minilm needs vocab_tokens (the new vocabulary's token strings)")
+        spec = init_public.spec_for_public(model_config, vocab_size, tc.mask_probability, public_checkpoint_dir)
+    else:
+        spec = bert_lib.spec_from_config(model_config, vocab_size, tc.mask_probability)
     run_config = {
         "spec": spec.to_dict(), "batch_size": tc.batch_size, "sampling": tc.sampling, "q": q,
         "noise_multiplier": 0.0 if tc.non_private else tc.noise_multiplier, "clip_norm": tc.clip_norm,
         "non_private": tc.non_private, "noise_mode": noise_mode, "mask_probability": tc.mask_probability,
-        "specials": specials, "mask_token_id": mask_id,
+        "specials": specials, "mask_token_id": mask_id, "init": model_config.init,
     }
     if not resume and (ckpt_dir.exists() or ledger_path.exists()):
         old = _read_json(ledger_path, {})
@@ -328,8 +337,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     with strategy.scope():
         models = bert_lib.build_bert(spec, seed=tc.seed)
         if model_config.init == "minilm":
-            from dpbert.model import init_public
-            init_public.init_from_minilm(models)
+            init_stats = init_public.init_from_checkpoint(models, vocab_tokens, public_checkpoint_dir, tc.seed)
+            log.info("initialised from the public checkpoint: %s", init_stats)
         optimizer = make_optimizer(tc, steps_planned)
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn,
                                    loss_fn=loss_fn, metrics_fn=metrics_fn, strategy=strategy,

@@ -200,3 +200,14 @@ def test_dp_update_divides_by_expected_batch_and_baseline_by_count():
     model, stepper = _dense_stepper(non_private=True)
     np.testing.assert_allclose(_delta(model, stepper, features, mask), _grads(features, mask) / 3.0, rtol=1e-5)
     assert stepper.clipping_path == "none" and stepper.config.effective_noise_multiplier == 0.0
+
+
+def test_clipping_path_is_logged(caplog):
+    import logging
+
+    dpsgd._LOGGED_PATHS.clear()
+    with caplog.at_level(logging.INFO, logger="dpbert.model.dpsgd"):
+        _dense_stepper(noise_seed=1)
+        _dense_stepper(noise_seed=1)
+    messages = [r.getMessage() for r in caplog.records if "clipping path" in r.getMessage()]
+    assert len(messages) == 1 and "ghost" in messages[0]  # logged once per process

