@@ -490,19 +490,38 @@ class ExactHistogram(beam.PTransform):
 @dataclasses.dataclass(frozen=True)
 class HistogramRunResult:
     output_path: str
-    #: Tuples that entered the count (after the patient cap, if any).
-    tuples_counted: int
-    #: Lines written (words released); None if the runner reported no metrics.
+    #: Tuples that entered the count (after the patient cap, if any); None if the runner
+    #: reported no metrics.
+    tuples_counted: Optional[int]
+    #: Words released (lines written); None for the exact histogram or without metrics.
     words_released: Optional[int]
 
 
 def tuple_file_pattern(tuples_source: str) -> str:
-    """A directory of ingestion shards → its ``tuples-*.tfrecord.gz`` pattern; else unchanged."""
+    """The file pattern of ``tuples_source``: a glob is used as is; a directory (local or on any
+    Beam filesystem, e.g. gs://) of ingestion shards becomes ``<dir>/tuples-*.tfrecord.gz``; a
+    single file is used as is."""
+    from apache_beam.io.filesystems import FileSystems
+
     from dpbert.data.tfrecord import FILE_PATTERN
 
-    if os.path.isdir(tuples_source):
-        return os.path.join(tuples_source, FILE_PATTERN)
+    if any(ch in tuples_source for ch in "*?["):
+        return tuples_source
+    inside = FileSystems.join(tuples_source, FILE_PATTERN)
+    if os.path.isdir(tuples_source) or FileSystems.match([inside])[0].metadata_list:
+        return inside
     return tuples_source
+
+
+def _require_files(pattern: str):
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        found = FileSystems.match([pattern])[0].metadata_list
+    except Exception:  # a filesystem error is reported as "nothing matched", with the pattern
+        found = []
+    if not found:
+        raise FileNotFoundError(f"no tuple files match {pattern}")
 
 
 def _write_sorted(pairs, output_path: str):
@@ -531,6 +550,7 @@ def _run(tuples_source: str, output_path: str, transform: beam.PTransform, beam_
     from apache_beam.options.pipeline_options import PipelineOptions
 
     pattern = tuple_file_pattern(tuples_source)
+    _require_files(pattern)
     options = PipelineOptions(list(beam_args or []))
     pipeline = beam.Pipeline(options=options)
     _ = (
@@ -544,8 +564,7 @@ def _run(tuples_source: str, output_path: str, transform: beam.PTransform, beam_
     )
     result = pipeline.run()
     result.wait_until_finish()
-    tuples = _counter_value(result, TUPLES_COUNTED)
-    return result, (tuples if tuples is not None else 0)
+    return result, _counter_value(result, TUPLES_COUNTED)
 
 
 class _Writer(beam.PTransform):

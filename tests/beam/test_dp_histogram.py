@@ -270,3 +270,9 @@ def test_only_non_sensitive_metrics_are_reported(tuples):
     counters = result.metrics().query(beam.metrics.MetricsFilter())["counters"]
     ours = {c.key.metric.name for c in counters if c.key.metric.namespace == dh.METRICS_NAMESPACE}
     assert ours == {dh.TUPLES_COUNTED, dh.WORDS_RELEASED}
+
+
+def test_missing_tuple_files_are_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tuple files match"):
+        dh.run_dp_histogram(str(tmp_path / "nothing"), str(tmp_path / "h.jsonl"), 1.0, 2.0)
+    assert not (tmp_path / "h.jsonl").exists()
