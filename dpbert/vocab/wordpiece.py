@@ -252,8 +252,11 @@ def tokenize_tuples(tokenizer: Tokenizer, word_tuples: Iterable, max_seq_length:
     chunks: List[np.ndarray] = []
     batch: List[List[str]] = []
 
+    # encode_batch_fast (tokenizers >= 0.20) skips the character offsets: same ids, ≈ 15 % faster.
+    encode_batch = getattr(encoder, "encode_batch_fast", encoder.encode_batch)
+
     def encode(batch):
-        encodings = encoder.encode_batch(batch, is_pretokenized=True)
+        encodings = encode_batch(batch, is_pretokenized=True)
         return np.asarray([e.ids for e in encodings], dtype=np.int32).reshape(len(batch), int(max_seq_length))
 
     for item in word_tuples:
