@@ -1,0 +1,407 @@
+"""What the pages show, built from a ``RunInfo`` and its report: plain data, no I/O, no web code.
+
+Every function here tolerates missing artifacts and properties (the DAG grows component by
+component; older runs lack newer properties): absent data becomes ``None`` / an empty list, and
+the templates say "not in this run".
+
+Privacy rules applied here (the templates only escape and lay out):
+- an artifact is private when its ``private`` custom property is set, or its type is a known
+  private type; of a private artifact only the type, the output key, the URI and the counts of
+  units (numeric ``num_*`` properties) are shown;
+- no artifact file is ever opened: everything comes from ML Metadata custom properties.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from dpbert.metadata import ArtifactInfo, RunInfo
+
+# Types whose files hold raw text or secrets even if an older run did not set `private`.
+KNOWN_PRIVATE_TYPES = frozenset({"components.WordTuples"})
+PRIVATE_SHOWN_PREFIX = "num_"  # counts of units (tuples, documents, patients)
+SHORT_VALUE = 160
+BOOLEAN_KEYS = frozenset({"within_budget", "non_private", "private"})  # stored as ints
+
+LEDGER_ROWS = (
+    ("epsilon_vocab", "ε_V (vocabulary)"),
+    ("epsilon_train", "ε_T (DP-SGD)"),
+    ("epsilon_total_basic", "ε total, basic composition"),
+    ("epsilon_total_pld", "ε total, PLD"),
+    ("epsilon_total_rdp", "ε total, RDP"),
+    ("delta", "δ total"),
+    ("delta_vocab", "δ_V"),
+    ("delta_train", "δ_T"),
+    ("unit", "unit of privacy"),
+    ("sampling", "sampling mode"),
+    ("steps", "training steps"),
+    ("epsilon_budget", "ε budget (configured)"),
+    ("within_budget", "within budget"),
+)
+VOCAB_ROWS = (("size", "vocabulary size"), ("words_kept", "words kept"), ("sigma", "σ (noise per count)"),
+              ("threshold", "threshold C"), ("epsilon", "ε_V"), ("non_private", "non-private baseline"))
+PRETRAINING_ROWS = (("steps", "steps taken"), ("initial_mlm_loss", "initial MLM loss"),
+                    ("final_mlm_loss", "final MLM loss (DP)"),
+                    ("non_dp_final_mlm_loss", "final MLM loss (non-DP)"))
+
+
+# --- values ---------------------------------------------------------------------------------
+
+def number(value: Any) -> Optional[float]:
+    """A float from a property value (``"inf"``, a summary dict's ``mean``), else None."""
+    if isinstance(value, dict):
+        value = value.get("mean")
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "infinity"):
+        return math.inf
+    return None
+
+
+def fmt(value: Any) -> str:
+    """A short readable text for a value (the template escapes it)."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "∞" if value > 0 else "−∞"
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(strict_json(value), sort_keys=True, ensure_ascii=False)
+    return str(value)
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with non-finite floats as strings (``"inf"``), so that it is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "inf" if obj > 0 else ("-inf" if obj < 0 else "nan")
+    if isinstance(obj, dict):
+        return {str(k): strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def fmt_duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {sec:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def fmt_time(ms: Optional[int]) -> str:
+    if not ms:
+        return "—"
+    return datetime.datetime.fromtimestamp(ms / 1000.0, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _bool_flag(value: Any) -> Optional[bool]:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes")
+    return bool(value)
+
+
+# --- artifacts and the DAG ------------------------------------------------------------------
+
+def is_private(artifact: ArtifactInfo) -> bool:
+    return artifact.private or artifact.type in KNOWN_PRIVATE_TYPES
+
+
+def visible_properties(artifact: ArtifactInfo) -> Tuple[List[Dict[str, Any]], int]:
+    """The rows of an artifact's property table and how many properties are withheld."""
+    private = is_private(artifact)
+    rows, hidden = [], 0
+    for key in sorted(artifact.properties):
+        value = artifact.properties[key]
+        if private and not (key.startswith(PRIVATE_SHOWN_PREFIX) and isinstance(value, (int, float))
+                            and not isinstance(value, bool)):
+            hidden += 1  # of a private artifact only numeric counts of units are shown
+            continue
+        text = _fmt_key(key, value)
+        rows.append({"key": key, "short": text if len(text) <= SHORT_VALUE else text[:SHORT_VALUE] + "…",
+                     "full": text, "truncated": len(text) > SHORT_VALUE})
+    return rows, hidden
+
+
+def short_type(type_name: str) -> str:
+    return type_name.split(".", 1)[1] if type_name.startswith("components.") else type_name
+
+
+def run_summary(run: RunInfo) -> Dict[str, Any]:
+    states: Dict[str, int] = {}
+    for c in run.components:
+        states[c.state] = states.get(c.state, 0) + 1
+    return {"run_id": run.run_id, "pipeline": run.pipeline, "status": run.status,
+            "duration_s": round(run.duration_s, 1), "duration": fmt_duration(run.duration_s),
+            "created": fmt_time(run.created_ms), "created_ms": run.created_ms,
+            "components": len(run.components), "states": states}
+
+
+def dag(run: RunInfo) -> Dict[str, Any]:
+    """Components (nodes), edges producer → consumer through artifacts, and the artifacts."""
+    producers: Dict[int, str] = {}
+    artifacts: Dict[int, Dict[str, Any]] = {}
+
+    def entry(a: ArtifactInfo) -> Dict[str, Any]:
+        if a.id not in artifacts:
+            rows, hidden = visible_properties(a)
+            artifacts[a.id] = {"id": a.id, "type": a.type, "short_type": short_type(a.type), "key": a.name,
+                               "uri": a.uri, "private": is_private(a), "properties": rows,
+                               "hidden": hidden, "producer": None, "consumers": []}
+        return artifacts[a.id]
+
+    for c in run.components:
+        for a in c.outputs:
+            entry(a)["producer"] = c.node_id
+            producers[a.id] = c.node_id
+    nodes, edges = [], []
+    for c in run.components:
+        for a in c.inputs:
+            consumers = entry(a)["consumers"]
+            if c.node_id not in consumers:
+                consumers.append(c.node_id)
+            if a.id in producers and (producers[a.id], c.node_id) not in edges:
+                edges.append((producers[a.id], c.node_id))
+        nodes.append({"id": c.node_id, "execution_id": c.execution_id, "state": c.state,
+                      "started": fmt_time(c.started_ms), "duration_s": round(c.duration_s, 1),
+                      "duration": fmt_duration(c.duration_s),
+                      "inputs": [{"id": a.id, "key": a.name, "short_type": short_type(a.type)} for a in c.inputs],
+                      "outputs": [{"id": a.id, "key": a.name, "short_type": short_type(a.type)} for a in c.outputs]})
+    return {"nodes": nodes, "edges": edges, "artifacts": sorted(artifacts.values(), key=lambda a: a["id"])}
+
+
+def dag_layers(nodes: Sequence[str], edges: Sequence[Tuple[str, str]]) -> Dict[str, int]:
+    """Longest-path layer of every node (sources at 0); cycles cannot occur in a TFX DAG but are
+    cut rather than looped on."""
+    layer = {n: 0 for n in nodes}
+    for _ in range(len(layer)):
+        changed = False
+        for a, b in edges:
+            if a in layer and b in layer and layer[b] < layer[a] + 1:
+                layer[b] = layer[a] + 1
+                changed = True
+        if not changed:
+            break
+    return layer
+
+
+# --- the report's sections ------------------------------------------------------------------
+
+def _first_props(run: RunInfo, type_name: str) -> Optional[Dict[str, Any]]:
+    for artifact in run.artifacts(type_name):
+        if not is_private(artifact):
+            return artifact.properties
+    return None
+
+
+def ledger(run: RunInfo) -> Optional[Dict[str, Any]]:
+    """The privacy ledger (``components.PrivacyReport`` properties), or None when not in the run."""
+    props = _first_props(run, "components.PrivacyReport")
+    if props is None:
+        return None
+    rows = [{"key": key, "label": label, "value": _fmt_key(key, props.get(key))} for key, label in LEDGER_ROWS
+            if props.get(key) is not None]
+    total, budget = number(props.get("epsilon_total_pld")), number(props.get("epsilon_budget"))
+    within = _bool_flag(props.get("within_budget"))
+    if within is None and total is not None and budget is not None:
+        within = total <= budget
+    statement = props.get("statement")
+    return {"rows": rows, "total": fmt(total) if total is not None else None,
+            "budget": fmt(budget) if budget is not None else None, "within": within,
+            "statement": statement if isinstance(statement, str) else None,
+            "chart": any(number(props.get(k)) is not None for k in
+                         ("epsilon_vocab", "epsilon_train", "epsilon_total_basic", "epsilon_total_pld"))}
+
+
+def ledger_bars(run: RunInfo) -> Optional[Dict[str, Any]]:
+    props = _first_props(run, "components.PrivacyReport")
+    if props is None:
+        return None
+    bars = [(label, number(props.get(key))) for key, label in (
+        ("epsilon_vocab", "ε_V"), ("epsilon_train", "ε_T"), ("epsilon_total_basic", "total (basic)"),
+        ("epsilon_total_pld", "total (PLD)"), ("epsilon_total_rdp", "total (RDP)"))]
+    bars = [(label, v) for label, v in bars if v is not None]
+    if not bars:
+        return None
+    return {"bars": bars, "budget": number(props.get("epsilon_budget"))}
+
+
+def _fmt_key(key: str, value: Any) -> str:
+    return fmt(_bool_flag(value)) if key in BOOLEAN_KEYS else fmt(value)
+
+
+def _rows(section: Dict[str, Any], spec) -> List[Dict[str, str]]:
+    return [{"label": label, "value": _fmt_key(key, section.get(key))} for key, label in spec
+            if section.get(key) is not None]
+
+
+def loss_curves(run: RunInfo, report: Dict[str, Any]) -> Dict[str, List[float]]:
+    """``{"DP": [...], "non-DP": [...]}`` with only the curves that exist (finite points kept)."""
+    def points(curve) -> List[float]:
+        if not isinstance(curve, list):
+            return []
+        out = []
+        for p in curve:
+            v = number(p.get("loss") if isinstance(p, dict) else p)
+            out.append(v if v is not None and math.isfinite(v) else math.nan)
+        return out if any(not math.isnan(v) for v in out) else []
+
+    curves = {}
+    dp = points((report.get("pretraining") or {}).get("loss_curve"))
+    if dp:
+        curves["DP"] = dp
+    for artifact in run.artifacts("components.PretrainedModel"):
+        if not is_private(artifact) and _bool_flag(artifact.properties.get("non_private")):
+            non_dp = points(artifact.properties.get("loss_curve"))
+            if non_dp:
+                curves["non-DP"] = non_dp
+            break
+    return curves
+
+
+def exposure_groups(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Canary groups as ``{label, occurrences, dp, non_dp}`` (exposures may be summaries)."""
+    groups = (report.get("canary") or {}).get("groups") or []
+    out = []
+    for i, g in enumerate(groups if isinstance(groups, list) else []):
+        if not isinstance(g, dict):
+            continue
+        dp = g.get("exposure_dp", g.get("exposure"))
+        non_dp = g.get("exposure_non_dp")
+        label = g.get("group", g.get("pattern", f"group {i + 1}"))
+        out.append({"label": str(label), "pattern": g.get("pattern"),
+                    "occurrences": number(g.get("occurrences")),
+                    "dp": number(dp), "non_dp": number(non_dp),
+                    "occurrences_text": fmt(g.get("occurrences")),
+                    "dp_text": fmt(number(dp)), "non_dp_text": fmt(number(non_dp))})
+    return out
+
+
+def _curve(attack: Dict[str, Any]) -> Tuple[List[float], List[float]]:
+    roc = attack.get("roc", attack)
+    if isinstance(roc, dict):
+        fpr, tpr = roc.get("fpr"), roc.get("tpr")
+    elif isinstance(roc, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in roc):
+        fpr, tpr = [p[0] for p in roc], [p[1] for p in roc]
+    else:
+        return [], []
+    if not (isinstance(fpr, list) and isinstance(tpr, list)) or len(fpr) != len(tpr) or not fpr:
+        return [], []
+    f, t = [number(v) for v in fpr], [number(v) for v in tpr]
+    if any(v is None for v in f + t):
+        return [], []
+    return f, t
+
+
+def membership_attacks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Membership-inference attacks as ``{name, fpr, tpr, stats: [(key, text)]}``."""
+    attacks = report.get("membership_inference")
+    if isinstance(attacks, dict):
+        if any(k in attacks for k in ("auc", "roc", "fpr")):
+            items = [("attack", attacks)]
+        else:
+            items = list(attacks.items())
+    elif isinstance(attacks, list):
+        items = [(None, a) for a in attacks]
+    else:
+        return []
+    out = []
+    for i, (key, a) in enumerate(items):
+        if not isinstance(a, dict):
+            if number(a) is not None:  # {"loss": 0.53, ...}: name → AUC
+                out.append({"name": str(key), "fpr": [], "tpr": [], "stats": [("auc", fmt(number(a)))]})
+            continue
+        name = a.get("name", a.get("attack", key if key is not None else f"attack {i + 1}"))
+        fpr, tpr = _curve(a)
+        stats = [(k, fmt(v)) for k, v in sorted(a.items())
+                 if k not in ("name", "attack", "roc", "fpr", "tpr", "thresholds")
+                 and (number(v) is not None or isinstance(v, str))]
+        out.append({"name": str(name), "fpr": fpr, "tpr": tpr, "stats": stats})
+    return out
+
+
+def ner_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    ner = report.get("ner") or {}
+    f1, per_type, table = ner.get("f1"), ner.get("per_type"), ner.get("table")
+    if f1 is None and not per_type and not table:
+        return None
+    per_type_rows = []
+    if isinstance(per_type, dict):
+        for t, v in sorted(per_type.items()):
+            if isinstance(v, dict):
+                per_type_rows.append({"type": t, "precision": fmt(v.get("precision")),
+                                      "recall": fmt(v.get("recall")), "f1": fmt(v.get("f1")),
+                                      "support": fmt(v.get("support"))})
+            else:
+                per_type_rows.append({"type": t, "precision": "—", "recall": "—", "f1": fmt(v), "support": "—"})
+    return {"f1": fmt(f1) if f1 is not None else None, "per_type": per_type_rows, "table": generic_table(table)}
+
+
+def generic_table(value: Any) -> Optional[Dict[str, Any]]:
+    """A list of dicts, a dict of dicts or a list of lists as ``{columns, rows}`` of texts."""
+    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+        value = [dict({"": k}, **v) for k, v in value.items()]
+    if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+        columns: List[str] = []
+        for r in value:
+            columns += [str(k) for k in r if str(k) not in columns]
+        return {"columns": columns, "rows": [[fmt(r.get(c)) for c in columns] for r in value]}
+    if isinstance(value, list) and value and all(isinstance(r, list) for r in value):
+        width = max(len(r) for r in value)
+        return {"columns": [str(x) for x in value[0]] + [""] * (width - len(value[0])),
+                "rows": [[fmt(x) for x in r] + [""] * (width - len(r)) for r in value[1:]]}
+    return None
+
+
+def vocab_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
+    return _rows(report.get("vocab") or {}, VOCAB_ROWS)
+
+
+def pretraining_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
+    return _rows(report.get("pretraining") or {}, PRETRAINING_ROWS)
+
+
+def plots_available(run: RunInfo, report: Dict[str, Any]) -> Dict[str, bool]:
+    groups = exposure_groups(report)
+    return {
+        "dag": bool(run.components),
+        "budget": ledger_bars(run) is not None,
+        "loss": bool(loss_curves(run, report)),
+        "exposure": any(g["dp"] is not None or g["non_dp"] is not None for g in groups),
+        "roc": any(a["fpr"] for a in membership_attacks(report)),
+    }
+
+
+def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
+    """The context of the run page."""
+    canary = report.get("canary") or {}
+    return {
+        "run": run_summary(run),
+        "dag": dag(run),
+        "ledger": ledger(run),
+        "vocab": vocab_rows(report),
+        "pretraining": pretraining_rows(report),
+        "loss_curves": sorted(loss_curves(run, report)),
+        "ner": ner_view(report),
+        "canary_groups": exposure_groups(report),
+        "audit_epsilon": fmt(canary.get("audit_epsilon_lower_bound"))
+        if canary.get("audit_epsilon_lower_bound") is not None else None,
+        "attacks": membership_attacks(report),
+        "membership_present": "membership_inference" in report,
+        "plots": plots_available(run, report),
+    }

@@ -1,0 +1,209 @@
+"""A synthetic ML Metadata store with the structure TFX's LocalDagRunner writes (pipeline,
+pipeline_run and node contexts; executions; OUTPUT/INPUT events keyed by the output name) and
+every artifact type the dashboard knows, including those whose components are still being
+written (NerReport, CanaryReport, MembershipReport): their property shapes are guesses that the
+dashboard must tolerate.
+
+Runs (newest first as ``list_runs`` returns them):
+- ``RICH_RUN``: every component COMPLETE, every report present, a ``<script>`` in a visible
+  string property, a private tuples artifact whose withheld properties hold a fake file name
+  and a private canary-secrets artifact holding a fake secret;
+- ``ODD_RUN``: a run id with HTML and URL metacharacters, a non-private vocabulary (ε = ∞,
+  stored as the string "inf"), a failed evaluator: status FAILED;
+- ``EMPTY_RUN``: a pipeline_run context without executions.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2 as mlmd
+
+PIPELINE = "dpbert-demo"
+RICH_RUN = "2026-02-02T10:00:00.000001"
+ODD_RUN = "odd <b>run</b> #1?x=1&y=2 / 'q\" 100%"
+EMPTY_RUN = "2026-03-03T09:00:00.000001"
+SCRIPT = "<script>alert(1)</script>"
+PRIVATE_SECRETS = ("/data/patients/<script>alert(2)</script>mrn-0042.jsonl", "canary secret 4 7 1 1 9 3")
+
+LOSS_CURVE = [8.9, 8.1, 7.6, 7.3, 7.05, 6.9]
+NON_DP_LOSS_CURVE = [8.9, 7.2, 6.1, 5.5, 5.1, 4.8]
+CANARY_GROUPS = [
+    {"group": "held_out", "occurrences": None, "exposure_dp": {"n": 10, "mean": 1.1}, "exposure_non_dp": 1.3},
+    {"group": "x1", "occurrences": 1, "exposure_dp": 1.2, "exposure_non_dp": 2.9},
+    {"group": "x10", "occurrences": 10, "exposure_dp": 1.4, "exposure_non_dp": 7.5},
+    {"group": "x100", "occurrences": 100, "exposure_dp": {"n": 10, "mean": 2.0, "std": 0.4},
+     "exposure_non_dp": {"n": 10, "mean": 13.2}},
+]
+ATTACKS = [{"name": "loss threshold", "auc": 0.53, "advantage": 0.04,
+            "fpr": [0.0, 0.1, 0.3, 0.6, 1.0], "tpr": [0.0, 0.12, 0.33, 0.62, 1.0]},
+           {"name": "reference model", "auc": 0.61,
+            "roc": {"fpr": [0.0, 0.2, 0.5, 1.0], "tpr": [0.0, 0.3, 0.65, 1.0]}}]
+STATEMENT = ("This run is (7.1, 2e-06)-DP at the patient level: vocabulary ε_V = 1.2, "
+             "DP-SGD ε_T = 6.5 (PLD), within the budget ε = 8.")
+
+
+def _put_props(message, props):
+    for key, value in props.items():
+        v = message.custom_properties[key]
+        if isinstance(value, bool):
+            v.int_value = int(value)
+        elif isinstance(value, int):
+            v.int_value = value
+        elif isinstance(value, float):
+            if value == float("inf"):
+                v.string_value = "inf"
+            else:
+                v.double_value = value
+        elif isinstance(value, (dict, list)):
+            v.string_value = json.dumps(value, sort_keys=True)
+        else:
+            v.string_value = str(value)
+
+
+class _Builder:
+    def __init__(self, path: str, root: str):
+        config = mlmd.ConnectionConfig()
+        config.sqlite.filename_uri = path
+        config.sqlite.connection_mode = mlmd.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+        self.store = metadata_store.MetadataStore(config)
+        self.root = root
+        self.ctx_types = {n: self.store.put_context_type(mlmd.ContextType(name=n))
+                          for n in ("pipeline", "pipeline_run", "node")}
+        self.types = {}
+        self.pipeline = self._context("pipeline", PIPELINE)
+        self.nodes = {}
+
+    def _context(self, kind, name):
+        [cid] = self.store.put_contexts([mlmd.Context(type_id=self.ctx_types[kind], name=name)])
+        return mlmd.Context(id=cid, type_id=self.ctx_types[kind], name=name)
+
+    def run(self, run_id):
+        ctx = self._context("pipeline_run", run_id)
+        self.store.put_parent_contexts([mlmd.ParentContext(child_id=ctx.id, parent_id=self.pipeline.id)])
+        return ctx
+
+    def _type(self, name, kind):
+        if (kind, name) not in self.types:
+            if kind == "artifact":
+                self.types[kind, name] = self.store.put_artifact_type(mlmd.ArtifactType(name=name))
+            else:
+                self.types[kind, name] = self.store.put_execution_type(mlmd.ExecutionType(name=name))
+        return self.types[kind, name]
+
+    def execute(self, run_ctx, node_id, state, inputs=(), outputs=()):
+        """outputs: [(key, type_name, props)]; returns {key: artifact (with id)}."""
+        if node_id not in self.nodes:
+            self.nodes[node_id] = self._context("node", f"{PIPELINE}.{node_id}")
+        execution = mlmd.Execution(type_id=self._type(f"components.{node_id}", "execution"),
+                                   last_known_state=getattr(mlmd.Execution, state))
+        pairs = []
+        for key, artifact in inputs:
+            event = mlmd.Event(type=mlmd.Event.INPUT)
+            event.path.steps.add().key = key
+            event.path.steps.add().index = 0
+            pairs.append((artifact, event))
+        made = {}
+        for key, type_name, props in outputs:
+            artifact = mlmd.Artifact(type_id=self._type(type_name, "artifact"),
+                                     uri=os.path.join(self.root, node_id, key, str(len(self.types) + len(pairs))),
+                                     state=mlmd.Artifact.LIVE)
+            _put_props(artifact, props)
+            event = mlmd.Event(type=mlmd.Event.OUTPUT)
+            event.path.steps.add().key = key
+            event.path.steps.add().index = 0
+            pairs.append((artifact, event))
+            made[key] = artifact
+        _, artifact_ids, _ = self.store.put_execution(
+            execution, pairs, [self.pipeline, run_ctx, self.nodes[node_id]])
+        for (artifact, _), aid in zip(pairs, artifact_ids):
+            artifact.id = aid
+        time.sleep(0.002)  # distinct creation times
+        return made
+
+
+def build_store(path: str, artifact_root: str) -> str:
+    """Write the store at ``path``; artifact URIs point under ``artifact_root`` (never created)."""
+    b = _Builder(path, artifact_root)
+
+    odd = b.run(ODD_RUN)
+    t = b.execute(odd, "CorpusIngest", "COMPLETE", outputs=[
+        ("tuples", "components.WordTuples", {"private": 1, "num_tuples": 12, "corpus": PRIVATE_SECRETS[0]})])
+    v = b.execute(odd, "DPVocabularyGen", "COMPLETE", inputs=[("tuples", t["tuples"])], outputs=[
+        ("vocabulary", "components.DPVocabulary",
+         {"private": 0, "vocab_size": 120, "words_kept": 340, "non_private": 1, "epsilon": float("inf")})])
+    m = b.execute(odd, "Trainer", "COMPLETE", inputs=[("tuples", t["tuples"]), ("vocabulary", v["vocabulary"])],
+                  outputs=[("model", "components.PretrainedModel",
+                            {"private": 0, "steps_taken_total": 2, "final_mlm_loss": 8.5, "non_private": 0})])
+    b.execute(odd, "PrivacyAccountant", "COMPLETE", inputs=[("vocabulary", v["vocabulary"]), ("model", m["model"])],
+              outputs=[("report", "components.PrivacyReport", {
+                  "private": 0, "epsilon_vocab": float("inf"), "epsilon_train": 3.0,
+                  "epsilon_total_basic": float("inf"), "epsilon_total_pld": float("inf"),
+                  "delta": 1e-5, "unit": "tuple", "sampling": "shuffle", "steps": 2, "within_budget": 1})])
+    b.execute(odd, "NerEvaluator", "FAILED", inputs=[("model", m["model"])])
+
+    rich = b.run(RICH_RUN)
+    t = b.execute(rich, "CorpusIngest", "COMPLETE", outputs=[
+        ("tuples", "components.WordTuples", {"private": 1, "num_tuples": 480, "num_documents": 160,
+                                             "num_patients": 40, "corpus": PRIVATE_SECRETS[0],
+                                             "num_note": PRIVATE_SECRETS[0],  # not a count: withheld
+                                             "tuple_words": 256})])
+    v = b.execute(rich, "DPVocabularyGen", "COMPLETE", inputs=[("tuples", t["tuples"])], outputs=[
+        ("vocabulary", "components.DPVocabulary", {
+            "private": 0, "vocab_size": 300, "words_kept": 812, "sigma": 50.0, "threshold": 231.5,
+            "epsilon": 1.2, "delta": 1e-6, "non_private": 0, "unit": "patient",
+            "note": f"token {SCRIPT} & more",
+            "dp_event": {"mechanism": "dp_histogram", "sigma": 50.0, "delta": 1e-6, "padding": "x" * 300}})])
+    m = b.execute(rich, "Trainer", "COMPLETE", inputs=[("tuples", t["tuples"]), ("vocabulary", v["vocabulary"])],
+                  outputs=[("model", "components.PretrainedModel", {
+                      "private": 0, "steps_taken_total": 6, "initial_mlm_loss": 8.9, "final_mlm_loss": 6.9,
+                      "loss_curve": LOSS_CURVE, "non_private": 0, "sampling_mode": "poisson"})])
+    n = b.execute(rich, "BaselineTrainer", "COMPLETE",
+                  inputs=[("tuples", t["tuples"]), ("vocabulary", v["vocabulary"])],
+                  outputs=[("model", "components.PretrainedModel", {
+                      "private": 0, "steps_taken_total": 6, "final_mlm_loss": 4.8,
+                      "loss_curve": NON_DP_LOSS_CURVE, "non_private": 1})])
+    b.execute(rich, "PrivacyAccountant", "COMPLETE",
+              inputs=[("vocabulary", v["vocabulary"]), ("model", m["model"])],
+              outputs=[("report", "components.PrivacyReport", {
+                  "private": 0, "epsilon_vocab": 1.2, "epsilon_train": 6.5, "epsilon_total_basic": 7.7,
+                  "epsilon_total_pld": 7.1, "epsilon_total_rdp": 7.4, "delta": 2e-6, "delta_vocab": 1e-6,
+                  "delta_train": 1e-6, "unit": "patient", "sampling": "poisson", "steps": 6,
+                  "epsilon_budget": 8.0, "within_budget": 1, "statement": STATEMENT})])
+    b.execute(rich, "NerEvaluator", "COMPLETE", inputs=[("model", m["model"])], outputs=[
+        ("report", "components.NerReport", {
+            "private": 0, "f1": 0.712,
+            "per_type": {"Chemical": {"precision": 0.8, "recall": 0.7, "f1": 0.747, "support": 120},
+                         "Disease": 0.66},
+            "table": [{"model": "DP", "f1": 0.712}, {"model": "non-DP", "f1": 0.79}]})])
+    c = b.execute(rich, "CanaryInserter", "COMPLETE", outputs=[
+        ("secrets", "components.CanarySecrets", {"private": 1, "num_canaries": 40,
+                                                 "secrets": PRIVATE_SECRETS[1]})])
+    b.execute(rich, "CanaryEvaluator", "COMPLETE",
+              inputs=[("model", m["model"]), ("baseline", n["model"]), ("secrets", c["secrets"])],
+              outputs=[("report", "components.CanaryReport", {
+                  "private": 0, "groups": CANARY_GROUPS, "audit_epsilon_lower_bound": 0.31})])
+    b.execute(rich, "MembershipEvaluator", "COMPLETE", inputs=[("model", m["model"])], outputs=[
+        ("report", "components.MembershipReport", {"private": 0, "attacks": ATTACKS})])
+
+    time.sleep(0.002)
+    b.run(EMPTY_RUN)
+    del b
+    # Durations: MLMD stamps creation and update at insertion; spread them like a real run's. The
+    # k-th execution of a run starts 1000k + 100 ms after the run and lasts 1000(k + 1) + 200 ms.
+    db = sqlite3.connect(path)
+    with db:
+        runs = db.execute("SELECT c.id, c.create_time_since_epoch FROM Context c JOIN Type t ON c.type_id = t.id "
+                          "WHERE t.name = 'pipeline_run'").fetchall()
+        for ctx_id, created in runs:
+            ids = [e for (e,) in db.execute("SELECT execution_id FROM Association WHERE context_id = ? "
+                                            "ORDER BY execution_id", (ctx_id,))]
+            for k, execution_id in enumerate(ids):
+                start = created + 1000 * k + 100
+                db.execute("UPDATE Execution SET create_time_since_epoch = ?, last_update_time_since_epoch = ? "
+                           "WHERE id = ?", (start, start + 1000 * (k + 1) + 200, execution_id))
+    db.close()
+    return path

@@ -1,0 +1,229 @@
+"""The dashboard in a real browser: headless Chromium (Debian's ``chromium`` + ``chromium-driver``,
+installed by ``.ci/install-chromium.sh``) driven through chromedriver's WebDriver API, against
+the ML Metadata store of a tiny real run served by uvicorn on a free loopback port.
+
+Skips (with the reason) only when Chromium or chromedriver is not installed.
+"""
+import contextlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import warnings
+from urllib.parse import urldefrag, urlsplit
+
+import pytest
+
+from dpbert import cli as dpbert_cli
+from dpbert import metadata
+from dpbert.report import build_report
+from tests.dashboard import fakestore
+from tests.dashboard.conftest import TINY_RUN_STORE
+from tests.dashboard.webdriver import Chrome, find_chromedriver, find_chromium, free_port
+
+pytestmark = pytest.mark.browser
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = ["corpus.synthetic.patients=6", "vocab.size=300", "training.steps=4", "training.batch_size=8",
+        "model.max_seq_length=64"]
+TITLE = "dpbert dashboard"
+# Each would change the page title if it ever ran as script.
+XSS_URI = "/<script>document.title='pwned-uri'</script>"
+XSS_PROP = "<script>document.title='pwned-prop'</script><img src=x onerror=\"document.title='pwned-img'\">"
+XSS_PIPELINE = "dpbert-demo <b>bold</b><script>document.title='pwned-pipeline'</script>"
+PRIVATE_MARKER = "PRIVATE-MARKER <script>document.title='pwned-private'</script>"
+
+
+@pytest.fixture(scope="module")
+def browser_binaries():
+    chromium, chromedriver = find_chromium(), find_chromedriver()
+    if not chromium or not chromedriver:
+        pytest.skip("headless Chromium not found (chromium: %s, chromedriver: %s); install with "
+                    "`bash .ci/install-chromium.sh` (apt-get install chromium chromium-driver)"
+                    % (chromium, chromedriver))
+    return chromium, chromedriver
+
+
+@pytest.fixture(scope="module")
+def real_store(browser_binaries, tmp_path_factory):
+    """The store of a tiny real run (`dpbert run`), or, when that run fails (a component in the
+    middle of development), the committed store of an earlier tiny run, with a warning."""
+    out = tmp_path_factory.mktemp("dashboard_tiny_run")
+    args = [sys.executable, "-m", "dpbert.cli", "run", "--output", str(out)]
+    for o in TINY:
+        args += ["--set", o]
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    started = time.monotonic()
+    result = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    store = out / "metadata.sqlite"
+    if result.returncode == 0 and store.exists():
+        print(f"\ndashboard browser test: real tiny run in {time.monotonic() - started:.0f} s -> {store}")
+        return str(store), "real tiny run"
+    message = (f"`dpbert run` (tiny) failed with exit {result.returncode}; the browser test falls back "
+               f"to the store of an earlier tiny run ({TINY_RUN_STORE}). stderr tail:\n"
+               + result.stderr[-1500:])
+    warnings.warn(message)
+    print("\n" + message)
+    shutil.copy(TINY_RUN_STORE, out / "fallback.sqlite")
+    return str(out / "fallback.sqlite"), "earlier tiny run (fallback)"
+
+
+def inject(src: str, dst: str) -> dict:
+    """Copy the store and plant HTML in it, as a private corpus's file names or tokens could."""
+    shutil.copy(src, dst)
+    db = sqlite3.connect(dst)
+    planted = {}
+    with db:
+        private_ids = {a for (a,) in db.execute(
+            "SELECT artifact_id FROM ArtifactProperty WHERE is_custom_property = 1 AND name = 'private' "
+            "AND int_value = 1")}
+        private_ids |= {a for (a,) in db.execute(
+            "SELECT a.id FROM Artifact a JOIN Type t ON a.type_id = t.id WHERE t.name = 'components.WordTuples'")}
+        first = db.execute("SELECT min(id) FROM Artifact").fetchone()[0]
+        assert first is not None, "the tiny run recorded no artifact"
+        db.execute("UPDATE Artifact SET uri = uri || ? WHERE id = ?", (XSS_URI, first))
+        planted["uri"] = first
+        db.execute("UPDATE Context SET name = ? WHERE type_id = (SELECT id FROM Type WHERE name = 'pipeline')",
+                   (XSS_PIPELINE,))
+        # a visible string property of a public artifact (DPVocabulary, reports, ...), when the DAG has one
+        row = db.execute(
+            "SELECT artifact_id, name FROM ArtifactProperty WHERE is_custom_property = 1 AND string_value "
+            "IS NOT NULL AND name NOT IN ('dp_event', 'dp_events') AND artifact_id NOT IN (%s) "
+            "ORDER BY artifact_id, name LIMIT 1" % ",".join(str(i) for i in private_ids or {-1})).fetchone()
+        if row:
+            db.execute("UPDATE ArtifactProperty SET string_value = ? WHERE artifact_id = ? AND name = ? "
+                       "AND is_custom_property = 1", (XSS_PROP, row[0], row[1]))
+            planted["property"] = row
+        # a withheld property of a private artifact: must not appear at all
+        row = db.execute(
+            "SELECT artifact_id, name FROM ArtifactProperty WHERE is_custom_property = 1 AND string_value "
+            "IS NOT NULL AND name NOT LIKE 'num\\_%%' ESCAPE '\\' AND artifact_id IN (%s) LIMIT 1"
+            % ",".join(str(i) for i in private_ids or {-1})).fetchone()
+        if row:
+            db.execute("UPDATE ArtifactProperty SET string_value = ? WHERE artifact_id = ? AND name = ? "
+                       "AND is_custom_property = 1", (PRIVATE_MARKER, row[0], row[1]))
+            planted["private"] = row
+    db.close()
+    return planted
+
+
+@contextlib.contextmanager
+def uvicorn_server(store: str):
+    """uvicorn in a background thread on a free loopback port, as `serve` configures the app."""
+    import uvicorn
+
+    from dashboard.app import LOOPBACK_HOSTS, create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(store, allowed_hosts=LOOPBACK_HOSTS), host="127.0.0.1",
+                                           port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, name="dashboard-uvicorn", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served(real_store, tmp_path_factory):
+    store = str(tmp_path_factory.mktemp("dashboard_injected") / "metadata.sqlite")
+    planted = inject(real_store[0], store)
+    with uvicorn_server(store) as base:
+        yield {"base": base, "store": store, "planted": planted, "source": real_store[1]}
+
+
+@pytest.fixture(scope="module")
+def chrome(browser_binaries, tmp_path_factory):
+    chromium, chromedriver = browser_binaries
+    work = tmp_path_factory.mktemp("chromium")
+    browser = Chrome(chromedriver, chromium, str(work / "profile"), str(work / "chromedriver.log"))
+    yield browser
+    browser.close()
+
+
+def http_status(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return resp.status
+
+
+def test_dashboard_in_headless_chromium(served, chrome, tmp_path):
+    base, planted = served["base"], served["planted"]
+    print(f"\nstore: {served['source']}; planted: {planted}")
+
+    # index: the run is listed; following its link (a real click) opens the run page
+    chrome.get(base + "/")
+    assert chrome.title == TITLE
+    run_links = chrome.find_all("a.run-link")
+    assert len(run_links) == 1
+    run_id = chrome.text(run_links[0])
+    index_links = [chrome.prop(a, "href") for a in chrome.find_all("a[href]")]
+    chrome.click(run_links[0])
+    assert urlsplit(chrome.url).path.startswith("/runs/")
+    assert chrome.title == f"{run_id} · {TITLE}"  # no planted script changed it
+    assert chrome.alert_text() is None
+    assert run_id in chrome.text(chrome.find("h1"))
+    body = chrome.text(chrome.find("body"))
+    assert "CorpusIngest" in body and "Privacy ledger" in body and "Artifacts" in body
+
+    # planted HTML shows as text, never as elements, and nothing ran
+    assert XSS_URI.strip("/") in body and XSS_PIPELINE in body
+    assert chrome.execute("return document.scripts.length") == 0
+    assert chrome.execute("return document.querySelectorAll('img[src=\"x\"], img[onerror]').length") == 0
+    if "property" in planted:
+        assert XSS_PROP in body
+    source = chrome.source
+    assert "PRIVATE-MARKER" not in source and "PRIVATE-MARKER" not in body
+    assert "not in this run" in body  # at least one section is missing from a tiny run
+
+    # every image (the charts) loaded and decoded; every link answers; every anchor has its target
+    images = chrome.execute("return Array.from(document.images).map(i => [i.src, i.complete && i.naturalWidth])")
+    assert images and all(width > 0 for _, width in images), images
+    page_links = [chrome.prop(a, "href") for a in chrome.find_all("a[href]")]
+    for link in set(index_links + page_links):
+        url, fragment = urldefrag(link)
+        assert url.startswith(base + "/"), f"external link {link}"
+        assert http_status(url) == 200, link
+        if fragment and url == urldefrag(chrome.url)[0]:
+            assert chrome.execute("return document.getElementById(arguments[0]) !== null", fragment), link
+
+    # the screenshot, for review
+    shot = chrome.screenshot(str(tmp_path / "dashboard-run.png"))
+    print(f"screenshot: {shot}")
+    assert os.path.getsize(shot) > 10_000
+
+    # the JSON report link, in the browser: exactly build_report as strict JSON
+    chrome.get(chrome.prop(chrome.find("a[href^='/api/runs/']"), "href"))
+    shown = json.loads(chrome.text(chrome.find("body")))
+    run = metadata.get_run(metadata.open_store(served["store"]), run_id)
+    assert shown == json.loads(json.dumps(dpbert_cli._clean(build_report(run))))
+    assert chrome.title != "pwned-uri"
+
+
+def test_every_chart_of_a_full_run_in_headless_chromium(browser_binaries, chrome, fake_store, tmp_path):
+    """The synthetic store has every report the DAG will write: all five charts must load."""
+    with uvicorn_server(fake_store) as base:
+        chrome.get(base + "/")
+        links = {chrome.text(a): a for a in chrome.find_all("a.run-link")}
+        chrome.click(links[fakestore.RICH_RUN])
+        assert chrome.title == f"{fakestore.RICH_RUN} · {TITLE}"
+        images = chrome.execute(
+            "return Array.from(document.images).map(i => [i.src.split('/').pop(), i.complete && i.naturalWidth])")
+        assert sorted(name for name, width in images if width > 0) == \
+            ["budget.svg", "dag.svg", "exposure.svg", "loss.svg", "roc.svg"], images
+        body = chrome.text(chrome.find("body"))
+        assert f"token {fakestore.SCRIPT} & more" in body  # shown as text
+        assert chrome.execute("return document.scripts.length") == 0 and chrome.alert_text() is None
+        assert not any(secret in body for secret in fakestore.PRIVATE_SECRETS)
+        shot = chrome.screenshot(str(tmp_path / "dashboard-full-run.png"))
+        print(f"\nscreenshot (synthetic full run): {shot}")
