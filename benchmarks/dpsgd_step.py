@@ -6,8 +6,13 @@ Each config runs in its own process: it builds the BERT MLM once, then two real
 ``DPSGDTrainStep``s on it (non-private: plain gradients; DP: ghost-norm clipping + one noise
 draw + AdamW), warms each up (tracing), and times ``steps`` logical steps of each, INTERLEAVED
 (non-DP, DP, non-DP, ...) so both see the same machine load; the ratio is of the medians (target
-≤ 1.5). Peak memory: ``ru_maxrss`` after building, after the non-DP warm-up (the non-DP peak)
-and after the DP warm-up (the peak with both). Prints one JSON document.
+≤ 1.5). It also times the two parts separately: the per-example gradient part (clipped sum vs
+plain sum, same accumulate function) and the noise generation (one N(0, σ²C²) draw per
+parameter: a fixed cost per logical step, ~0.7 s for BERT-base's 133M parameters on 2 cores,
+so its share shrinks as the logical batch grows). Peak memory: ``ru_maxrss`` of two more processes that each run ONE mode alone
+(``peak_rss_alone_mb``), and, in the timing process, after building / after the non-DP warm-up /
+after the DP warm-up (that last one holds both steppers' optimizer slots and accumulators).
+Prints one JSON document.
 """
 from __future__ import annotations
 
@@ -24,13 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CONFIGS = {
-    # name: (preset sizes, vocab, seq len, logical batch, timed steps)
-    "tiny": dict(preset="tiny", vocab=8000, seq=128, batch=32, steps=10, warmup=2),
-    "base": dict(preset="base", vocab=30522, seq=32, batch=8, steps=3, warmup=1),
+    # logical batch B = accumulation (T) micro-rounds of B/T examples (P = 1 replica)
+    "tiny": dict(preset="tiny", vocab=8000, seq=128, batch=32, accumulation=1, steps=10, warmup=2),
+    "base": dict(preset="base", vocab=30522, seq=32, batch=64, accumulation=2, steps=3, warmup=1),
 }
 
 
-def _worker(name: str, quick: bool) -> dict:
+def _worker(name: str, quick: bool, only: str = None) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import dpbert  # noqa: F401
     import numpy as np
@@ -51,14 +56,27 @@ def _worker(name: str, quick: bool) -> dict:
     models = bert_lib.build_bert(spec, seed=0)
     prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, [0, 1, 2, 3, 4], 4, 0.15)
     rng = np.random.default_rng(0)
-    features = rng.integers(5, spec.vocab_size, (1, cfg["batch"], spec.max_seq_length)).astype(np.int32)
-    features[:, :, 0] = 2
-    rounds = [{"features": features, "example_mask": np.ones((1, cfg["batch"]), np.float32)}]
+    micro = cfg["batch"] // cfg["accumulation"]
+    rounds = []
+    for _ in range(cfg["accumulation"]):
+        features = rng.integers(5, spec.vocab_size, (1, micro, spec.max_seq_length)).astype(np.int32)
+        features[:, :, 0] = 2
+        rounds.append({"features": features, "example_mask": np.ones((1, micro), np.float32)})
     memory = {"after_build_mb": rss_mb()}
     steppers, warm = {}, {}
+    if only:  # memory run: one mode alone in this process, warm-up + 2 steps, then its peak RSS
+        config = dpsgd.DPSGDConfig(clip_norm=0.01, noise_multiplier=1.0, expected_batch_size=cfg["batch"],
+                                   non_private=(only == "nondp"), noise_seed=0,
+                                   accumulation_steps=cfg["accumulation"])
+        stepper = dpsgd.DPSGDTrainStep(models.mlm, tf_keras.optimizers.AdamW(1e-5, jit_compile=False), config,
+                                       prepare_fn=prepare_fn, loss_fn=loss_fn, metrics_fn=metrics_fn)
+        for _ in range(cfg["warmup"] + 2):
+            stepper.run_step(rounds)
+        return {"mode": only, "peak_rss_mb": rss_mb(), "after_build_mb": memory["after_build_mb"]}
     for mode in ("nondp", "dp"):  # non-DP first, so the peak after it is the non-DP peak
         config = dpsgd.DPSGDConfig(clip_norm=0.01, noise_multiplier=1.0, expected_batch_size=cfg["batch"],
-                                   non_private=(mode == "nondp"), noise_seed=0)
+                                   non_private=(mode == "nondp"), noise_seed=0,
+                                   accumulation_steps=cfg["accumulation"])
         optimizer = tf_keras.optimizers.AdamW(1e-5, jit_compile=False)
         steppers[mode] = dpsgd.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn,
                                               loss_fn=loss_fn, metrics_fn=metrics_fn)
@@ -75,14 +93,37 @@ def _worker(name: str, quick: bool) -> dict:
             steppers[mode].run_step(rounds)
             times[mode].append(time.perf_counter() - t)
     median = {mode: float(np.median(v)) for mode, v in times.items()}
+    # Decomposition: the per-example gradient part alone (one micro-round: forward/backward +
+    # accumulate, no optimizer), and the noise generation alone (a fixed cost per logical step, independent of B).
+    import tensorflow as tf
+    grad_times = {"nondp": [], "dp": []}
+    index = tf.constant(0, tf.int64)
+    batches = {mode: steppers[mode]._distribute(rounds[0]) for mode in steppers}  # pylint: disable=protected-access
+    for _ in range(cfg["steps"]):
+        for mode in ("nondp", "dp"):
+            t = time.perf_counter()
+            steppers[mode]._accumulate_fn(batches[mode], index)  # pylint: disable=protected-access
+            grad_times[mode].append(time.perf_counter() - t)
+    noise_fn = tf.function(lambda: tf.add_n([tf.reduce_sum(z) for z in steppers["dp"]._noise()]))  # pylint: disable=protected-access
+    noise_fn()
+    noise_times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        noise_fn()
+        noise_times.append(time.perf_counter() - t)
+    grad_median = {mode: float(np.median(v)) for mode, v in grad_times.items()}
     return {
         "params": bert_lib.count_parameters(spec), "hidden": spec.hidden_size, "layers": spec.num_layers,
         "vocab": spec.vocab_size, "seq_len": spec.max_seq_length, "batch": cfg["batch"],
+        "accumulation": cfg["accumulation"], "micro_batch": micro,
         "timed_steps_per_mode": cfg["steps"], "clipping_path": steppers["dp"].clipping_path,
         "nondp_step_seconds_median": median["nondp"], "dp_step_seconds_median": median["dp"],
         "nondp_step_seconds_all": times["nondp"], "dp_step_seconds_all": times["dp"],
         "ratio_dp_over_nondp": median["dp"] / median["nondp"],
         "meets_target": median["dp"] / median["nondp"] <= 1.5,
+        "gradient_part_seconds_median": grad_median,
+        "ratio_gradient_part_dp_over_nondp": grad_median["dp"] / grad_median["nondp"],
+        "noise_generation_seconds_median": float(np.median(noise_times)),
         "warmup_seconds": warm, "peak_rss": memory,
     }
 
@@ -92,19 +133,26 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--quick", action="store_true", help="fewer timed steps")
     parser.add_argument("--worker", metavar="CONFIG", help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=["dp", "nondp"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(_worker(args.worker, args.quick)))
+        print(json.dumps(_worker(args.worker, args.quick, args.only)))
         return 0
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     report = {"benchmark": "dpsgd_step", "target_ratio": 1.5, "cpu_count": os.cpu_count(),
               "load_average_before": os.getloadavg(), "results": {}}
-    for name in args.configs:
-        cmd = [sys.executable, __file__, "--worker", name] + (["--quick"] if args.quick else [])
+    def run(*extra):
+        cmd = [sys.executable, __file__, "--worker"] + list(extra) + (["--quick"] if args.quick else [])
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
         if proc.returncode != 0:
-            raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
-        report["results"][name] = json.loads(proc.stdout.strip().splitlines()[-1])
+            raise SystemExit(f"{extra} failed:\n{proc.stderr[-4000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    for name in args.configs:
+        result = run(name)
+        # Peak memory of each mode ALONE (the interleaved process holds two optimizers).
+        result["peak_rss_alone_mb"] = {mode: run(name, "--only", mode)["peak_rss_mb"] for mode in ("nondp", "dp")}
+        report["results"][name] = result
     print(json.dumps(report, indent=2))
     return 0
 

@@ -19,7 +19,8 @@ The logical batch is split into P·T shards (p, t); S = Σ_p Σ_t S_{p,t}.
 1. tensorflow-privacy's Keras optimizers (and the paper's code) add z_{p,t} ~ N(0, σ²C²I) in
    every shard. The z_{p,t} are independent, so Σ z_{p,t} ~ N(0, P·T·σ²C²I): the released sum
    carries noise multiplier σ√(P·T) (their docstring's ``noise_multiplier *
-   sqrt(gradient_accumulation_steps)``), i.e. √(P·T) times the noise the accountant is told.
+   sqrt(gradient_accumulation_steps)``), i.e. √(P·T) times the noise the accountant is told: the
+   reported ε is then pessimistic, and the model pays √(P·T)× the noise in utility.
 2. Here no shard adds noise. Each replica accumulates Σ_t S_{p,t} in a replica-local
    (SyncOnRead) buffer, the buffers are all-reduced with SUM (S on every replica), and then every
    replica adds THE SAME draw z ~ N(0, σ²C²I): ``tf.random.stateless_normal`` with a seed that
@@ -360,7 +361,8 @@ class DPSGDTrainStep:
         step_seed = tf.random.experimental.stateless_fold_in(self._noise_seed, self.dp_step.read_value())
         std = self.config.effective_noise_multiplier * self.config.clip_norm
         return [std * tf.random.stateless_normal(
-                    v.shape, tf.random.experimental.stateless_fold_in(step_seed, i), dtype=v.dtype)
+                    v.shape, tf.random.experimental.stateless_fold_in(step_seed, i), dtype=v.dtype,
+                    alg="philox")
                 for i, v in enumerate(self.variables)]
 
     def _replica_apply(self, denominator):
