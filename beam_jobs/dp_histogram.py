@@ -55,8 +55,10 @@ anywhere (it is itself a non-private statistic); because the counts travel in pe
 a runner's monitoring UI shows element counts of at most bundles × ``num_shards`` for those
 stages, not the number of distinct words (their byte sizes still grow with it).
 
-``run_dp_histogram`` / ``run_exact_histogram`` read tuple TFRecords and write the histogram file
-described in ``dpbert.vocab.histogram_file`` (JSON Lines ``{"word": ..., "count": ...}``).
+``build_histogram_job`` (on a given pipeline, e.g. TFX's ``BeamComponentParameter``) and
+``run_dp_histogram`` / ``run_exact_histogram`` (on a pipeline built from ``beam_args``) read tuple
+TFRecords and write the histogram file described in ``dpbert.vocab.histogram_file`` (JSON Lines
+``{"word": ..., "count": ...}``, sorted by decreasing count then word).
 """
 from __future__ import annotations
 
@@ -485,14 +487,23 @@ class ExactHistogram(beam.PTransform):
     """NON-PRIVATE (ε = ∞) baseline: ``(word, h′(word))`` for every word, exact integer counts.
 
     Only for the paper's BERT-M comparison; the caller must record ε = ∞ for what it builds.
+    ``max_tuples_per_patient`` applies the same patient cap as ``DPHistogram`` (same tuples,
+    no noise); ``cap_seed`` seeds that choice (tests only).
     """
 
     def __init__(self, num_shards: int = DEFAULT_NUM_SHARDS, example_batch: int = DEFAULT_EXAMPLE_BATCH,
-                 max_table_words: int = DEFAULT_MAX_TABLE_WORDS):
+                 max_table_words: int = DEFAULT_MAX_TABLE_WORDS, max_tuples_per_patient: Optional[int] = None,
+                 cap_seed: Optional[int] = None):
         super().__init__()
         self._count = CountTuplesPerWord(num_shards, example_batch, max_table_words)
+        self._cap = _check_optional_int("max_tuples_per_patient", max_tuples_per_patient, 1)
+        self._cap_seed = _check_optional_int("cap_seed", cap_seed, 0)
+        self._example_batch = example_batch
 
     def expand(self, tuples):
+        if self._cap is not None:
+            tuples = tuples | "CapPerPatient" >> CapTuplesPerPatient(self._cap, self._cap_seed,
+                                                                     self._example_batch)
         return (
             tuples
             | "CountTuplesPerWord" >> self._count
@@ -561,13 +572,28 @@ def _counter_value(result, name: str) -> Optional[int]:
     return int(sum(c.committed if c.committed is not None else c.attempted for c in counters))
 
 
-def _run(tuples_source: str, output_path: str, transform: beam.PTransform, beam_args: Optional[Sequence[str]]):
-    from apache_beam.options.pipeline_options import PipelineOptions
+def build_histogram_job(pipeline: Optional[beam.Pipeline], tuples_source: str, output_path: str,
+                        sigma: Optional[float] = None, threshold: Optional[float] = None,
+                        noise_seed: Optional[int] = None, max_tuples_per_patient: Optional[int] = None,
+                        num_shards: int = DEFAULT_NUM_SHARDS) -> HistogramRunResult:
+    """Add read tuples → histogram → write ``output_path`` to ``pipeline`` and run it.
 
+    ``pipeline`` is a fresh ``beam.Pipeline`` (e.g. TFX's ``BeamComponentParameter``, built
+    with the pipeline's ``beam_pipeline_args``); None builds one with default options.
+    With ``sigma`` and ``threshold``: ``DPHistogram``. With both None: the NON-PRIVATE
+    ``ExactHistogram`` (ε = ∞; the caller records it). The patient cap applies to both.
+    """
+    if (sigma is None) != (threshold is None):
+        raise ValueError("sigma and threshold must both be set (DP histogram) or both be None "
+                         f"(non-private exact histogram), got sigma={sigma!r}, threshold={threshold!r}")
+    if sigma is None:
+        transform = ExactHistogram(num_shards, max_tuples_per_patient=max_tuples_per_patient, cap_seed=noise_seed)
+    else:
+        transform = DPHistogram(sigma, threshold, noise_seed=noise_seed,
+                                max_tuples_per_patient=max_tuples_per_patient, num_shards=num_shards)
     pattern = tuple_file_pattern(tuples_source)
     _require_files(pattern)
-    options = PipelineOptions(list(beam_args or []))
-    pipeline = beam.Pipeline(options=options)
+    pipeline = pipeline if pipeline is not None else beam.Pipeline()
     _ = (
         pipeline
         | "TuplePattern" >> beam.Create([pattern])
@@ -579,7 +605,14 @@ def _run(tuples_source: str, output_path: str, transform: beam.PTransform, beam_
     )
     result = pipeline.run()
     result.wait_until_finish()
-    return result, _counter_value(result, TUPLES_COUNTED)
+    return HistogramRunResult(output_path, _counter_value(result, TUPLES_COUNTED),
+                              None if sigma is None else _counter_value(result, WORDS_RELEASED))
+
+
+def _pipeline(beam_args: Optional[Sequence[str]]) -> beam.Pipeline:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return beam.Pipeline(options=PipelineOptions(list(beam_args or [])))
 
 
 class _Writer(beam.PTransform):
@@ -599,22 +632,24 @@ def run_dp_histogram(tuples_source: str, output_path: str, sigma: float, thresho
     from the name), run ``DPHistogram`` and write the released words to ``output_path``
     (JSON Lines, ``dpbert.vocab.histogram_file``). ``beam_args`` are Beam pipeline options, e.g.
     ``BeamConfig.pipeline_args()``."""
-    transform = DPHistogram(sigma, threshold, noise_seed=noise_seed,
-                            max_tuples_per_patient=max_tuples_per_patient, num_shards=num_shards)
-    result, tuples = _run(tuples_source, output_path, transform, beam_args)
-    return HistogramRunResult(output_path, tuples, _counter_value(result, WORDS_RELEASED))
+    if sigma is None or threshold is None:
+        raise ValueError("sigma and threshold are required (run_exact_histogram is the non-private baseline)")
+    return build_histogram_job(_pipeline(beam_args), tuples_source, output_path, sigma, threshold,
+                               noise_seed=noise_seed, max_tuples_per_patient=max_tuples_per_patient,
+                               num_shards=num_shards)
 
 
 def run_exact_histogram(tuples_source: str, output_path: str,
                         beam_args: Optional[Sequence[str]] = None,
+                        max_tuples_per_patient: Optional[int] = None,
                         num_shards: int = DEFAULT_NUM_SHARDS) -> HistogramRunResult:
     """NON-PRIVATE (ε = ∞) baseline: write every word with its exact tuple count."""
-    result, tuples = _run(tuples_source, output_path, ExactHistogram(num_shards), beam_args)
-    return HistogramRunResult(output_path, tuples, None)
+    return build_histogram_job(_pipeline(beam_args), tuples_source, output_path,
+                               max_tuples_per_patient=max_tuples_per_patient, num_shards=num_shards)
 
 
 __all__ = [
     "DPHistogram", "ExactHistogram", "CountTuplesPerWord", "CapTuplesPerPatient", "HistogramRunResult",
-    "run_dp_histogram", "run_exact_histogram", "shard_of", "word_seed", "tuple_file_pattern",
+    "run_dp_histogram", "run_exact_histogram", "build_histogram_job", "shard_of", "word_seed", "tuple_file_pattern",
     "METRICS_NAMESPACE", "TUPLES_COUNTED", "WORDS_RELEASED",
 ]
