@@ -22,14 +22,43 @@ def _core_version(*extra: str) -> str:
 
 def create_components(config: Config) -> List:
     """The components of the DAG, in order, wired by their artifacts."""
+    from components.accountant import PrivacyAccountant
     from components.ingest import CorpusIngest
+    from components.trainer import MLMPretrainer
+    from components.vocabulary import DPVocabularyGen
 
     ingest = CorpusIngest(
         corpus_config=_section_json(config.corpus),
         tuple_words=config.privacy.tuple_words,
         code_version=_core_version("components/ingest.py"),
     )
-    return [ingest]
+    vocabulary = DPVocabularyGen(
+        tuples=ingest.outputs["tuples"],
+        vocab_config=_section_json(config.vocab),
+        privacy_config=_section_json(config.privacy),
+        code_version=_core_version("components/vocabulary.py", "beam_jobs"),
+    )
+    trainer_args = dict(
+        tuples=ingest.outputs["tuples"],
+        vocabulary=vocabulary.outputs["vocabulary"],
+        model_config=_section_json(config.model),
+        training_config=_section_json(config.training),
+        privacy_config=_section_json(config.privacy),
+        code_version=_core_version("components/trainer.py"),
+    )
+    trainer = MLMPretrainer(**trainer_args).with_id("MLMPretrainer")
+    accountant = PrivacyAccountant(
+        vocabulary=vocabulary.outputs["vocabulary"],
+        model=trainer.outputs["model"],
+        training_delta=config.training.delta,
+        epsilon_budget=-1.0 if config.privacy.epsilon_budget is None else config.privacy.epsilon_budget,
+        code_version=_core_version("components/accountant.py"),
+    )
+    components = [ingest, vocabulary, trainer, accountant]
+    if config.training.train_non_private_baseline and not config.training.non_private:
+        # The same data without clipping or noise (ε = ∞): a private comparison artifact.
+        components.append(MLMPretrainer(**trainer_args, non_private=1).with_id("MLMPretrainerNonPrivate"))
+    return components
 
 
 def create_pipeline(config: Config, pipeline_root: str, metadata_path: Optional[str] = None,
