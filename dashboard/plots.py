@@ -17,6 +17,7 @@ matplotlib.use("Agg", force=False)  # never a GUI backend in a server
 from matplotlib.backends.backend_svg import FigureCanvasSVG  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from dashboard.views import dag_layers  # noqa: E402
 
@@ -120,6 +121,7 @@ def loss_svg(curves: Dict[str, List[float]], non_dp_final: Optional[float] = Non
                     color=DP_COLOUR if name == "DP" else NON_DP_COLOUR, label=name)
         if non_dp_final is not None and math.isfinite(non_dp_final) and "non-DP" not in curves:
             ax.axhline(non_dp_final, color=NON_DP_COLOUR, linestyle="--", linewidth=1, label="non-DP final")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("training step")
         ax.set_ylabel("MLM loss")
         ax.grid(alpha=0.3)

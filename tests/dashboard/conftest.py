@@ -16,7 +16,9 @@ with warnings.catch_warnings():
 from tests.dashboard import fakestore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TINY_RUN_STORE = os.path.join(HERE, "data", "tiny_run.sqlite")  # CorpusIngest-only DAG, 2026-11-22
+# A real tiny run (the browser test's settings) of the DAG of 2026-11-22: CorpusIngest → DPVocabularyGen →
+# MLMPretrainer → PrivacyAccountant. The browser test falls back to it when `dpbert run` fails.
+TINY_RUN_STORE = os.path.join(HERE, "data", "tiny_run.sqlite")
 
 
 @pytest.fixture(scope="session")

@@ -78,20 +78,30 @@ def test_run_page_shows_dag_ledger_results_and_artifacts(client):
     assert "not in this run" not in text
 
 
-def test_missing_reports_say_not_in_this_run(client, tiny_store):
+def test_missing_reports_say_not_in_this_run(client):
     empty = client.get("/runs/" + fakestore.EMPTY_RUN).text
     assert empty.count("not in this run") == 8  # ledger, DAG, vocab, loss, canaries, NER, MIA, artifacts
-    # the store of a real tiny run (CorpusIngest only at the time it was made)
+    assert client.get("/runs/" + fakestore.EMPTY_RUN + "/plots/dag.svg").status_code == 404
+
+
+def test_store_of_a_real_tiny_run(tiny_store):
+    """The committed store of a real tiny run: ingest → vocabulary → pre-training → accountant."""
     c = TestClient(create_app(tiny_store))
     [run] = c.get("/api/runs").json()
     text = c.get(run["page"]).text
-    assert "<td>CorpusIngest</td>" in text and "tuples (WordTuples)" in text
-    for what in ("The privacy ledger", "The DP vocabulary", "The MLM loss curve", "Canary exposure",
-                 "NER evaluation", "Membership inference"):
-        assert f"{what}" in text and "not in this run" in text
-    assert 'plots/dag.svg"' in text and 'plots/loss.svg"' not in text
-    assert c.get(run["page"] + "/plots/loss.svg").status_code == 404
-    assert c.get(run["page"] + "/plots/dag.svg").status_code == 200
+    for node in ("CorpusIngest", "DPVocabularyGen", "MLMPretrainer", "PrivacyAccountant"):
+        assert f"<td>{node}</td>" in text
+    assert "tuples (WordTuples)" in text and "withheld: private artifact" in text
+    assert "<th>ε_V (vocabulary)</th>" in text and "DP-BERT privacy statement" in text
+    assert "<th>vocabulary size</th>" in text and "<th>final MLM loss (DP)</th>" in text
+    for what in ("Canary exposure", "NER evaluation", "Membership inference"):
+        assert f"{what} (components." in text
+    assert text.count("not in this run") == 3
+    for name, status in (("dag", 200), ("budget", 200), ("loss", 200), ("exposure", 404), ("roc", 404)):
+        assert c.get(f"{run['page']}/plots/{name}.svg").status_code == status, name
+    store = metadata.open_store(tiny_store)
+    assert c.get(run["report"]).json() == json.loads(json.dumps(dpbert_cli._clean(
+        build_report(metadata.get_run(store, run["run_id"])))))
 
 
 def test_infinite_epsilon_and_failed_component(client):
