@@ -24,10 +24,12 @@ setup(
             "components", "components.*",
             "pipeline", "pipeline.*",
             "kubeflow", "kubeflow.*",
+            "dashboard", "dashboard.*",
         ]
     ),
     package_data={"dpbert.data": ["lexicons/*.txt", "lexicons/README.md"],
-                  "dpbert": ["configs/*.yaml", "resources/**/*"]},
+                  "dpbert": ["configs/*.yaml", "resources/**/*"],
+                  "dashboard": ["templates/*.html", "static/*"]},
     include_package_data=True,
     install_requires=[
         "tfx==1.16.*",
@@ -47,7 +49,7 @@ setup(
     extras_require={
         "kubeflow": ["kfp>=2.5,<2.6", "kfp-pipeline-spec==0.2.2"],
         "dashboard": ["starlette>=0.37", "uvicorn>=0.30", "jinja2>=3.1"],
-        "test": ["pytest>=7", "pytest-timeout", "python-dp==1.1.5rc4"],
+        "test": ["pytest>=7", "pytest-timeout", "python-dp==1.1.5rc4", "httpx"],
     },
     entry_points={"console_scripts": ["dpbert=dpbert.cli:main"]},
 )

@@ -276,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compile_parser(sub)
 
+    try:  # read-only web UI over ML Metadata (dashboard/; web dependencies: the `dashboard` extra)
+        from dashboard.cli import add_dashboard_parser
+    except ImportError:  # an install without the dashboard package keeps the reserved stub below
+        pass
+    else:
+        add_dashboard_parser(sub)
+
     for name, text in (("privacy", "privacy calculators (histogram, dpsgd, noise-check)"),
                        ("budget", "the planned ε of a configuration against its budget"),
                        ("report", "the latest run's results from ML Metadata"),

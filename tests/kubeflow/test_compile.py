@@ -105,7 +105,7 @@ def _dataflow_args(on, off):
 
 #: Append to this list when a configuration switch changes the DAG (or may, later).
 OPTIONAL_BRANCHES = [
-    Branch(on=("training.train_non_private_baseline=true",)),
+    Branch(on=("training.train_non_private_baseline=true",), adds=("MLMPretrainerNonPrivate",)),
     Branch(on=("vocab.non_private=true",)),
     Branch(on=("training.non_private=true",)),
     Branch(on=("privacy.epsilon_budget=8",)),

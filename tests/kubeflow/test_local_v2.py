@@ -7,7 +7,9 @@ import pytest
 from tests.kubeflow.conftest import task_names
 
 TINY = [
-    "corpus.synthetic.patients=2",
+    "corpus.synthetic.patients=6",
+    "vocab.sigma=2",
+    "vocab.delta=1e-6",
     "vocab.size=300",
     "training.steps=4",
     "training.batch_size=8",
