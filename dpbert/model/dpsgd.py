@@ -68,7 +68,7 @@ import dataclasses
 import logging
 import math
 import secrets
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf

@@ -35,7 +35,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
