@@ -20,7 +20,9 @@ weights after the steps.
 CLI (its own process, so P logical CPUs can be configured before TensorFlow starts)::
 
     python -m dpbert.model.noise_check --replicas 2 --accumulation 1 4 --noise-multiplier 1.0 \
-        --clip 0.01 --batch-size 16 --steps 30
+        --clip 0.01 --batch-size 16 --steps 30 [--json]
+
+``run_noise_check_cli(args)`` serves ``dpbert privacy noise-check`` (P > 1 in a subprocess).
 """
 from __future__ import annotations
 
@@ -137,6 +139,60 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     }
 
 
+def _format(result: Dict) -> str:
+    lo, hi = result["ci95"]
+    return (f"noise check P={result['replicas']} T={result['accumulation']} ({result['strategy']}, "
+            f"{result['noise_mode']}): measured std {result['measured_std']:.6g} "
+            f"[95% CI {lo:.6g}, {hi:.6g}] vs expected σC/B = {result['expected_std']:.6g} "
+            f"(ratio {result['ratio']:.4f}, tolerance ±{result['tolerance']:.4f}; per-shard noise would give "
+            f"{result['paper_std']:.6g}) over {result['samples']} values: "
+            f"{'PASS' if result['passed'] else 'FAIL ' + str(result['checks'])}")
+
+
+def _run(replicas: int, accumulations: List[int], noise_multiplier: float, clip: float, batch_size: int,
+         steps: int, seed: Optional[int], noise_mode: str) -> List[Dict]:
+    if replicas > 1:  # before TensorFlow initialises its devices
+        import dpbert  # noqa: F401  (sets TF_USE_LEGACY_KERAS)
+        from dpbert.model.train import configure_logical_cpus
+        configure_logical_cpus(replicas)
+    return [noise_check(replicas, t, noise_multiplier, clip, batch_size, steps=steps, seed=seed,
+                        noise_mode=noise_mode) for t in accumulations]
+
+
+def run_noise_check_cli(args) -> int:
+    """Entry point for ``dpbert privacy noise-check`` (an argparse namespace with ``replicas``,
+    ``accumulation`` (int or list), ``noise_multiplier``, ``clip``, ``batch_size``, ``steps``,
+    optionally ``seed``, ``noise_mode``, ``json``). With P > 1 the check runs in a fresh process
+    (``python -m dpbert.model.noise_check``) so P logical CPUs can be configured before TensorFlow
+    starts. Prints the result(s); returns 0 if every check passed, else 1."""
+    import os
+    import subprocess
+
+    accumulations = args.accumulation if isinstance(args.accumulation, (list, tuple)) else [args.accumulation]
+    seed = getattr(args, "seed", None)
+    mode = getattr(args, "noise_mode", "once")
+    if args.replicas > 1:
+        cmd = [sys.executable, "-m", "dpbert.model.noise_check", "--replicas", str(args.replicas),
+               "--accumulation", *map(str, accumulations), "--noise-multiplier", str(args.noise_multiplier),
+               "--clip", str(args.clip), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+               "--noise-mode", mode, "--json"] + (["--seed", str(seed)] if seed is not None else [])
+        env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if not proc.stdout.strip():
+            sys.stderr.write(proc.stderr[-4000:])
+            return 2
+        results = json.loads(proc.stdout)
+        results = results if isinstance(results, list) else [results]
+    else:
+        results = _run(1, accumulations, args.noise_multiplier, args.clip, args.batch_size, args.steps, seed, mode)
+    if getattr(args, "json", False):
+        print(json.dumps(results if len(results) > 1 else results[0], indent=2))
+    else:
+        for result in results:
+            print(_format(result))
+    return 0 if all(r["passed"] for r in results) else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--replicas", type=int, default=1)
@@ -147,15 +203,15 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--noise-mode", default="once", choices=["once", "paper"])
+    parser.add_argument("--json", action="store_true", help="JSON output (default: one line per check)")
     args = parser.parse_args(argv)
-    if args.replicas > 1:  # before TensorFlow initialises its devices
-        import dpbert  # noqa: F401  (sets TF_USE_LEGACY_KERAS)
-        from dpbert.model.train import configure_logical_cpus
-        configure_logical_cpus(args.replicas)
-    results = [noise_check(args.replicas, t, args.noise_multiplier, args.clip, args.batch_size,
-                           steps=args.steps, seed=args.seed, noise_mode=args.noise_mode)
-               for t in args.accumulation]
-    print(json.dumps(results if len(results) > 1 else results[0], indent=2))
+    results = _run(args.replicas, args.accumulation, args.noise_multiplier, args.clip, args.batch_size,
+                   args.steps, args.seed, args.noise_mode)
+    if args.json:
+        print(json.dumps(results if len(results) > 1 else results[0], indent=2))
+    else:
+        for result in results:
+            print(_format(result))
     return 0 if all(r["passed"] for r in results) else 1
 
 

@@ -211,3 +211,15 @@ def test_clipping_path_is_logged(caplog):
         _dense_stepper(noise_seed=1)
     messages = [r.getMessage() for r in caplog.records if "clipping path" in r.getMessage()]
     assert len(messages) == 1 and "ghost" in messages[0]  # logged once per process
+
+
+def test_run_noise_check_cli_in_process(capsys):
+    import argparse
+
+    from dpbert.model.noise_check import run_noise_check_cli
+
+    args = argparse.Namespace(replicas=1, accumulation=4, noise_multiplier=1.0, clip=0.01, batch_size=16,
+                              steps=10, json=True)
+    assert run_noise_check_cli(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] and out["accumulation"] == 4
