@@ -17,6 +17,11 @@ total. Steps executed after the last checkpoint and lost in a crash were still c
 data; the write-ahead ledger counts them, and ``TrainResult.steps_taken_total`` (what the
 accountant must charge) is the ledger's count, ≥ ``model_step`` (the step of the saved model).
 
+What is NOT covered by ε: the per-step loss, MLM accuracy, batch size and clipped fraction
+(TensorBoard, ``TrainResult.losses`` / ``final_mlm_*`` / ``clipped_fraction``) are computed on the
+private examples without noise. They are diagnostics for whoever already sees the private data;
+releasing them is outside the DP-SGD guarantee (only the model weights are DP).
+
 Distribution: ``training.strategy`` default (one device) | mirrored (``MirroredStrategy`` over
 the first P devices: GPUs, or logical CPUs made with ``configure_logical_cpus(P)`` BEFORE
 TensorFlow initialises its devices — which is how P = 2 is tested on a CPU machine) | tpu
