@@ -5,7 +5,11 @@ TYPE_NAME, ``components.<Class>``.
 """
 from components.artifacts import (  # noqa: F401
     ALL_TYPES,
+    CanaryList,
+    CanaryReport,
     DPVocabulary,
+    MembershipReport,
+    NerReport,
     PretrainedModel,
     PrivacyReport,
     WordTuples,

@@ -40,4 +40,33 @@ class PrivacyReport(Artifact):
     PRIVATE = False
 
 
-ALL_TYPES = (WordTuples, DPVocabulary, PretrainedModel, PrivacyReport)
+class CanaryList(Artifact):
+    """The canaries (with their secrets) and the insertion seed. PRIVATE: never shown."""
+
+    TYPE_NAME = "components.CanaryList"
+    PRIVATE = True
+
+
+class CanaryReport(Artifact):
+    """Exposure per canary group (DP vs non-DP), the plot, and the one-run audit's ε lower bound."""
+
+    TYPE_NAME = "components.CanaryReport"
+    PRIVATE = False
+
+
+class NerReport(Artifact):
+    """Entity-extraction F1 after fine-tuning, per model, and held-out MLM loss."""
+
+    TYPE_NAME = "components.NerReport"
+    PRIVATE = False
+
+
+class MembershipReport(Artifact):
+    """Membership-inference attacks (advantage, AUC, ROC) on the DP and non-DP models."""
+
+    TYPE_NAME = "components.MembershipReport"
+    PRIVATE = False
+
+
+ALL_TYPES = (WordTuples, DPVocabulary, PretrainedModel, PrivacyReport, CanaryList, CanaryReport, NerReport,
+             MembershipReport)

@@ -14,11 +14,12 @@ import json
 import logging
 import os
 import shutil
+from typing import Optional
 
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 
-from components.artifacts import DPVocabulary, PretrainedModel, WordTuples
+from components.artifacts import CanaryList, DPVocabulary, PretrainedModel, WordTuples
 from components.common import get_property, section_from_json, set_properties
 from dpbert.config import ModelConfig, PrivacyConfig, TrainingConfig
 
@@ -49,6 +50,7 @@ def MLMPretrainer(
     privacy_config: Parameter[str],
     code_version: Parameter[str],
     non_private: Parameter[int] = 0,
+    canaries: InputArtifact[CanaryList] = None,
 ):
     """Tokenize the tuples with the DP vocabulary and pre-train; one tuple = one example."""
     from dpbert.data.tfrecord import read_tuples
@@ -69,6 +71,12 @@ def MLMPretrainer(
 
     tokenizer = load_tokenizer(vocabulary.uri)
     token_ids = tokenize_tuples(tokenizer, (t.words for t in read_tuples(tuples.uri)), mc.max_seq_length)
+    canary_counts = None
+    if canaries is not None:
+        from components.canary import apply_canaries
+
+        # Canaries are public-by-construction test data; they enlarge n but not the planned q.
+        token_ids, canary_counts = apply_canaries(token_ids, canaries.uri, mc.max_seq_length)
     n = int(token_ids.shape[0])
     n_planned = tc.dataset_size or int(get_property(tuples, "num_tuples", n))
     q = min(1.0, tc.batch_size / n_planned)
@@ -78,7 +86,8 @@ def MLMPretrainer(
              f"DP-SGD σ = {tc.noise_multiplier}, C = {tc.clip_norm}, q = {q:.4g}")
 
     state = _state_dir(model.uri, json.dumps([tuples.uri, vocabulary.uri, model_config, training_config,
-                                              privacy_config, int(non_private)]))
+                                              privacy_config, int(non_private),
+                                              canaries.uri if canaries is not None else None]))
     result = train_mlm(token_ids, specials, tokenizer.get_vocab_size(), mc, tc, state,
                        sampling_probability=q if tc.sampling == "poisson" else None, resume=True,
                        progress=True)
@@ -106,6 +115,9 @@ def MLMPretrainer(
 
         epsilon = dpsgd_epsilon(tc.noise_multiplier, record["sampling_probability"], result.steps_taken_total,
                                 tc.delta, tc.sampling)
+    if canary_counts is not None:
+        with open(os.path.join(model.uri, "canary_counts.json"), "w", encoding="utf-8") as f:
+            json.dump(canary_counts, f)
     with open(os.path.join(model.uri, "dp_events.json"), "w", encoding="utf-8") as f:
         f.write(events.to_json([record]))
     losses = list(result.losses)

@@ -193,6 +193,52 @@ class TrainingConfig:
 
 
 @dataclasses.dataclass
+class CanaryConfig:
+    """Secret-sharer canaries (exposure) and the one-run audit (Steinke et al. 2023)."""
+
+    enabled: bool = False
+    #: Occurrence groups; empty = 1, 10, 100, ... up to ``max_occurrence_fraction`` of n.
+    occurrences: List[int] = dataclasses.field(default_factory=list)
+    max_occurrence_fraction: float = 0.1
+    canaries_per_group: int = 2
+    #: Canaries of the one-run audit, each included (as its own example) with probability 1/2.
+    audit_canaries: int = 100
+    audit_beta: float = 0.05
+
+    def validate(self, prefix: str):
+        _check(all(o >= 1 for o in self.occurrences), f"{prefix}.occurrences", "must all be >= 1",
+               self.occurrences)
+        _check(0 < self.max_occurrence_fraction <= 1, f"{prefix}.max_occurrence_fraction",
+               "must be in (0, 1]", self.max_occurrence_fraction)
+        _check(self.canaries_per_group >= 1, f"{prefix}.canaries_per_group", "must be >= 1",
+               self.canaries_per_group)
+        _check(self.audit_canaries >= 0, f"{prefix}.audit_canaries", "must be >= 0", self.audit_canaries)
+        _check(0 < self.audit_beta < 1, f"{prefix}.audit_beta", "must be in (0, 1)", self.audit_beta)
+
+
+@dataclasses.dataclass
+class NerConfig:
+    """Entity-extraction F1 after fine-tuning (the paper's Table 2), on bundled BC5CDR by default."""
+
+    enabled: bool = False
+    #: IOB/CoNLL files; null = the bundled BC5CDR subset (dpbert/resources/ner/bc5cdr).
+    train_path: Optional[str] = None
+    test_path: Optional[str] = None
+    epochs: int = 3
+    learning_rate: float = 1e-3
+    batch_size: int = 16
+    max_train_sentences: Optional[int] = None
+    seed: int = 0
+
+    def validate(self, prefix: str):
+        _check(self.epochs >= 0, f"{prefix}.epochs", "must be >= 0", self.epochs)
+        _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
+        _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
+        _check((self.train_path is None) == (self.test_path is None), f"{prefix}.test_path",
+               "and ner.train_path must be given together", self.test_path)
+
+
+@dataclasses.dataclass
 class BeamConfig:
     #: DirectRunner | DataflowRunner | FlinkRunner | SparkRunner | PortableRunner
     runner: str = "DirectRunner"
@@ -235,6 +281,8 @@ class Config:
     vocab: VocabConfig = dataclasses.field(default_factory=VocabConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+    canary: CanaryConfig = dataclasses.field(default_factory=CanaryConfig)
+    ner: NerConfig = dataclasses.field(default_factory=NerConfig)
     beam: BeamConfig = dataclasses.field(default_factory=BeamConfig)
     pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
 

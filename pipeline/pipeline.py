@@ -23,6 +23,8 @@ def _core_version(*extra: str) -> str:
 def create_components(config: Config) -> List:
     """The components of the DAG, in order, wired by their artifacts."""
     from components.accountant import PrivacyAccountant
+    from components.canary import CanaryExposure, CanaryGen
+    from components.ner import NerEvaluator
     from components.ingest import CorpusIngest
     from components.trainer import MLMPretrainer
     from components.vocabulary import DPVocabularyGen
@@ -46,6 +48,15 @@ def create_components(config: Config) -> List:
         privacy_config=_section_json(config.privacy),
         code_version=_core_version("components/trainer.py"),
     )
+    canaries = None
+    if config.canary.enabled:
+        canaries = CanaryGen(
+            tuples=ingest.outputs["tuples"],
+            vocabulary=vocabulary.outputs["vocabulary"],
+            canary_config=_section_json(config.canary),
+            code_version=_core_version("components/canary.py"),
+        )
+        trainer_args["canaries"] = canaries.outputs["canaries"]
     trainer = MLMPretrainer(**trainer_args).with_id("MLMPretrainer")
     accountant = PrivacyAccountant(
         vocabulary=vocabulary.outputs["vocabulary"],
@@ -54,10 +65,30 @@ def create_components(config: Config) -> List:
         epsilon_budget=-1.0 if config.privacy.epsilon_budget is None else config.privacy.epsilon_budget,
         code_version=_core_version("components/accountant.py"),
     )
-    components = [ingest, vocabulary, trainer, accountant]
+    components = [ingest, vocabulary] + ([canaries] if canaries else []) + [trainer, accountant]
+    baseline = None
     if config.training.train_non_private_baseline and not config.training.non_private:
         # The same data without clipping or noise (ε = ∞): a private comparison artifact.
-        components.append(MLMPretrainer(**trainer_args, non_private=1).with_id("MLMPretrainerNonPrivate"))
+        baseline = MLMPretrainer(**trainer_args, non_private=1).with_id("MLMPretrainerNonPrivate")
+        components.append(baseline)
+    baseline_input = {"baseline_model": baseline.outputs["model"]} if baseline else {}
+    if canaries is not None:
+        components.append(CanaryExposure(
+            canaries=canaries.outputs["canaries"],
+            model=trainer.outputs["model"],
+            privacy_report=accountant.outputs["report"],
+            audit_beta=config.canary.audit_beta,
+            code_version=_core_version("components/canary.py"),
+            **baseline_input,
+        ))
+    if config.ner.enabled:
+        components.append(NerEvaluator(
+            model=trainer.outputs["model"],
+            ner_config=_section_json(config.ner),
+            tuple_words=config.privacy.tuple_words,
+            code_version=_core_version("components/ner.py"),
+            **baseline_input,
+        ))
     return components
 
 
