@@ -10,13 +10,21 @@ pytestmark = pytest.mark.e2e
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = [
-    "corpus.synthetic.patients=6",
     "vocab.size=300",
     "training.steps=4",
     "training.batch_size=8",
     "training.checkpoint_every=2",
     "model.max_seq_length=64",
     "beam.direct_num_workers=2",
+    "vocab.sigma=2",
+    "corpus.synthetic.patients=8",
+    "canary.enabled=true",
+    "canary.audit_canaries=40",
+    "ner.enabled=true",
+    "ner.epochs=1",
+    "ner.max_train_sentences=64",
+    "training.train_non_private_baseline=true",
+    "privacy.epsilon_budget=null",
 ]
 
 
@@ -44,7 +52,8 @@ def test_dag_records_every_component_in_mlmd(tiny_run):
     types = {name for (name,) in db.execute(
         "SELECT t.name FROM Artifact a JOIN Type t ON a.type_id = t.id")}
     assert {"components.WordTuples", "components.DPVocabulary", "components.PretrainedModel",
-            "components.PrivacyReport"} <= types
+            "components.PrivacyReport", "components.CanaryList", "components.CanaryReport",
+            "components.NerReport"} <= types
     states = [s for (s,) in db.execute("SELECT last_known_state FROM Execution")]
     assert states and all(s in (3, 5) for s in states)  # COMPLETE or CACHED
 
@@ -61,6 +70,10 @@ def test_report_ledger_is_recomputed_from_recorded_events(tiny_run):
     report = json.loads(result.stdout)
     privacy = report["privacy"]
     assert report["pretraining"]["steps"] == 4
+    assert report["ner"]["f1"] is not None and set(report["ner"]["per_type"]) == {"Chemical", "Disease"}
+    groups = report["canary"]["groups"]
+    assert groups and all(g["exposure_dp"] is not None and g["exposure_non_dp"] is not None for g in groups)
+    assert 0 <= report["canary"]["audit_epsilon_lower_bound"] <= report["privacy"]["epsilon_train"]
     assert report["vocab"]["size"] <= 300 and report["vocab"]["words_kept"] > 0
     vocab_event = json.loads(next((out / "pipeline_root" / "DPVocabularyGen" / "vocabulary").glob("*/dp_event.json")).read_text())
     train_events = json.loads(next((out / "pipeline_root" / "MLMPretrainer" / "model").glob("*/dp_events.json")).read_text())
@@ -84,3 +97,34 @@ def test_no_exact_count_or_raw_text_in_the_vocabulary_artifact(tiny_run):
     assert counts and all(isinstance(c, float) and not float(c).is_integer() for c in counts)
     listing = " ".join(p.name for p in vocab_dir.iterdir())
     assert "tuples" not in listing
+
+
+def test_no_canary_secret_outside_the_private_canary_list(tiny_run):
+    """Canary token sequences appear in no log line and in no file outside the CanaryList."""
+    import json
+
+    out, result = tiny_run
+    root = out / "pipeline_root"
+    canary_dir = next((root / "CanaryGen" / "canaries").glob("*"))
+    vocab = (next((root / "DPVocabularyGen" / "vocabulary").glob("*")) / "vocab.txt").read_text().split("\n")
+    needles = []
+    for name in ("canaries.json", "audit_canaries.json"):
+        data = json.loads((canary_dir / name).read_text())
+        for canary in data["canaries"]:
+            tokens = canary["tokens"]
+            needles.append(json.dumps(tokens))
+            needles.append(" ".join(vocab[t] for t in tokens))
+    assert needles
+    haystacks = {"stdout+stderr": result.stdout + result.stderr}
+    for path in root.rglob("*"):
+        if path.is_file() and canary_dir not in path.parents and "_trainer_state" not in path.parts \
+                and path.suffix in (".json", ".jsonl", ".txt", ".svg", ".csv", ".log"):
+            haystacks[str(path)] = path.read_text(errors="replace")
+    import sqlite3
+
+    db = sqlite3.connect(out / "metadata.sqlite")
+    haystacks["mlmd"] = " ".join(str(v) for row in db.execute(
+        "SELECT string_value FROM ArtifactProperty") for v in row)
+    for where, text in haystacks.items():
+        for needle in needles:
+            assert needle not in text, f"a canary sequence leaked into {where}"

@@ -111,6 +111,8 @@ OPTIONAL_BRANCHES = [
     Branch(on=("privacy.epsilon_budget=8",)),
     Branch(on=("privacy.unit=patient",)),
     Branch(on=("corpus.synthetic.with_labels=true",)),
+    Branch(on=("canary.enabled=true",), adds=("CanaryGen", "CanaryExposure")),
+    Branch(on=("ner.enabled=true",), adds=("NerEvaluator",)),
     Branch(on=("model.init=minilm",)),
     Branch(on=("corpus.path=/gcs/my-bucket/notes.jsonl",)),
     Branch(on=("pipeline.enable_cache=false",), check=_no_cache),
