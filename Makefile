@@ -10,7 +10,7 @@ export PYTHONHASHSEED := 0
 
 .PHONY: venv demo test test-all bench lock clean
 
-$(VENV)/.installed: $(LOCK) setup.py
+$(VENV)/.installed: $(LOCK) requirements/nodeps.txt setup.py
 	@if [ ! -x "$(PY)" ]; then \
 	  interp=$$(PYENV_VERSION=$(PYTHON_VERSION) pyenv which python 2>/dev/null || command -v python$(PYTHON_VERSION) || command -v python3); \
 	  echo "creating $(VENV) with $$interp"; \
@@ -19,6 +19,7 @@ $(VENV)/.installed: $(LOCK) setup.py
 	fi
 	$(PY) -m pip install -q --upgrade 'pip<25'
 	$(PY) -m pip install -q --no-deps -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -r requirements/nodeps.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 

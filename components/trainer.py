@@ -88,9 +88,11 @@ def MLMPretrainer(
     state = _state_dir(model.uri, json.dumps([tuples.uri, vocabulary.uri, model_config, training_config,
                                               privacy_config, int(non_private),
                                               canaries.uri if canaries is not None else None]))
+    vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())] \
+        if mc.init == "minilm" else None
     result = train_mlm(token_ids, specials, tokenizer.get_vocab_size(), mc, tc, state,
                        sampling_probability=q if tc.sampling == "poisson" else None, resume=True,
-                       progress=True)
+                       progress=True, vocab_tokens=vocab_tokens)
     # The artifact holds a copy; the state directory keeps the ledger for later resumes.
     shutil.copytree(os.path.join(state, "model"), os.path.join(model.uri, "model"), dirs_exist_ok=True)
     for name in ("train_result.json", "dp_ledger.json", "run_config.json"):
@@ -109,11 +111,13 @@ def MLMPretrainer(
         epsilon = float("inf")
     else:
         # Charged for every step executed on private data, resumed runs and lost steps included.
-        record = events.dpsgd_event(tc.noise_multiplier, tc.batch_size, n_planned, result.steps_taken_total,
-                                    tc.sampling)
+        # The noise multiplier actually applied to the logical batch (σ; σ√(P·T) only in the
+        # paper-compatible noise mode, which the trainer reports as effective).
+        sigma = result.effective_noise_multiplier
+        record = events.dpsgd_event(sigma, tc.batch_size, n_planned, result.steps_taken_total, tc.sampling)
         from dpbert.privacy.accountant import dpsgd_epsilon
 
-        epsilon = dpsgd_epsilon(tc.noise_multiplier, record["sampling_probability"], result.steps_taken_total,
+        epsilon = dpsgd_epsilon(sigma, record["sampling_probability"], result.steps_taken_total,
                                 tc.delta, tc.sampling)
     if canary_counts is not None:
         with open(os.path.join(model.uri, "canary_counts.json"), "w", encoding="utf-8") as f:
