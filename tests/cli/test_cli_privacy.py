@@ -1,0 +1,85 @@
+"""The CLI contracts of issues 3 and 4: `privacy histogram`, `privacy dpsgd`, `budget`, exit 3."""
+import json
+import math
+
+import pytest
+from scipy.stats import norm
+
+from dpbert import cli
+
+
+def run_json(capsys, argv):
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    return code, (json.loads(out.out) if out.out.strip().startswith("{") else None), out.err
+
+
+def test_privacy_histogram_contract(capsys):
+    code, data, _ = run_json(capsys, ["privacy", "histogram", "--sigma", "200", "--delta", "1e-9",
+                                      "--tuple-words", "256", "--json"])
+    assert code == 0
+    assert data["threshold"] == pytest.approx(1369.389, abs=1e-2)
+    assert data["epsilon_classic"] == pytest.approx(0.5178, abs=1e-4)
+    assert data["epsilon"] < data["epsilon_classic"]
+    assert data["delta"] == 1e-9
+    assert data["threshold_tail_per_word"] == pytest.approx(norm.sf((data["threshold"] - 1) / 200), rel=1e-9)
+    assert data["threshold_tail_per_word"] * 256 <= 1e-9 * (1 + 1e-9)
+
+
+def test_privacy_histogram_paper_mode_prints_its_real_delta(capsys):
+    code, data, _ = run_json(capsys, ["privacy", "histogram", "--sigma", "200", "--delta", "1e-9",
+                                      "--threshold-mode", "paper", "--json"])
+    assert code == 0 and data["threshold"] == pytest.approx(982.5, abs=0.1)
+    assert data["delta_actual"] == pytest.approx(1.2e-4, rel=0.05) and data["warning"]
+
+
+def test_privacy_dpsgd_contract(capsys):
+    code, data, _ = run_json(capsys, ["privacy", "dpsgd", "--examples", "60000", "--batch-size", "256",
+                                      "--noise-multiplier", "1.1", "--epochs", "60", "--delta", "1e-5", "--json"])
+    assert code == 0
+    assert data["steps"] == math.ceil(60 * 60000 / 256) == 14063
+    assert data["sampling_probability"] == pytest.approx(256 / 60000)
+    assert data["epsilon_rdp"] == pytest.approx(2.597, abs=2e-3)
+    assert data["epsilon_pld"] == pytest.approx(2.382, abs=2e-3)
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["privacy", "histogram", "--sigma", "-1", "--delta", "1e-9"], "sigma"),
+    (["privacy", "histogram", "--sigma", "200", "--delta", "1"], "delta"),
+    (["privacy", "dpsgd", "--examples", "100", "--batch-size", "10", "--noise-multiplier", "1",
+      "--steps", "0", "--delta", "1e-5"], "steps"),
+])
+def test_invalid_privacy_parameters_exit_2_naming_them(capsys, argv, name):
+    code, _, err = run_json(capsys, argv)
+    assert code == 2 and name in err
+
+
+def _tiny(tmp_path, budget):
+    return ["--set", "corpus.synthetic.patients=6", "--set", "training.batch_size=8",
+            "--set", "training.steps=50", "--set", f"privacy.epsilon_budget={budget}",
+            "--set", f"pipeline.output_dir={tmp_path / 'out'}"]
+
+
+def test_budget_json_and_exit_codes(tmp_path, capsys):
+    code, data, _ = run_json(capsys, ["budget", "--config", "dpbert/configs/demo.yaml", "--json"] + _tiny(tmp_path, 1000))
+    assert code == 0 and data["within_budget"] is True
+    for key in ("epsilon_vocab", "epsilon_train", "epsilon_total_basic", "epsilon_total_pld", "delta"):
+        assert key in data
+    assert data["epsilon_total_pld"] <= data["epsilon_total_basic"]
+    code, data, _ = run_json(capsys, ["budget", "--config", "dpbert/configs/demo.yaml", "--json"] + _tiny(tmp_path, 1))
+    assert code == 3 and data["within_budget"] is False
+
+
+def test_run_over_budget_exits_3_and_writes_nothing(tmp_path, capsys):
+    code = cli.main(["run", "--output", str(tmp_path / "out")] + _tiny(tmp_path, 0.5))
+    err = capsys.readouterr().err
+    assert code == 3 and "exceeds privacy.epsilon_budget" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_budget_planner_meets_the_target(capsys):
+    code, data, _ = run_json(capsys, ["budget", "--target-epsilon", "3", "--examples", "60000",
+                                      "--set", "training.batch_size=256", "--set", "training.steps=2000",
+                                      "--set", "training.delta=1e-5", "--json"])
+    assert code == 0
+    assert data["epsilon_pld"] <= 3.0 and data["epsilon_pld"] == pytest.approx(3.0, abs=0.05)
