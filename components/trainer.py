@@ -90,9 +90,12 @@ def MLMPretrainer(
                                               canaries.uri if canaries is not None else None]))
     vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())] \
         if mc.init == "minilm" else None
+    # Fault injection for the resume test (tests/e2e/test_resume.py): crash after that many steps.
+    crash_after = os.environ.get("DPBERT_TEST_CRASH_AFTER_STEPS")
     result = train_mlm(token_ids, specials, tokenizer.get_vocab_size(), mc, tc, state,
                        sampling_probability=q if tc.sampling == "poisson" else None, resume=True,
-                       progress=True, vocab_tokens=vocab_tokens)
+                       progress=True, vocab_tokens=vocab_tokens,
+                       stop_after_steps=int(crash_after) if crash_after else None)
     # The artifact holds a copy; the state directory keeps the ledger for later resumes.
     shutil.copytree(os.path.join(state, "model"), os.path.join(model.uri, "model"), dirs_exist_ok=True)
     for name in ("train_result.json", "dp_ledger.json", "run_config.json"):
