@@ -54,6 +54,7 @@ def MLMPretrainer(
 ):
     """Tokenize the tuples with the DP vocabulary and pre-train; one tuple = one example."""
     from dpbert.data.tfrecord import read_tuples
+    from dpbert.evaluate.membership import patient_key, split_patients
     from dpbert.model.train import train_mlm
     from dpbert.privacy import events
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer, tokenize_tuples
@@ -70,7 +71,18 @@ def MLMPretrainer(
                          "DP-SGD pre-training needs privacy.unit = tuple")
 
     tokenizer = load_tokenizer(vocabulary.uri)
-    token_ids = tokenize_tuples(tokenizer, (t.words for t in read_tuples(tuples.uri)), mc.max_seq_length)
+    train_patients = None
+    if tc.holdout_patient_fraction > 0:
+        # Hold patients out for membership inference (components/membership.py recomputes the same
+        # split from the properties recorded below). First pass: the patient keys only.
+        train_patients = split_patients([patient_key(t) for t in read_tuples(tuples.uri)],
+                                        train_fraction=1.0 - tc.holdout_patient_fraction,
+                                        seed=tc.holdout_seed).train
+    token_ids = tokenize_tuples(tokenizer, (t.words for t in read_tuples(tuples.uri)
+                                            if train_patients is None or patient_key(t) in train_patients),
+                                mc.max_seq_length)
+    if token_ids.shape[0] == 0:
+        raise ValueError("no training tuple left after holding patients out")
     canary_counts = None
     if canaries is not None:
         from components.canary import apply_canaries
@@ -78,6 +90,7 @@ def MLMPretrainer(
         # Canaries are public-by-construction test data; they enlarge n but not the planned q.
         token_ids, canary_counts = apply_canaries(token_ids, canaries.uri, mc.max_seq_length)
     n = int(token_ids.shape[0])
+    # With held-out patients too, q stays planned from every tuple (what the budget guard planned).
     n_planned = tc.dataset_size or int(get_property(tuples, "num_tuples", n))
     q = min(1.0, tc.batch_size / n_planned)
     specials = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
@@ -155,6 +168,8 @@ def MLMPretrainer(
         "loss_curve": _loss_curve(losses),
         "clipped_fraction": result.clipped_fraction,
         "clipping_path": result.clipping_path,
+        "holdout_patient_fraction": tc.holdout_patient_fraction if train_patients is not None else None,
+        "holdout_seed": tc.holdout_seed if train_patients is not None else None,
         "model_preset": mc.preset,
         "max_seq_length": mc.max_seq_length,
         "code_version": code_version,

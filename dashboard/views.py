@@ -310,7 +310,7 @@ def _curve(attack: Dict[str, Any]) -> Tuple[List[float], List[float]]:
 
 def membership_attacks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Membership-inference attacks as ``{name, fpr, tpr, stats: [(key, text)]}``."""
-    attacks = report.get("membership_inference")
+    attacks = report.get("membership_inference_rows") or report.get("membership_inference")
     if isinstance(attacks, dict):
         if any(k in attacks for k in ("auc", "roc", "fpr")):
             items = [("attack", attacks)]

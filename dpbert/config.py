@@ -161,6 +161,14 @@ class TrainingConfig:
     seed: int = 0
     #: Fixed noise seed: tests only. None = OS entropy.
     noise_seed: Optional[int] = None
+    #: Fraction of the PATIENTS held out of pre-training (both trainers), chosen by
+    #: ``dpbert.evaluate.membership.split_patients`` from ``holdout_seed``: the non-members of the
+    #: membership-inference attacks, which run when this is > 0. 0 = train on every patient.
+    #: Sampling keeps the q planned from all tuples (the budget guard's plan), so the expected
+    #: batch is about (1 − fraction)·B.
+    holdout_patient_fraction: float = 0.0
+    #: Seed of that split. Whoever knows it and the patient ids knows who was trained on.
+    holdout_seed: int = 0
 
     def validate(self, prefix: str):
         _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
@@ -190,6 +198,8 @@ class TrainingConfig:
                self.mask_probability)
         _check(self.checkpoint_every >= 1, f"{prefix}.checkpoint_every", "must be >= 1", self.checkpoint_every)
         _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)
+        _check(0 <= self.holdout_patient_fraction < 1, f"{prefix}.holdout_patient_fraction",
+               "must be in [0, 1)", self.holdout_patient_fraction)
 
 
 @dataclasses.dataclass

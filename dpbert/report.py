@@ -50,8 +50,53 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
                    "audit_epsilon_lower_bound": canary.get("audit_epsilon_lower_bound")},
     }
     if mia:
-        report["membership_inference"] = mia.get("attacks")
+        # The contract: {"dp"|"non_dp": {attack: {"advantage", "auc"}}}; rows (with ROC curves and
+        # the advantage bound) for tables and the dashboard.
+        attacks_by_model = mia.get("attacks")
+        report["membership_inference"] = {
+            model: {name: {"advantage": m.get("advantage"), "auc": m.get("auc")}
+                    for name, m in attacks.items() if isinstance(m, dict)}
+            for model, attacks in attacks_by_model.items() if isinstance(attacks, dict)
+        } if isinstance(attacks_by_model, dict) else attacks_by_model
+        report["membership_inference_rows"] = membership_rows(mia.get("attacks"), mia.get("roc_curves"), ledger)
     return report
+
+
+MODEL_LABELS = {"dp": "DP", "non_dp": "non-DP"}
+
+
+def membership_rows(attacks, roc_curves=None, ledger: Optional[Dict[str, Any]] = None):
+    """``MembershipReport.attacks`` (``{"dp"|"non_dp": {attack: {"advantage", "auc"}}}``) as one
+    row per (model, attack): ``{"name": "S-BBA (DP)", "advantage", "auc", "fpr", "tpr"}``, the
+    ROC from ``roc_curves`` (same shape, ``{"fpr", "tpr"}``). On the DP model's sample-level
+    attacks, ``advantage_bound``: the most any attack can reach against the run's (ε, δ) at the
+    tuple level, (e^ε − 1 + 2δ)/(e^ε + 1) (group-level attacks: see
+    ``dpbert.evaluate.membership.group_privacy``). Any other shape is returned unchanged."""
+    if not isinstance(attacks, dict) or not all(isinstance(v, dict) for v in attacks.values()) \
+            or not set(attacks) <= set(MODEL_LABELS):
+        return attacks
+    from dpbert.evaluate.membership import ATTACKS, advantage_bound
+
+    ledger = ledger or {}
+    bound = None
+    eps, delta = ledger.get("epsilon_total_pld"), ledger.get("delta")
+    if isinstance(eps, (int, float)) and isinstance(delta, (int, float)) and ledger.get("unit") == "tuple":
+        bound = advantage_bound(float(eps), float(delta))
+    rows = []
+    for label in [m for m in MODEL_LABELS if m in attacks]:
+        by_attack = attacks[label]
+        order = [a for a in ATTACKS if a in by_attack] + sorted(a for a in by_attack if a not in ATTACKS)
+        for name in order:
+            metrics = by_attack[name]
+            if not isinstance(metrics, dict):
+                continue
+            curve = ((roc_curves or {}).get(label) or {}).get(name) or {}
+            row = {"name": f"{name} ({MODEL_LABELS[label]})", "advantage": metrics.get("advantage"),
+                   "auc": metrics.get("auc"), "fpr": curve.get("fpr", []), "tpr": curve.get("tpr", [])}
+            if label == "dp" and name.startswith("S-") and bound is not None:
+                row["advantage_bound"] = bound
+            rows.append(row)
+    return rows
 
 
 def format_report(report: Dict[str, Any]) -> str:
@@ -80,4 +125,11 @@ def format_report(report: Dict[str, Any]) -> str:
             lines.append(f"  {g.get('pattern', ''):<8} {fmt(g.get('occurrences')):>11}  "
                          f"{fmt(g.get('exposure_dp')):>11}  {fmt(g.get('exposure_non_dp')):>15}")
         lines.append(f"  audit ε lower bound: {fmt(report['canary']['audit_epsilon_lower_bound'])}")
+    attacks = report.get("membership_inference_rows")
+    if isinstance(attacks, list) and attacks:
+        lines += ["", "membership inference:", "  attack                advantage    auc  bound"]
+        for a in attacks:
+            if isinstance(a, dict):
+                lines.append(f"  {str(a.get('name', '')):<20} {fmt(a.get('advantage')):>9} {fmt(a.get('auc')):>6}"
+                             f"  {fmt(a.get('advantage_bound'))}")
     return "\n".join(lines)

@@ -24,6 +24,7 @@ def create_components(config: Config) -> List:
     """The components of the DAG, in order, wired by their artifacts."""
     from components.accountant import PrivacyAccountant
     from components.canary import CanaryExposure, CanaryGen
+    from components.membership import MembershipInference
     from components.ner import NerEvaluator
     from components.ingest import CorpusIngest
     from components.trainer import MLMPretrainer
@@ -79,6 +80,15 @@ def create_components(config: Config) -> List:
             privacy_report=accountant.outputs["report"],
             audit_beta=config.canary.audit_beta,
             code_version=_core_version("components/canary.py"),
+            **baseline_input,
+        ))
+    if config.training.holdout_patient_fraction > 0:
+        # Members: the trained-on patients' tuples; non-members: the held-out patients'.
+        components.append(MembershipInference(
+            tuples=ingest.outputs["tuples"],
+            model=trainer.outputs["model"],
+            seed=config.training.seed,
+            code_version=_core_version("components/membership.py"),
             **baseline_input,
         ))
     if config.ner.enabled:

@@ -74,6 +74,10 @@ def test_report_ledger_is_recomputed_from_recorded_events(tiny_run):
     groups = report["canary"]["groups"]
     assert groups and all(g["exposure_dp"] is not None and g["exposure_non_dp"] is not None for g in groups)
     assert 0 <= report["canary"]["audit_epsilon_lower_bound"] <= report["privacy"]["epsilon_train"]
+    mia = report["membership_inference"]
+    attacks = {"S-BBA", "A-BBA", "P-BBA", "S-AWBA", "S-GWBA"}
+    assert set(mia["dp"]) == attacks and set(mia["non_dp"]) == attacks
+    assert all(0 <= mia[m][a]["auc"] <= 1 and -1 <= mia[m][a]["advantage"] <= 1 for m in mia for a in attacks)
     assert report["vocab"]["size"] <= 300 and report["vocab"]["words_kept"] > 0
     vocab_event = json.loads(next((out / "pipeline_root" / "DPVocabularyGen" / "vocabulary").glob("*/dp_event.json")).read_text())
     train_events = json.loads(next((out / "pipeline_root" / "MLMPretrainer" / "model").glob("*/dp_events.json")).read_text())
