@@ -247,7 +247,8 @@ class DchiMechanism:
         ids = self._check_ids(ids)
         flat = ids.reshape(-1)
         out = flat.copy()
-        keep = np.isin(flat, np.asarray(list(keep_ids), dtype=np.int64)) if keep_ids else np.zeros(flat.size, bool)
+        keep_ids = np.asarray(list(keep_ids), dtype=np.int64)
+        keep = np.isin(flat, keep_ids) if keep_ids.size else np.zeros(flat.size, bool)
         todo = np.flatnonzero(~keep)
         if math.isinf(eta):
             identity = self._is_candidate[flat[todo]]

@@ -34,6 +34,7 @@ def test_privatize_tuples_dir(tmp_path, toy_embeddings, separated_embeddings):
 @pytest.mark.slow
 def test_component_in_a_dag(tmp_path, toy_embeddings):
     """CorpusIngest → TextPrivatizer on LocalDagRunner; properties recorded, N respected."""
+    import dataclasses
     import json
 
     from tfx import v1 as tfx
@@ -43,8 +44,6 @@ def test_component_in_a_dag(tmp_path, toy_embeddings):
     from dpbert.config import CorpusConfig, SyntheticCorpusConfig
     from dpbert.data.tfrecord import read_tuples
     from dpbert.local_privacy.embeddings import write_hf_checkpoint
-
-    import dataclasses
 
     model = write_hf_checkpoint(toy_embeddings, tmp_path / "public")
     corpus = CorpusConfig(synthetic=SyntheticCorpusConfig(patients=2, admissions_per_patient=1, notes_per_admission=1))

@@ -116,6 +116,8 @@ def test_special_tokens_are_never_output():
     framed = np.array([[2, 10, 11, 3, 0, 0]])
     out = mechanism.privatize_ids(framed, 1.0, rng, keep_ids=[0, 2, 3])
     assert out[0, 0] == 2 and out[0, 3] == 3 and (out[0, 4:] == 0).all()
+    out = mechanism.privatize_ids(framed, 1.0, rng, keep_ids=np.array([0, 2, 3]))
+    assert out[0, 0] == 2 and out[0, 3] == 3 and (out[0, 4:] == 0).all()
 
 
 def test_output_probabilities_match_laplace_and_respect_the_bound():
