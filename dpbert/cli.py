@@ -276,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compile_parser(sub)
 
+    from dpbert.local_privacy.cli import add_privatize_parser  # dχ-privacy (local, metric DP)
+
+    add_privatize_parser(sub)
+
     try:  # read-only web UI over ML Metadata (dashboard/; web dependencies: the `dashboard` extra)
         from dashboard.cli import add_dashboard_parser
     except ImportError:  # an install without the dashboard package keeps the reserved stub below

