@@ -5,6 +5,11 @@ secret insertion seed, to a PRIVATE artifact (never printed, logged or served). 
 it and insert the same canaries at the same places (the seed), so the DP and the non-private
 model see the same canaried data. CanaryExposure computes exposure per group and the one-run
 audit's ε lower bound, and fails the run if that lower bound exceeds the accountant's ε.
+
+Each canary is queried the way training saw it: the canaries inserted into training examples in
+context — inserted, like in training, into held-out carrier rows (public synthetic notes from a
+seed no training run uses, as NerEvaluator's held-out text) — and the audit canaries, trained as
+examples of their own, standalone (``[CLS] canary [SEP]``).
 """
 import json
 import logging
@@ -22,6 +27,10 @@ from dpbert.config import CanaryConfig
 
 log = logging.getLogger("dpbert.canary")
 
+#: Public held-out carrier text for the in-context exposure query (NerEvaluator uses 987654321).
+CARRIER_SEED = 20240611
+CARRIER_PATIENTS = 10
+CONTEXTS_PER_CANARY = 16
 CANARIES_FILE = "canaries.json"
 AUDIT_FILE = "audit_canaries.json"
 SEED_FILE = "insertion_seed.json"
@@ -95,14 +104,30 @@ def apply_canaries(token_ids, canaries_uri: str, max_seq_length: int):
     return token_ids, {str(c.canary_id): int(k) for c, k in zip(canary_set.canaries, counts)}
 
 
+def carrier_rows(tokenizer_dir: str, max_seq_length: int, tuple_words: Optional[int] = None):
+    """Held-out carrier rows ``[N, max_seq_length]`` for the in-context exposure query: public
+    synthetic notes (``CARRIER_SEED``), cut into tuples and tokenized like the training data."""
+    from dpbert.data.synthetic import generate_notes
+    from dpbert.data.tuples import DEFAULT_TUPLE_WORDS, corpus_tuples
+    from dpbert.vocab.wordpiece import load_tokenizer, tokenize_tuples
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    tuples = corpus_tuples(generate_notes(patients=CARRIER_PATIENTS, seed=CARRIER_SEED),
+                           tuple_words or DEFAULT_TUPLE_WORDS)
+    return tokenize_tuples(tokenizer, (t.words for t in tuples), int(max_seq_length))
+
+
 def _exposure_for(model_uri: str, canary_set, counts):
+    """Exposure of the canaries inserted into training text: queried in context (carriers)."""
     from dpbert.evaluate.canary import evaluate_exposure, mlm_score_fn
     from dpbert.model.bert import load_bert
 
     models = load_bert(os.path.join(model_uri, "model"))
     score_fn = mlm_score_fn(models.mlm, models.spec.max_predictions)
+    contexts = carrier_rows(os.path.join(model_uri, "tokenizer"), models.spec.max_seq_length)
     return evaluate_exposure(canary_set, score_fn, models.spec.max_seq_length, counts=counts,
-                             max_reference=5000), score_fn, models
+                             max_reference=5000, contexts=contexts,
+                             contexts_per_canary=CONTEXTS_PER_CANARY), score_fn, models
 
 
 def _plot(groups, path):
@@ -167,11 +192,13 @@ def CanaryExposure(
             groups.append({"group": g["group"], "pattern": pattern, "occurrences": g["occurrences"],
                            "exposure_dp": stats["mean"], "n": stats["n"]})
 
-    out = {"log2_reference_size": dp["log2_reference_size"], "groups": groups}
+    out = {"log2_reference_size": dp["log2_reference_size"], "query": dp["query"], "groups": groups}
     epsilon_train = get_property(privacy_report, "epsilon_train")
     delta_train = get_property(privacy_report, "delta_train")
     if audit is not None and len(audit):
+        # Standalone query: the audit canaries were trained as examples of their own.
         audit_exposure = evaluate_exposure(audit, score_fn, _models_len(model), max_reference=5000)
+        out["audit_query"] = audit_exposure["query"]
         scores = [row["exposure_extrapolated"] for row in audit_exposure["canaries"]]
         included = [c.included for c in audit.canaries]
         result = audit_best_of(scores, included, beta=audit_beta, delta=float(delta_train or 0.0))

@@ -30,10 +30,23 @@ at all is not inserted and not counted). All-padding rows are never used.
 
 Exposure
 --------
-For a canary, the secret position is replaced by ``[MASK]`` in ``[CLS] canary [SEP]`` and the
-MLM head scores every vocabulary token there (``score_fn(token_ids [n, L], mask_positions [n])
--> [n, V]`` logits or log-probabilities; a log-softmax is applied, which changes neither). With
-the log-perplexity ``-log p(c | context)`` of each candidate ``c`` in R:
+For a canary, the secret position is replaced by ``[MASK]`` and the MLM head scores every
+vocabulary token there (``score_fn(token_ids [n, L], mask_positions [n]) -> [n, V]`` logits or
+log-probabilities; a log-softmax is applied, which changes neither). The query must look like
+what training saw:
+
+* a canary inserted INTO training examples (:func:`insert_canaries`) is queried in context
+  (``contexts=``): it is inserted the same way (uniform gap, content truncated at the end) into
+  ``contexts_per_canary`` carrier rows — held-out text that is not training data — and the
+  log-softmax at the masked secret is averaged over the carriers
+  (:func:`canary_context_queries`);
+* a canary trained as an example of its own (``[CLS] canary [SEP]``, e.g. the one-run audit's,
+  :func:`canary_examples`) is queried standalone (``contexts=None``).
+
+An MLM trained on full-length rows is out of distribution on a short ``[CLS] canary [SEP]`` row
+(nearly all padding): queried that way, a model that predicts a mid-text canary's
+secret in context ranks it near chance, so the standalone query must not be used for canaries
+inserted into text. With the log-perplexity ``-log p(c | context)`` of each candidate ``c`` in R:
 
 * rank (from 1) of the true secret among R, ties counted half (``ties="average"``: a model that
   gives every candidate the same score ranks the secret at ``(|R| + 1) / 2``);
@@ -486,6 +499,58 @@ def canary_examples(canaries, max_seq_length: int, *, mask_secret: bool = False,
     return ids, positions
 
 
+def canary_context_queries(canaries, contexts: np.ndarray, contexts_per_canary: int = 16,
+                           rng: Optional[np.random.Generator] = None, *, pad_id: int = PAD_ID,
+                           cls_id: int = CLS_ID, sep_id: int = SEP_ID, mask_id: int = MASK_ID
+                           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each canary inserted, with its secret masked, into ``contexts_per_canary`` distinct
+    carrier rows of ``contexts`` ``[N, L]`` (non-empty rows, chosen uniformly), exactly as
+    :func:`insert_canaries` inserts it into a training example: at a uniform gap between content
+    tokens, ``[CLS]``/``[SEP]`` kept, the carrier's content truncated at the end if needed.
+
+    The carriers should be held-out text from the training domain (not training examples:
+    querying a training row would also measure the memorisation of that row). ``rng`` drives the
+    choice of carriers and gaps (default: seeded, the query is public and reproducible).
+    Returns ``(queries [m·K, L] int32, mask_positions [m·K], owner [m·K])``, ``owner[j]`` the
+    index of the canary of query ``j`` (``K = min(contexts_per_canary, #non-empty rows)``).
+    """
+    canary_list = list(canaries.canaries if isinstance(canaries, CanarySet) else canaries)
+    contexts = np.asarray(contexts)
+    if contexts.ndim != 2:
+        raise CanaryError(f"contexts must be [n, L], got shape {contexts.shape}")
+    if int(contexts_per_canary) < 1:
+        raise CanaryError("contexts_per_canary must be >= 1")
+    rng = np.random.default_rng(0) if rng is None else rng
+    L = contexts.shape[1]
+    layouts = [_layout(row, pad_id, cls_id, sep_id) for row in contexts]
+    eligible = np.asarray([i for i, lay in enumerate(layouts) if lay[0] > 0], dtype=np.int64)
+    if eligible.size == 0:
+        raise CanaryError("contexts has no non-empty row")
+    K = min(int(contexts_per_canary), int(eligible.size))
+    queries = np.full((len(canary_list) * K, L), pad_id, dtype=np.int32)
+    positions = np.zeros(len(canary_list) * K, dtype=np.int32)
+    owner = np.repeat(np.arange(len(canary_list)), K)
+    j = 0
+    for canary in canary_list:
+        for e in rng.choice(eligible, size=K, replace=False):
+            length, start, end = layouts[int(e)]
+            row = contexts[int(e)]
+            prefix = [int(t) for t in row[:start]]
+            suffix = [int(t) for t in row[end:length]]
+            room = L - len(prefix) - len(suffix)
+            if canary.k > room:
+                raise CanaryError(f"canary {canary.canary_id}: {canary.k} tokens do not fit in a "
+                                  f"carrier row of L={L}")
+            content = [int(t) for t in row[start:end]][:room - canary.k]
+            gap = int(rng.integers(0, len(content) + 1))
+            new_row = prefix + content[:gap] + list(canary.tokens) + content[gap:] + suffix
+            positions[j] = len(prefix) + gap + canary.secret_index
+            new_row[positions[j]] = mask_id
+            queries[j, :len(new_row)] = new_row
+            j += 1
+    return queries, positions, owner
+
+
 # --------------------------------------------------------------------------------------------
 # Exposure
 # --------------------------------------------------------------------------------------------
@@ -600,11 +665,22 @@ def compute_exposure_extrapolation(scores: np.ndarray, secret_ids: np.ndarray,
     return out
 
 
-def score_canaries(canaries, score_fn: ScoreFn, max_seq_length: int, batch_size: int = 64,
-                   **ids) -> np.ndarray:
-    """``score_fn`` on every canary's masked query (:func:`canary_examples`), in batches:
-    returns scores ``[m, V]`` at the secret positions."""
-    queries, positions = canary_examples(canaries, max_seq_length, mask_secret=True, **ids)
+def score_canaries(canaries, score_fn: ScoreFn, max_seq_length: int, batch_size: int = 64, *,
+                   contexts: Optional[np.ndarray] = None, contexts_per_canary: int = 16,
+                   rng: Optional[np.random.Generator] = None, **ids) -> np.ndarray:
+    """``score_fn`` on every canary's masked query, in batches: returns scores ``[m, V]`` at the
+    secret positions. ``contexts=None``: the standalone query (:func:`canary_examples`);
+    otherwise the in-context queries of :func:`canary_context_queries` (carriers ``contexts``
+    ``[N, max_seq_length]``), and a canary's scores are its queries' log-softmax averaged."""
+    if contexts is None:
+        queries, positions = canary_examples(canaries, max_seq_length, mask_secret=True, **ids)
+        owner = None
+    else:
+        if np.asarray(contexts).shape[1:] != (int(max_seq_length),):
+            raise CanaryError(f"contexts must be [n, {int(max_seq_length)}], got shape "
+                              f"{np.asarray(contexts).shape}")
+        queries, positions, owner = canary_context_queries(canaries, contexts, contexts_per_canary,
+                                                           rng, **ids)
     chunks = []
     for start in range(0, len(queries), int(batch_size)):
         stop = start + int(batch_size)
@@ -614,7 +690,12 @@ def score_canaries(canaries, score_fn: ScoreFn, max_seq_length: int, batch_size:
         chunks.append(chunk)
     if not chunks:
         return np.zeros((0, 0))
-    return np.concatenate(chunks, axis=0)
+    scores = np.concatenate(chunks, axis=0)
+    if owner is None:
+        return scores
+    log_probs = -_log_perplexities(scores)
+    m = int(owner.max()) + 1 if owner.size else 0
+    return np.stack([log_probs[owner == i].mean(axis=0) for i in range(m)])
 
 
 def _summary(values: np.ndarray) -> dict:
@@ -631,11 +712,19 @@ def _summary(values: np.ndarray) -> dict:
 def evaluate_exposure(canaries: CanarySet, score_fn: ScoreFn, max_seq_length: int, *,
                       counts: Optional[Sequence[int]] = None, extrapolate: bool = True,
                       max_reference: Optional[int] = None, batch_size: int = 64,
-                      ties: str = "average") -> dict:
+                      ties: str = "average", contexts: Optional[np.ndarray] = None,
+                      contexts_per_canary: int = 16, context_seed: int = 0) -> dict:
     """Exposure of every canary and per-group summaries. Contains no token of any canary.
 
+    ``contexts``: held-out carrier rows ``[N, max_seq_length]`` for canaries inserted into
+    training text (:func:`insert_canaries`): each is queried in ``contexts_per_canary`` of them
+    (:func:`canary_context_queries`, carriers and gaps drawn with ``context_seed``). ``None``:
+    the standalone ``[CLS] canary [SEP]`` query, right only for canaries trained as examples of
+    their own (:func:`canary_examples`, the audit's); see the module docstring.
+
     ``counts``: realised insertion counts from :func:`insert_canaries` (reported per canary and
-    as the group's mean occurrences). Returns ``{"log2_reference_size", "canaries": [{id, group,
+    as the group's mean occurrences). Returns ``{"log2_reference_size", "query": {"form":
+    "standalone" | "in_context", ...}, "canaries": [{id, group,
     pattern, included, inserted, rank, exposure, exposure_extrapolated}], "groups": [{group,
     occurrences, mean_inserted, exposure: {n, mean, std, median, min, max}, exposure_extrapolated:
     {...}, by_pattern: {pattern: {...}}}]}`` with groups sorted by occurrences (held-out canaries
@@ -644,7 +733,9 @@ def evaluate_exposure(canaries: CanarySet, score_fn: ScoreFn, max_seq_length: in
     unlike the rank exposure that saturates at ``log2 |R|``) and ``[c.included for c in canaries]``.
     """
     canary_list = canaries.canaries
-    scores = score_canaries(canary_list, score_fn, max_seq_length, batch_size)
+    scores = score_canaries(canary_list, score_fn, max_seq_length, batch_size, contexts=contexts,
+                            contexts_per_canary=contexts_per_canary,
+                            rng=np.random.default_rng(context_seed))
     secrets_ = np.asarray([c.secret for c in canary_list], dtype=np.int64)
     if canary_list:
         ranks, exposures = compute_exposure_rank(scores, secrets_, canaries.candidates, ties)
@@ -687,7 +778,13 @@ def evaluate_exposure(canaries: CanarySet, score_fn: ScoreFn, max_seq_length: in
                 pattern: _summary(exposures[[i for i in members if canary_list[i].pattern == pattern]])
                 for pattern in sorted({canary_list[i].pattern for i in members}, key=len)},
         })
-    return {"log2_reference_size": float(np.log2(len(canaries.candidates))),
+    if contexts is None:
+        query = {"form": "standalone"}
+    else:
+        nonempty = int(np.any(np.asarray(contexts) != PAD_ID, axis=1).sum())
+        query = {"form": "in_context", "contexts_per_canary": min(int(contexts_per_canary), nonempty),
+                 "carrier_rows": int(len(contexts)), "context_seed": int(context_seed)}
+    return {"log2_reference_size": float(np.log2(len(canaries.candidates))), "query": query,
             "canaries": rows, "groups": groups}
 
 

@@ -388,3 +388,124 @@ def test_mlm_score_fn_adapts_a_keras_mlm():
     assert out.shape == (2, V)
     np.testing.assert_allclose(out[0], 20 + np.arange(V))
     np.testing.assert_allclose(out[1], 50 + np.arange(V))
+
+
+# ------------------------------------------------------------------------- in-context query
+
+def test_canary_context_queries_insert_like_training():
+    """Each query is a carrier row with the canary inserted as insert_canaries inserts it (uniform
+    gap, [CLS]/[SEP] kept, content in order and truncated at the end) and its secret masked."""
+    rng = np.random.default_rng(21)
+    L = 16
+    carriers = make_examples([16, 9, 0, 16, 12, 3, 16, 14] * 4, L, rng)
+    cs = C.make_canary_set(np.arange(500, 600), 600, occurrences=[1, 10], canaries_per_group=2,
+                           rng=np.random.default_rng(22))
+    queries, positions, owner = C.canary_context_queries(cs, carriers, 8, np.random.default_rng(23))
+    assert queries.shape == (len(cs) * 8, L) and queries.dtype == np.int32
+    np.testing.assert_array_equal(owner, np.repeat(np.arange(len(cs)), 8))
+    nonempty = [r for r in carriers if r.any()]
+    gaps = []
+    for j, (row, pos) in enumerate(zip(queries, positions)):
+        canary = cs.canaries[owner[j]]
+        assert row[pos] == C.MASK_ID and (row == C.MASK_ID).sum() == 1
+        restored = row.copy()
+        restored[pos] = canary.secret
+        start = pos - canary.secret_index
+        assert tuple(restored[start:start + canary.k]) == canary.tokens
+        assert restored[0] == C.CLS_ID and (restored == C.SEP_ID).sum() == 1
+        # without the canary: [CLS] + a carrier's content, in order, truncated at the end + [SEP]
+        stripped = [t for t in strip_canaries(restored, cs) if t != C.PAD_ID]
+        assert stripped[-1] == C.SEP_ID and (restored != 0).sum() == len(stripped) + canary.k
+        assert any(stripped[:-1] == [int(t) for t in r if t != 0][:len(stripped) - 1] for r in nonempty)
+        gaps.append(start - 1)
+    # K distinct carriers per canary; the gap is uniform, so it reaches both ends
+    assert min(gaps) == 0 and max(gaps) >= L - 2 - 5
+    again = C.canary_context_queries(cs, carriers, 8, np.random.default_rng(23))
+    np.testing.assert_array_equal(again[0], queries)                 # reproducible from the seed
+    with pytest.raises(CanaryError, match="no non-empty row"):
+        C.canary_context_queries(cs, np.zeros((3, L), np.int32), 4)
+
+
+def _in_text_memoriser(memorised, V, seed, min_content):
+    """A toy MLM that has memorised ``memorised`` (canary tokens -> secret) the way an MLM trained
+    on full-length rows does: it predicts the secret only when the canary sits in a row with at
+    least ``min_content`` tokens; on a short row (``[CLS] canary [SEP]``, out of distribution) it
+    knows nothing (random logits)."""
+    noise = np.random.default_rng(seed)
+
+    def score_fn(token_ids, mask_positions):
+        out = noise.normal(size=(len(token_ids), V))
+        for i, (row, pos) in enumerate(zip(token_ids, mask_positions)):
+            if (row != C.PAD_ID).sum() < min_content:
+                continue
+            for tokens, secret_index, secret in memorised:
+                start = pos - secret_index
+                window = [int(t) for t in row[start:start + len(tokens)]] if start >= 0 else []
+                expected = list(tokens)
+                expected[secret_index] = C.MASK_ID
+                if window == expected:
+                    out[i, secret] = 50.0
+        return out
+
+    return score_fn
+
+
+def test_exposure_of_canaries_inserted_in_text_is_measured_in_context():
+    """Canaries inserted mid-text into full-length training rows, memorised by a model that
+    predicts them in text only: the in-context query finds them (exposure log2|R|), the
+    standalone one (the old CanaryExposure query) reports chance-level exposure."""
+    V, L = 205, 32
+    candidates = np.arange(5, V)
+    cs = C.make_canary_set(candidates, V, occurrences=[1, 50], canaries_per_group=3,
+                           rng=np.random.default_rng(31))
+    memorised = [(c.tokens, c.secret_index, c.secret) for c in cs if c.occurrences >= 50]
+    score_fn = _in_text_memoriser(memorised, V, 32, min_content=L // 2)
+    carriers = make_examples([L] * 40, L, np.random.default_rng(33))
+    in_context = C.evaluate_exposure(cs, score_fn, L, contexts=carriers, contexts_per_canary=4,
+                                     max_reference=150)
+    standalone = C.evaluate_exposure(cs, score_fn, L, max_reference=150)
+    assert in_context["query"] == {"form": "in_context", "contexts_per_canary": 4,
+                                   "carrier_rows": 40, "context_seed": 0}
+    assert standalone["query"] == {"form": "standalone"}
+    g_ctx = {g["group"]: g["exposure"] for g in in_context["groups"]}
+    g_alone = {g["group"]: g["exposure"] for g in standalone["groups"]}
+    assert g_ctx["n=50"]["min"] == pytest.approx(math.log2(200))
+    assert g_ctx["n=1"]["max"] < math.log2(200)
+    assert g_alone["n=50"]["max"] < math.log2(200)        # the standalone query misses them all
+
+
+def test_canary_exposure_component_queries_inserted_canaries_in_context(tmp_path, monkeypatch):
+    """components.canary._exposure_for (what CanaryExposure reports) must query the canaries the
+    trainers inserted into text in context; with the old standalone query this test fails."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    import components.canary as component
+    import dpbert.model.bert as bert_lib
+    from dpbert.data.synthetic import generate_notes
+    from dpbert.data.tuples import corpus_tuples
+    from dpbert.vocab.wordpiece import save_vocabulary, train_wordpiece
+
+    words = Counter(w for t in corpus_tuples(generate_notes(patients=6, seed=3), 64) for w in t.words)
+    # the trainer's artifact layout: <uri>/model (weights), <uri>/tokenizer (vocabulary)
+    save_vocabulary(train_wordpiece(words.items(), vocab_size=200), tmp_path / "tokenizer")
+    vocab = (tmp_path / "tokenizer" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    candidates = C.candidate_ids(vocab)
+    cs = C.make_canary_set(candidates, len(vocab), occurrences=[1, 100], canaries_per_group=2,
+                           rng=np.random.default_rng(41))
+    L, M = 64, 10
+    memorised = [(c.tokens, c.secret_index, c.secret) for c in cs if c.occurrences >= 100]
+    score_fn = _in_text_memoriser(memorised, len(vocab), 42, min_content=L // 2)
+
+    def mlm(inputs, training=False):
+        logits = score_fn(np.asarray(inputs["input_ids"]), np.asarray(inputs["masked_positions"])[:, 0])
+        return np.repeat(logits[:, None, :], M, axis=1)
+
+    fake = SimpleNamespace(spec=SimpleNamespace(max_seq_length=L, max_predictions=M), mlm=mlm)
+    monkeypatch.setattr(bert_lib, "load_bert", lambda directory: fake)
+    report, _, _ = component._exposure_for(str(tmp_path), cs, [c.occurrences for c in cs])
+    assert report["query"]["form"] == "in_context"
+    assert report["query"]["contexts_per_canary"] == component.CONTEXTS_PER_CANARY
+    groups = {g["group"]: g["exposure"] for g in report["groups"]}
+    assert groups["n=100"]["min"] == pytest.approx(math.log2(len(candidates)))
+    assert groups["n=1"]["mean"] < math.log2(len(candidates)) - 1
