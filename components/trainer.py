@@ -130,7 +130,9 @@ def MLMPretrainer(
         # The noise multiplier actually applied to the logical batch (σ; σ√(P·T) only in the
         # paper-compatible noise mode, which the trainer reports as effective).
         sigma = result.effective_noise_multiplier
-        record = events.dpsgd_event(sigma, tc.batch_size, n_planned, result.steps_taken_total, tc.sampling)
+        record = events.dpsgd_event(sigma, tc.batch_size,
+                                    events.accounted_dataset_size(tc.sampling, n_planned, n),
+                                    result.steps_taken_total, tc.sampling)
         from dpbert.privacy.accountant import dpsgd_epsilon
 
         epsilon = dpsgd_epsilon(sigma, record["sampling_probability"], result.steps_taken_total,

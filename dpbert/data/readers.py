@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Iterator, Optional
@@ -260,16 +259,3 @@ def require_nonempty(documents: Iterator[Document], path) -> Iterator[Document]:
         yield document
     if empty:
         raise CorpusError("corpus is empty: no document with text", path)
-
-
-def corpus_fingerprint(path) -> str:
-    """Cheap identity of a corpus path (size and mtime of its files) for caching and logs."""
-    path = Path(path)
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    parts = []
-    for f in files:
-        st = os.stat(f)
-        parts.append(f"{f.name}:{st.st_size}:{int(st.st_mtime)}")
-    import hashlib
-
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

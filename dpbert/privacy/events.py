@@ -258,6 +258,18 @@ def dpsgd_dp_event(noise_multiplier: float, sampling_probability: float, steps: 
         dp_accounting.GaussianDpEvent(sigma / (2 * k)), occurrences * (2 if straddling else 1))
 
 
+def accounted_dataset_size(sampling: str, planned: int, trained: int) -> int:
+    """The n a training record must carry for the sampler that actually ran.
+
+    poisson: the trainer samples with the PLANNED q = B/n_planned whatever the actual n, so the
+    record's q (= B/dataset_size) must be the planned one. shuffle: each epoch is a permutation of
+    the rows actually trained on (held-out patients removed, canary rows added), so an example
+    takes part ceil(steps·B/n_trained) times; recording the larger planned n would undercount.
+    """
+    _checks.choice("sampling", sampling, SAMPLING)
+    return int(planned) if sampling == "poisson" else int(trained)
+
+
 def dpsgd_event(noise_multiplier: float, batch_size: int, dataset_size: int, steps: int,
                 sampling: str = "poisson", max_contributions: int = 1) -> Dict[str, Any]:
     """The training record of ``steps`` steps with expected batch B over n examples (q = B/n)."""

@@ -195,3 +195,16 @@ def test_bad_records_rejected(call, message):
     with pytest.raises(ValueError) as err:
         call()
     assert message in str(err.value)
+
+
+def test_accounted_dataset_size_follows_the_sampler_that_ran():
+    from dpbert.privacy.events import accounted_dataset_size, dpsgd_event
+
+    # Poisson keeps the planned q; shuffle must count epochs over the rows actually trained on.
+    assert accounted_dataset_size("poisson", 1000, 700) == 1000
+    assert accounted_dataset_size("shuffle", 1000, 700) == 700
+    planned = dpsgd_event(1.0, 100, 1000, 70, "shuffle")
+    actual = dpsgd_event(1.0, 100, accounted_dataset_size("shuffle", 1000, 700), 70, "shuffle")
+    assert actual["participations"] > planned["participations"]
+    with pytest.raises(ValueError, match="sampling"):
+        accounted_dataset_size("random", 10, 10)
