@@ -48,6 +48,7 @@ import tf_keras
 
 from dpbert.model import bert as bert_lib
 from dpbert.model import dpsgd, masking, sampling
+from dpbert.privacy.plan import TrainingPlan, plan_training
 
 log = logging.getLogger(__name__)
 
@@ -242,24 +243,19 @@ def _write_json_atomic(path: Path, data):
     os.replace(tmp, path)
 
 
-def _planned_steps(training_config, n_planned: int) -> int:
-    if training_config.steps is not None:
-        return int(training_config.steps)
-    return int(math.ceil(training_config.epochs * n_planned / training_config.batch_size))
-
-
 # --------------------------------------------------------------------------- main entry point
 def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int], Sequence[int]],
               vocab_size: int, model_config, training_config, output_dir,
-              sampling_probability: Optional[float] = None, resume: bool = True, progress: bool = True,
+              plan: Optional[TrainingPlan] = None, resume: bool = True, progress: bool = True,
               *, mask_token_id: Optional[int] = None, noise_mode: str = "once",
               export_saved_model: bool = True, stop_after_steps: Optional[int] = None,
               strategy: Optional[tf.distribute.Strategy] = None,
               vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None) -> TrainResult:
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
-    ``sampling_probability``: the q planned by the accountant (Poisson mode); default
-    ``batch_size / (training.dataset_size or n)``. It is used exactly whatever the actual n.
+    ``plan``: the ``dpbert.privacy.plan.TrainingPlan`` the budget was checked against (q, steps,
+    P, T); default: planned from ``training.dataset_size`` or, without it, n. Its q is used
+    exactly whatever the actual n.
     ``special_token_ids``: mapping name → id (must contain ``[MASK]``) or a sequence of ids plus
     ``mask_token_id``. ``stop_after_steps`` (tests): raise ``SimulatedCrash`` after that many steps
     of this run, without saving, like a crash. ``model.init: minilm`` takes the sizes from the public
@@ -285,20 +281,14 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     specials = sorted(set(int(v) for v in (special_token_ids.values() if isinstance(special_token_ids, Mapping)
                                             else special_token_ids)) | {mask_id, 0})
 
-    n_planned = int(tc.dataset_size) if tc.dataset_size is not None else n
-    if tc.sampling == "poisson":
-        q = float(sampling_probability) if sampling_probability is not None else min(1.0, tc.batch_size / n_planned)
-        expected_batch = q * n_planned
-    else:
-        if sampling_probability is not None:
-            raise ValueError("sampling_probability is for Poisson sampling; training.sampling is shuffle")
-        q = min(1.0, tc.batch_size / n)
-        expected_batch = float(tc.batch_size)
-    if not 0 < q <= 1:
-        raise ValueError(f"sampling probability must be in (0, 1], got {q}")
-    steps_planned = _planned_steps(tc, n_planned)
-    P, T = int(tc.replicas), int(tc.accumulation_steps)
-    m = sampling.micro_batch_size(tc.batch_size, P, T)
+    if plan is None:
+        plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else n)
+    elif (plan.sampling, plan.batch_size, plan.replicas, plan.accumulation_steps) != \
+            (tc.sampling, tc.batch_size, tc.replicas, tc.accumulation_steps):
+        raise ValueError(f"the plan {plan.to_dict()} was not made from this training configuration")
+    n_planned, q, expected_batch = plan.dataset_size, plan.sampling_probability, plan.expected_batch_size
+    steps_planned = plan.steps
+    P, T, m = plan.replicas, plan.accumulation_steps, plan.micro_batch
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -54,3 +54,13 @@ def choice(name: str, value, options) -> str:
     if value not in options:
         raise ValueError(f"{name} must be one of {', '.join(map(str, options))}, got {value!r}")
     return value
+
+
+def nearest_integer(x: float):
+    """round(x) if x is an integer up to float rounding (relative 1e-12), else None.
+
+    x is a ratio of integers with denominator <= n (e.g. s*B/n or epochs*n/B); a non-integer one is
+    at least 1/n from an integer, far more than the float error, for any n below 1e11.
+    """
+    r = round(x)
+    return int(r) if abs(x - r) <= 1e-12 * max(1.0, abs(x)) else None

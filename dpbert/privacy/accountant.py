@@ -69,6 +69,7 @@ from dp_accounting import rdp as _rdp
 from dpbert.privacy import _checks
 from dpbert.privacy import events as _events
 from dpbert.privacy import histogram as _histogram
+from dpbert.privacy.plan import plan_training, steps_for  # noqa: F401  (steps_for: re-exported)
 
 ACCOUNTANTS = ("pld", "rdp")
 PLD_DISCRETIZATION = _histogram.PLD_DISCRETIZATION
@@ -121,14 +122,6 @@ def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str) -> float:
     return float(accountant.compose(event).get_epsilon(delta))
 
 
-def steps_for(examples: int, batch_size: int, epochs: float) -> int:
-    """ceil(epochs · n / B) (14063 for 60 epochs of 60000 examples, B = 256)."""
-    examples = _checks.integer("examples", examples, 1)
-    batch_size = _checks.integer("batch_size", batch_size, 1)
-    epochs = _checks.positive("epochs", epochs)
-    x = epochs * examples / batch_size
-    exact = _events._nearest_integer(x)
-    return max(1, exact if exact is not None else math.ceil(x))
 
 
 # ------------------------------------------------------------------------------------ DP-SGD
@@ -351,8 +344,8 @@ def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]
         vocab_record = _events.histogram_event(report)
         delta_vocab = report["delta"]
 
-    steps = train_cfg.steps if train_cfg.steps is not None else \
-        steps_for(n, train_cfg.batch_size, train_cfg.epochs)
+    plan = plan_training(train_cfg, n)
+    steps = plan.steps
     if train_cfg.non_private:
         train_record = _events.non_private_event("train")
     else:
@@ -364,7 +357,7 @@ def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]
         "epsilon_budget": budget,
         "within_budget": True if budget is None else bool(result["epsilon_total_pld"] <= budget),
         "dataset_size": n, "batch_size": train_cfg.batch_size, "sampling": train_cfg.sampling,
-        "sampling_probability": min(1.0, train_cfg.batch_size / n),
+        "sampling_probability": plan.sampling_probability, "plan": plan.to_dict(),
         "noise_multiplier": train_cfg.noise_multiplier, "steps": steps,
         "vocab_event": vocab_record, "train_events": [train_record],
     })

@@ -215,16 +215,6 @@ def non_private_event(stage: str) -> Dict[str, Any]:
 
 # -------------------------------------------------------------------------------- training
 
-def _nearest_integer(x: float) -> Optional[int]:
-    """round(x) if x is an integer up to float rounding (relative 1e-12), else None.
-
-    x is a ratio of integers with denominator ≤ n (e.g. s·B/n or n/B); a non-integer one is at
-    least 1/n from an integer, far more than the float error, for any n below 1e11.
-    """
-    r = round(x)
-    return int(r) if abs(x - r) <= 1e-12 * max(1.0, abs(x)) else None
-
-
 def shuffle_participations(steps: int, sampling_probability: float):
     """(E, straddling) for shuffled fixed-size batches with q = B/n: E = ceil(s·B/n) occurrences
     of one example in s steps; straddling = a batch can span two permutations (n/B not an
@@ -232,9 +222,9 @@ def shuffle_participations(steps: int, sampling_probability: float):
     steps = _checks.integer("steps", steps, 1)
     q = _checks.fraction("sampling_probability", sampling_probability)
     x = steps * q
-    exact = _nearest_integer(x)
+    exact = _checks.nearest_integer(x)
     occurrences = exact if exact is not None else math.ceil(x)
-    straddling = _nearest_integer(1.0 / q) is None
+    straddling = _checks.nearest_integer(1.0 / q) is None
     return int(occurrences), bool(straddling)
 
 

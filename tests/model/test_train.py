@@ -7,6 +7,7 @@ import pytest
 
 from dpbert.config import ModelConfig, TrainingConfig
 from dpbert.model.train import SimulatedCrash, load_encoder, train_mlm
+from dpbert.privacy.plan import plan_training
 
 from .conftest import SPECIALS
 
@@ -18,9 +19,11 @@ def _train(corpus, out, resume=True, **overrides):
     params = dict(batch_size=16, steps=40, learning_rate=3e-3, warmup_steps=3, clip_norm=1.0,
                   noise_multiplier=0.3, checkpoint_every=20, noise_seed=1)
     stop = overrides.pop("stop_after_steps", None)
-    q = overrides.pop("sampling_probability", None)
+    planned_n = overrides.pop("planned_dataset_size", None)
     params.update(overrides)
-    return train_mlm(corpus, SPECIALS, VOCAB, MODEL, TrainingConfig(**params), out, sampling_probability=q,
+    tc = TrainingConfig(**params)
+    plan = plan_training(tc, planned_n) if planned_n is not None else None
+    return train_mlm(corpus, SPECIALS, VOCAB, MODEL, tc, out, plan=plan,
                      resume=resume, progress=False, export_saved_model=False, stop_after_steps=stop)
 
 
@@ -44,12 +47,12 @@ def test_non_private_baseline_learns_and_records_infinite_epsilon(corpus, tmp_pa
 
 
 def test_dp_training_learns_with_small_noise_and_records(corpus, tmp_path):
-    result = _train(corpus, tmp_path, sampling_probability=0.2)
+    result = _train(corpus, tmp_path, planned_dataset_size=80)  # q = 16/80 planned, 64 rows present
     first, last = _first_last(result.losses)
     assert last < first - 0.5, result.losses
     assert not result.non_private and result.epsilon is None and result.delta == 1e-6
     assert result.sampling_mode == "poisson" and result.sampling_rate == 0.2
-    assert result.expected_batch_size == pytest.approx(0.2 * 64)  # the noise divisor q·n
+    assert result.expected_batch_size == pytest.approx(0.2 * 80)  # the noise divisor q·n_planned
     assert result.noise_multiplier == result.effective_noise_multiplier == 0.3
     assert result.clip_norm == 1.0 and result.clipping_path == "ghost" and 0.0 <= result.clipped_fraction <= 1.0
     assert result.steps_taken_total == result.model_step == 40

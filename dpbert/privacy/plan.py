@@ -1,0 +1,88 @@
+"""One training plan: n, q, steps, expected batch, sampling, replicas, accumulation.
+
+Built ONCE from the training configuration and a PUBLIC n (``training.dataset_size``, or the n the
+budget guard was given) before any private data is read. The budget guard, ``dpbert budget``,
+the planned ledger, the trainer stage and ``train_mlm`` all read the same ``TrainingPlan``; the
+trainer's DP event is built from the plan plus what actually ran (steps executed, the σ actually
+applied). Nothing else computes n, q or the number of steps.
+
+* q = min(1, B / n) — Poisson sampling rate (shuffle: fixes n/B for the participation count);
+* steps = ``training.steps``, else ceil(epochs · n / B), where a product that is an integer up to
+  float rounding (1.1 · 50 / 5 = 11.000000000000002) counts as that integer — so the guard and
+  the trainer agree (both used to round differently: 11 planned, 12 executed);
+* expected batch = q · n under Poisson sampling, B under shuffling;
+* micro-batch m = B / (P · T) examples per replica per accumulation round.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from dpbert.privacy import _checks
+
+SAMPLING_MODES = ("poisson", "shuffle")
+
+
+def steps_for(examples: int, batch_size: int, epochs: float) -> int:
+    """ceil(epochs · n / B) (14063 for 60 epochs of 60000 examples, B = 256)."""
+    examples = _checks.integer("examples", examples, 1)
+    batch_size = _checks.integer("batch_size", batch_size, 1)
+    epochs = _checks.positive("epochs", epochs)
+    x = epochs * examples / batch_size
+    exact = _checks.nearest_integer(x)
+    return max(1, exact if exact is not None else math.ceil(x))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+    """What a DP-SGD run will do, fixed before any private data is read."""
+
+    dataset_size: int          # n: the public (planned) number of examples
+    batch_size: int            # B: logical batch (expected size under Poisson sampling)
+    sampling: str              # poisson | shuffle
+    sampling_probability: float  # q = min(1, B / n)
+    steps: int                 # optimizer steps the run will take
+    replicas: int              # P
+    accumulation_steps: int    # T
+
+    @property
+    def expected_batch_size(self) -> float:
+        """The normaliser of the noisy sum: q·n (Poisson) or B (shuffle)."""
+        if self.sampling == "poisson":
+            return self.sampling_probability * self.dataset_size
+        return float(self.batch_size)
+
+    @property
+    def micro_batch(self) -> int:
+        """m = B / (P·T) examples per replica per round."""
+        return self.batch_size // (self.replicas * self.accumulation_steps)
+
+    @property
+    def epochs(self) -> float:
+        return self.steps * self.batch_size / self.dataset_size
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(expected_batch_size=self.expected_batch_size, micro_batch=self.micro_batch)
+        return out
+
+
+def plan_training(training_config, dataset_size: int) -> TrainingPlan:
+    """The plan of ``training_config`` (``dpbert.config.TrainingConfig``) over a public n."""
+    n = _checks.integer("dataset_size", dataset_size, 1)
+    tc = training_config
+    B = _checks.integer("training.batch_size", tc.batch_size, 1)
+    _checks.choice("training.sampling", tc.sampling, SAMPLING_MODES)
+    P = _checks.integer("training.replicas", tc.replicas, 1)
+    T = _checks.integer("training.accumulation_steps", tc.accumulation_steps, 1)
+    if B % (P * T):
+        raise ValueError(f"training.batch_size {B} must be divisible by replicas × accumulation_steps "
+                         f"= {P * T}")
+    if tc.steps is not None:
+        steps = _checks.integer("training.steps", tc.steps, 1)
+    else:
+        steps = steps_for(n, B, tc.epochs)
+    return TrainingPlan(dataset_size=n, batch_size=B, sampling=tc.sampling,
+                        sampling_probability=min(1.0, B / n), steps=steps, replicas=P,
+                        accumulation_steps=T)
