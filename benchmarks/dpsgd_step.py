@@ -43,6 +43,7 @@ def _worker(name: str, quick: bool, only: str = None) -> dict:
     from dpbert.config import ModelConfig
     from dpbert.model import bert as bert_lib
     from dpbert.model import dpsgd
+    from dpbert.model.masking import example_keys
     from dpbert.model.train import make_mlm_functions
 
     def rss_mb():
@@ -54,14 +55,16 @@ def _worker(name: str, quick: bool, only: str = None) -> dict:
     spec = bert_lib.spec_from_config(ModelConfig(preset=cfg["preset"], max_seq_length=cfg["seq"], dropout=0.1),
                                      cfg["vocab"])
     models = bert_lib.build_bert(spec, seed=0)
-    prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, [0, 1, 2, 3, 4], 4, 0.15)
+    mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, [0, 1, 2, 3, 4], 4, 0.15)
     rng = np.random.default_rng(0)
     micro = cfg["batch"] // cfg["accumulation"]
     rounds = []
     for _ in range(cfg["accumulation"]):
-        features = rng.integers(5, spec.vocab_size, (1, micro, spec.max_seq_length)).astype(np.int32)
-        features[:, :, 0] = 2
-        rounds.append({"features": features, "example_mask": np.ones((1, micro), np.float32)})
+        ids = rng.integers(5, spec.vocab_size, (micro, spec.max_seq_length)).astype(np.int32)
+        ids[:, 0] = 2
+        features = mask_fn(ids, example_keys(0, len(rounds), np.arange(micro)))
+        rounds.append({"features": {k: v[None] for k, v in features.items()},
+                       "example_mask": np.ones((1, micro), np.float32)})
     memory = {"after_build_mb": rss_mb()}
     steppers, warm = {}, {}
     if only:  # memory run: one mode alone in this process, warm-up + 2 steps, then its peak RSS

@@ -4,7 +4,7 @@ Setting (as in the paper): the patients are split 70/30 into *training* patients
 were used for pre-training (members, b = 1), and *out-of-training* (OOT) patients, whose tuples
 never were (non-members, b = 0). A sample is one tuple; its MLM masks are drawn afresh at
 evaluation time from a seed (80/10/10 replacement exactly as in training,
-``dpbert.model.masking.mask_tokens``), the same masks for every model evaluated with the same
+``dpbert.model.masking.mask_with_seed``), the same masks for every model evaluated with the same
 seed.
 
 Split
@@ -466,18 +466,19 @@ _MASKED_KEYS = ("input_ids", "masked_positions", "masked_labels", "masked_weight
 
 
 def _mask_seed(seed: int, draw: int = 0):
-    return [int(seed), _MASK_SEED_SALT + int(draw)]
+    """(seed, draw) of ``masking.mask_with_seed`` for the evaluation masks."""
+    return int(seed), _MASK_SEED_SALT + int(draw)
 
 
 def _masked_inputs(models, token_ids: np.ndarray, seed: int, draw: int, special_token_ids, mask_token_id,
                    mask_probability: float):
     from dpbert.model import masking
 
-    masked = masking.mask_tokens(
-        token_ids, _mask_seed(seed, draw), special_token_ids=special_token_ids, mask_token_id=mask_token_id,
+    masked = masking.mask_with_seed(
+        token_ids, *_mask_seed(seed, draw), special_token_ids=special_token_ids, mask_token_id=mask_token_id,
         vocab_size=models.spec.vocab_size, max_predictions=models.spec.max_predictions,
         mask_probability=mask_probability, pad_id=models.spec.pad_id)
-    return {k: masked[k].numpy() for k in _MASKED_KEYS}
+    return {k: masked[k] for k in _MASKED_KEYS}
 
 
 def _check_ids(models, token_ids) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Held-out masked-LM loss: the same masked positions for every model, so losses compare.
 
-Every non-special token is masked (replaced by [MASK]) independently with probability
-``mask_probability`` from a seeded generator; the loss is the mean cross-entropy of the true
+The positions are chosen by the training masking (``dpbert.model.masking``, one implementation)
+from a public seed, each replaced by [MASK]; the loss is the mean cross-entropy of the true
 tokens at the masked positions over all examples. Used to compare the DP model with the
 non-private baseline and with a model without domain pre-training on public held-out text.
 """
@@ -14,23 +14,17 @@ import numpy as np
 
 def masked_batch(token_ids: np.ndarray, special_ids: Sequence[int], mask_id: int, max_predictions: int,
                  mask_probability: float, seed: int):
-    """(masked ids [n, L], positions [n, M], labels [n, M], weights [n, M]) — deterministic."""
-    rng = np.random.default_rng(seed)
-    ids = np.asarray(token_ids, dtype=np.int32).copy()
-    n, _ = ids.shape
-    positions = np.zeros((n, max_predictions), np.int32)
-    labels = np.zeros((n, max_predictions), np.int32)
-    weights = np.zeros((n, max_predictions), np.float32)
-    special = np.isin(ids, np.asarray(list(special_ids), np.int32))
-    for i in range(n):
-        candidates = np.nonzero(~special[i])[0]
-        chosen = candidates[rng.random(candidates.size) < mask_probability][:max_predictions]
-        if chosen.size == 0 and candidates.size:
-            chosen = candidates[:1]
-        k = chosen.size
-        positions[i, :k], labels[i, :k], weights[i, :k] = chosen, ids[i, chosen], 1.0
-        ids[i, chosen] = mask_id
-    return ids, positions, labels, weights
+    """(masked ids [n, L], positions [n, M], labels [n, M], weights [n, M]) — deterministic.
+
+    The training masking (``dpbert.model.masking``: k = round(p·candidates) positions per row,
+    at most M) with a public seed, every chosen token replaced by [MASK].
+    """
+    from dpbert.model.masking import mask_with_seed
+
+    m = mask_with_seed(token_ids, seed, 0, special_token_ids=special_ids, mask_token_id=mask_id,
+                       vocab_size=None, max_predictions=max_predictions, mask_probability=mask_probability,
+                       mask_fraction=1.0, random_fraction=0.0)
+    return m["input_ids"], m["masked_positions"], m["masked_labels"], m["masked_weights"]
 
 
 def heldout_mlm_loss(mlm_model, token_ids: np.ndarray, special_ids: Sequence[int], mask_id: int,

@@ -263,8 +263,11 @@ def _entropy_seed() -> int:
 class DPSGDTrainStep:
     """The distributed train step: clipped sums accumulated over micro-rounds, one noise draw.
 
-    ``prepare_fn(features, seed) -> (model_inputs, targets)`` runs inside the replica (e.g. MLM
-    masking with ``seed``, a ``[2]`` int64 tensor); ``loss_fn(targets, outputs) -> [b]``;
+    ``prepare_fn(features) -> (model_inputs, targets)`` runs inside the replica; it is
+    deterministic: any randomness an example needs (MLM masks) is drawn on the host, keyed by the
+    example's own id (``dpbert.model.masking``), never by its slot in the batch — a slot-keyed
+    draw would change every later example's input when one example is added or removed.
+    ``features`` is an array or a dict of arrays. ``loss_fn(targets, outputs) -> [b]``;
     ``metrics_fn(targets, outputs, example_mask) -> dict of scalar sums`` (optional).
 
     A logical step is ``run_step(rounds, num_examples)``: ``rounds`` is a list of R ≥ 1 dicts
@@ -277,7 +280,7 @@ class DPSGDTrainStep:
 
     def __init__(self, model: tf_keras.Model, optimizer, config: DPSGDConfig, *,
                  prepare_fn: Callable, loss_fn: Callable, metrics_fn: Optional[Callable] = None,
-                 strategy: Optional[tf.distribute.Strategy] = None, mask_seed: int = 0):
+                 strategy: Optional[tf.distribute.Strategy] = None):
         self.model = model
         self.optimizer = optimizer
         self.config = config
@@ -306,7 +309,6 @@ class DPSGDTrainStep:
                            f"{'' if config.noise_mode == 'once' else ', scaled by sqrt(P*T)'})")
         seed = config.noise_seed if config.noise_seed is not None else _entropy_seed()
         self._noise_seed = tf.constant([seed >> 31, seed & 0x7FFFFFFF], dtype=tf.int64)
-        self._mask_seed = tf.constant([int(mask_seed), 0x5EED], dtype=tf.int64)
         with self.strategy.scope():
             self.variables = list(model.trainable_variables)
             self.dp_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_step",
@@ -322,16 +324,9 @@ class DPSGDTrainStep:
         self._apply_fn = tf.function(self._apply, autograph=False)
 
     # ----------------------------------------------------------------- replica computations
-    def _replica_seed(self, round_index):
-        ctx = tf.distribute.get_replica_context()
-        replica = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
-        seed = tf.random.experimental.stateless_fold_in(self._mask_seed, self.dp_step.read_value())
-        seed = tf.random.experimental.stateless_fold_in(seed, round_index)
-        return tf.random.experimental.stateless_fold_in(seed, replica)
-
     def _compute(self, batch, round_index):
         example_mask = tf.cast(batch["example_mask"], tf.float32)
-        inputs, targets = self.prepare_fn(batch["features"], self._replica_seed(round_index))
+        inputs, targets = self.prepare_fn(batch["features"])
         loss_fn = lambda outputs: self.loss_fn(targets, outputs)  # noqa: E731
         if self.config.non_private:
             grads, losses, outputs = plain_gradients(self.model, inputs, loss_fn, example_mask)
@@ -390,15 +385,19 @@ class DPSGDTrainStep:
 
     # ----------------------------------------------------------------- host API
     def _distribute(self, round_batch):
-        features = np.asarray(round_batch["features"])
+        features = tf.nest.map_structure(np.asarray, round_batch["features"])
         mask = np.asarray(round_batch["example_mask"], dtype=np.float32)
-        if features.shape[0] != self.replicas or mask.shape[0] != self.replicas:
+        if any(a.shape[0] != self.replicas for a in tf.nest.flatten(features)) or mask.shape[0] != self.replicas:
             raise ValueError(f"round arrays must have a leading replica axis of {self.replicas}")
+
+        def replica(p):
+            return {"features": tf.nest.map_structure(lambda a: tf.constant(a[p]), features),
+                    "example_mask": tf.constant(mask[p])}
+
         if self._default_strategy:
-            return {"features": tf.constant(features[0]), "example_mask": tf.constant(mask[0])}
+            return replica(0)
         return self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: {"features": tf.constant(features[ctx.replica_id_in_sync_group]),
-                         "example_mask": tf.constant(mask[ctx.replica_id_in_sync_group])})
+            lambda ctx: replica(ctx.replica_id_in_sync_group))
 
     def run_step(self, rounds: Sequence[Dict[str, np.ndarray]], num_examples: Optional[float] = None
                  ) -> Dict[str, float]:

@@ -85,13 +85,20 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
                                expected_batch_size=float(batch_size), noise_mode=noise_mode,
                                noise_seed=seed, replicas=replicas, accumulation_steps=accumulation)
     specials = [0, 1, 2, 3, 4]
-    prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, 4, 0.15)
+    mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, 4, 0.15)
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
                                    metrics_fn=metrics_fn, strategy=strategy)
     rng = np.random.default_rng(seed)
     # Real tokens, every row masked out of the loss: the gradient is exactly zero.
-    rounds = [{"features": rng.integers(5, spec.vocab_size, (replicas, m_per, spec.max_seq_length)).astype(np.int32),
-               "example_mask": np.zeros((replicas, m_per), np.float32)} for _ in range(accumulation)]
+    from dpbert.model.masking import example_keys
+
+    def masked_round():
+        ids = rng.integers(5, spec.vocab_size, (replicas * m_per, spec.max_seq_length)).astype(np.int32)
+        features = mask_fn(ids, example_keys(0, 0, np.arange(ids.shape[0])))
+        return {k: v.reshape((replicas, m_per) + v.shape[1:]) for k, v in features.items()}
+
+    rounds = [{"features": masked_round(), "example_mask": np.zeros((replicas, m_per), np.float32)}
+              for _ in range(accumulation)]
 
     def snapshot() -> np.ndarray:
         return np.concatenate([v.numpy().ravel() for v in stepper.variables]).astype(np.float64)

@@ -35,9 +35,8 @@ truncated mechanism differs from the analysed one. ``train_mlm`` does not use a 
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -135,12 +134,13 @@ def make_sampler(mode: str, n: int, batch_size: int, q: Optional[float] = None,
     raise ValueError(f"sampling mode must be one of {SAMPLING_MODES}, got {mode!r}")
 
 
-def pack_rounds(data: np.ndarray, indices: np.ndarray, micro_batch: int, replicas: int,
-                max_rounds: Optional[int] = None) -> List[Dict[str, np.ndarray]]:
+def pack_rounds(data, indices: np.ndarray, micro_batch: int, replicas: int,
+                max_rounds: Optional[int] = None) -> List[Dict[str, object]]:
     """Pack ``data[indices]`` into R ≥ 1 rounds ``{"features": [P, m, ...], "example_mask": [P, m]}``.
 
-    Padding rows are zeros (pad id 0) with mask 0. ``max_rounds``: raise ``PoissonOverflowError``
-    if the batch needs more rounds (never truncate).
+    ``data``: an array ``[n, ...]`` or a mapping of such arrays (e.g. masked MLM features), packed
+    alike. Padding rows are zeros (pad id 0) with mask 0. ``max_rounds``: raise
+    ``PoissonOverflowError`` if the batch needs more rounds (never truncate).
     """
     per_round = micro_batch * replicas
     b = int(len(indices))
@@ -148,20 +148,20 @@ def pack_rounds(data: np.ndarray, indices: np.ndarray, micro_batch: int, replica
     if max_rounds is not None and rounds > max_rounds:
         raise PoissonOverflowError(
             f"batch of {b} examples needs {rounds} rounds > cap {max_rounds}; refusing to drop examples")
-    features = np.zeros((rounds * per_round,) + data.shape[1:], dtype=data.dtype)
+    index = np.asarray(indices, dtype=np.int64)
+
+    def pack(array):
+        array = np.asarray(array)
+        out = np.zeros((rounds * per_round,) + array.shape[1:], dtype=array.dtype)
+        out[:b] = array[index]
+        return out.reshape((rounds, replicas, micro_batch) + array.shape[1:])
+
+    features = {k: pack(v) for k, v in data.items()} if isinstance(data, Mapping) else pack(data)
     mask = np.zeros((rounds * per_round,), dtype=np.float32)
-    features[:b] = data[np.asarray(indices, dtype=np.int64)]
     mask[:b] = 1.0
-    features = features.reshape((rounds, replicas, micro_batch) + data.shape[1:])
     mask = mask.reshape(rounds, replicas, micro_batch)
-    return [{"features": features[r], "example_mask": mask[r]} for r in range(rounds)]
 
+    def round_features(r):
+        return {k: v[r] for k, v in features.items()} if isinstance(features, dict) else features[r]
 
-@dataclasses.dataclass
-class SamplingRecord:
-    """What the accountant needs to know about how batches were drawn."""
-
-    mode: str
-    q: float
-    expected_batch_size: float
-    n: int
+    return [{"features": round_features(r), "example_mask": mask[r]} for r in range(rounds)]

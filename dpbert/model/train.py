@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -206,15 +207,23 @@ def _mask_token_id(special_token_ids, mask_token_id):
 
 def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask_token_id: int,
                        mask_probability: float):
-    """(prepare_fn, loss_fn, metrics_fn) for ``dpsgd.DPSGDTrainStep`` on the MLM model."""
+    """(mask_fn, prepare_fn, loss_fn, metrics_fn) for ``dpsgd.DPSGDTrainStep`` on the MLM model.
 
-    def prepare_fn(features, seed):
+    ``mask_fn(token_ids [b, L], keys [b]) -> features`` masks on the host (``dpbert.model.masking``,
+    keys from ``masking.example_keys(secret key, step, example ids)``); ``prepare_fn(features)``
+    splits them into model inputs and targets inside the step.
+    """
+
+    def mask_fn(token_ids, keys):
         masked = masking.mask_tokens(
-            features, seed, special_token_ids=special_ids, mask_token_id=mask_token_id,
+            token_ids, keys, special_token_ids=special_ids, mask_token_id=mask_token_id,
             vocab_size=spec.vocab_size, max_predictions=spec.max_predictions,
             mask_probability=mask_probability, pad_id=spec.pad_id)
-        inputs = {"input_ids": masked["input_ids"], "masked_positions": masked["masked_positions"]}
-        return inputs, (masked["masked_labels"], masked["masked_weights"])
+        return {k: masked[k] for k in ("input_ids", "masked_positions", "masked_labels", "masked_weights")}
+
+    def prepare_fn(features):
+        inputs = {"input_ids": features["input_ids"], "masked_positions": features["masked_positions"]}
+        return inputs, (features["masked_labels"], features["masked_weights"])
 
     def loss_fn(targets, logits):
         labels, weights = targets
@@ -226,7 +235,16 @@ def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
         return {"correct": tf.reduce_sum(correct * weights), "predictions": tf.reduce_sum(weights)}
 
-    return prepare_fn, loss_fn, metrics_fn
+    return mask_fn, prepare_fn, loss_fn, metrics_fn
+
+
+def mlm_rounds(mask_fn, token_ids: np.ndarray, example_ids: np.ndarray, indices: np.ndarray, mask_key: int,
+               step: int, micro_batch: int, replicas: int):
+    """The rounds of one logical MLM step: the sampled rows masked by (key, step, their own ids),
+    then packed (``sampling.pack_rounds``)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    features = mask_fn(token_ids[indices], masking.example_keys(mask_key, step, example_ids[indices]))
+    return sampling.pack_rounds(features, np.arange(indices.size), micro_batch, replicas)
 
 
 # --------------------------------------------------------------------------- ledger
@@ -250,7 +268,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
               *, mask_token_id: Optional[int] = None, noise_mode: str = "once",
               export_saved_model: bool = True, stop_after_steps: Optional[int] = None,
               strategy: Optional[tf.distribute.Strategy] = None,
-              vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None) -> TrainResult:
+              vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None,
+              example_ids: Optional[np.ndarray] = None) -> TrainResult:
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
     ``plan``: the ``dpbert.privacy.plan.TrainingPlan`` the budget was checked against (q, steps,
@@ -260,7 +279,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     ``mask_token_id``. ``stop_after_steps`` (tests): raise ``SimulatedCrash`` after that many steps
     of this run, without saving, like a crash. ``model.init: minilm`` takes the sizes from the public
     checkpoint (``dpbert.model.init_public``) and needs ``vocab_tokens`` (the token strings of the
-    new vocabulary, index = id) to copy the shared rows.
+    new vocabulary, index = id) to copy the shared rows. ``example_ids`` ``[n]``: each row's own
+    record id (distinct integers; default the row index), which keys its MLM masks.
     """
     t0 = time.time()
     tc = training_config
@@ -275,6 +295,13 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     if length < model_config.max_seq_length:
         token_ids = np.pad(token_ids, [(0, 0), (0, model_config.max_seq_length - length)])
     token_ids = token_ids.astype(np.int32)
+    if example_ids is None:
+        example_ids = np.arange(n, dtype=np.int64)
+    example_ids = np.asarray(example_ids)
+    if example_ids.shape != (n,):
+        raise ValueError(f"example_ids must have shape ({n},), got {example_ids.shape}")
+    if np.unique(example_ids).size != n:
+        raise ValueError("example_ids must be distinct (one id per example)")
     if token_ids.max() >= vocab_size or token_ids.min() < 0:
         raise ValueError(f"token ids must be in [0, {vocab_size})")
     mask_id = _mask_token_id(special_token_ids, mask_token_id)
@@ -328,7 +355,16 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         clip_norm=tc.clip_norm, noise_multiplier=tc.noise_multiplier, expected_batch_size=expected_batch,
         non_private=tc.non_private, noise_mode=noise_mode, noise_seed=tc.noise_seed, replicas=P,
         accumulation_steps=T)
-    prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, mask_id, tc.mask_probability)
+    mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, mask_id, tc.mask_probability)
+    if tc.noise_seed is None:
+        # Dropout draws its masks per batch SLOT from TensorFlow's global RNG. Keyed by a public
+        # seed (another stage may have called set_random_seed in this process) that would be the
+        # slot-keyed-mask bug again; from secret entropy the masks are i.i.d. across slots and
+        # independent of the data, so an example's mask is exchangeable whatever its slot and
+        # adding/removing one example leaves the others' mask distribution unchanged (the
+        # clipped-sum sensitivity C holds conditionally on the masks, then by joint convexity).
+        # The initialisation keeps its own explicit seeds (training.seed).
+        tf.random.set_seed(secrets.randbits(31))
     with strategy.scope():
         models = bert_lib.build_bert(spec, seed=tc.seed)
         if model_config.init == "minilm":
@@ -336,8 +372,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
             log.info("initialised from the public checkpoint: %s", init_stats)
         optimizer = make_optimizer(tc, steps_planned)
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn,
-                                   loss_fn=loss_fn, metrics_fn=metrics_fn, strategy=strategy,
-                                   mask_seed=tc.seed)
+                                   loss_fn=loss_fn, metrics_fn=metrics_fn, strategy=strategy)
     checkpoint = tf.train.Checkpoint(model=models.mlm, optimizer=optimizer, dp_step=stepper.dp_step)
     manager = tf.train.CheckpointManager(checkpoint, str(ckpt_dir), max_to_keep=3)
     start_step = 0
@@ -352,6 +387,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     _write_json_atomic(ledger_path, ledger)
 
     sampling_seed = None if tc.noise_seed is None else [int(tc.noise_seed), start_step]
+    # The MLM masks' key: secret (OS entropy), fresh for every process; a test seed makes it fixed.
+    mask_key = secrets.randbits(64) if tc.noise_seed is None else (int(tc.noise_seed) * 7919 + 17)
     if tc.sampling == "poisson":
         sampler = sampling.PoissonSampler(n, q, seed=sampling_seed)
     else:
@@ -381,7 +418,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
             ledger["steps_executed"] += 1  # write-ahead: a step that starts is charged
             _write_json_atomic(ledger_path, ledger)
             indices = sampler.sample()
-            rounds = sampling.pack_rounds(token_ids, indices, m, P)
+            rounds = mlm_rounds(mask_fn, token_ids, example_ids, indices, mask_key, step, m, P)
             stats = stepper.run_step(rounds)
             step += 1
             steps_this_run += 1

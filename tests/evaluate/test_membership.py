@@ -319,12 +319,12 @@ def test_sample_losses_are_seeded_per_example_and_batch_independent(tiny):
     assert a.shape == (10,) and np.all(a > 0)
     assert not np.allclose(a, mi.sample_losses(models, ids, seed=4))
     # Example 2 by hand: its masked positions' mean cross-entropy, no dropout.
-    m = masking.mask_tokens(ids, mi._mask_seed(3), special_token_ids=mi.SPECIAL_IDS, mask_token_id=mi.MASK_ID,
+    m = masking.mask_with_seed(ids, *mi._mask_seed(3), special_token_ids=mi.SPECIAL_IDS, mask_token_id=mi.MASK_ID,
                             vocab_size=40, max_predictions=4)
     logits = models.mlm({"input_ids": m["input_ids"][2:3], "masked_positions": m["masked_positions"][2:3]},
                         training=False)[0].numpy()
-    w = m["masked_weights"][2].numpy()
-    labels = m["masked_labels"][2].numpy()
+    w = m["masked_weights"][2]
+    labels = m["masked_labels"][2]
     xent = -tf.nn.log_softmax(logits).numpy()[np.arange(4), labels]
     assert a[2] == pytest.approx((xent * w).sum() / w.sum(), rel=1e-5)
     two = mi.sample_losses(models, ids, seed=3, num_masks=2)
@@ -357,7 +357,7 @@ def test_gradient_features_match_per_example_gradients(tiny):
     g = mi.gradient_features(models, ids, seed=2, batch_size=4)
     assert g.shape == (10, len(names)) and np.all(g >= 0) and np.all(g.sum(axis=1) > 0)
     # Brute force: one example at a time, the gradient of its own loss, grouped by layer.
-    m = masking.mask_tokens(ids, mi._mask_seed(2), special_token_ids=mi.SPECIAL_IDS, mask_token_id=mi.MASK_ID,
+    m = masking.mask_with_seed(ids, *mi._mask_seed(2), special_token_ids=mi.SPECIAL_IDS, mask_token_id=mi.MASK_ID,
                             vocab_size=40, max_predictions=4)
     layers = [models.mlm.get_layer(name) for name in names]
     for i in (0, 3, 7):
@@ -404,7 +404,7 @@ def test_run_attacks_end_to_end_on_a_tiny_bert():
     # Over-fit the members (non-private, eager: a few seconds).
     optimizer = tf_keras.optimizers.Adam(1e-2)
     for step in range(60):
-        masked = masking.mask_tokens(ids[member], [step, 7], special_token_ids=mi.SPECIAL_IDS,
+        masked = masking.mask_with_seed(ids[member], step, 7, special_token_ids=mi.SPECIAL_IDS,
                                      mask_token_id=mi.MASK_ID, vocab_size=40, max_predictions=4)
         with tf.GradientTape() as tape:
             logits = models.mlm({"input_ids": masked["input_ids"], "masked_positions": masked["masked_positions"]},

@@ -13,7 +13,7 @@ import tf_keras
 
 from dpbert.model import bert as bert_lib
 from dpbert.model import dpsgd, ghost
-from dpbert.model.masking import mask_tokens
+from dpbert.model.masking import mask_with_seed
 from dpbert.model.noise_check import noise_check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def _mlm_batch(spec, n=6, seed=0):
     ids[:, 0] = 2
     ids[:, 9:] = 0
     ids[0, 2] = ids[0, 3] = ids[0, 4]  # repeated tokens in one example (embedding rows summed)
-    batch = mask_tokens(ids, [3, 4], special_token_ids=[1, 2, 3, 4], mask_token_id=4,
+    batch = mask_with_seed(ids, 3, 4, special_token_ids=[1, 2, 3, 4], mask_token_id=4,
                         vocab_size=spec.vocab_size, max_predictions=spec.max_predictions)
     inputs = {"input_ids": batch["input_ids"], "masked_positions": batch["masked_positions"]}
     loss_fn = lambda out: dpsgd.per_example_mlm_loss(batch["masked_labels"], out, batch["masked_weights"])  # noqa
@@ -150,7 +150,7 @@ def _dense_stepper(noise_seed=None, non_private=False, sigma=1.0, clip=1.0, expe
                                noise_seed=noise_seed, non_private=non_private)
     stepper = dpsgd.DPSGDTrainStep(
         model, tf_keras.optimizers.SGD(1.0), config,
-        prepare_fn=lambda f, seed: (f[:, :3], f[:, 3]),
+        prepare_fn=lambda f: (f[:, :3], f[:, 3]),
         loss_fn=lambda y, out: tf.reduce_sum(tf.square(out - y[:, None]), axis=1))
     return model, stepper
 

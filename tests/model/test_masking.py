@@ -2,7 +2,7 @@ import math
 
 import numpy as np
 
-from dpbert.model.masking import IGNORE_LABEL, mask_tokens
+from dpbert.model.masking import IGNORE_LABEL, example_keys, mask_tokens, mask_with_seed
 
 SPECIAL = [1, 2, 3, 4]
 MASK = 4
@@ -21,9 +21,8 @@ def _batch(n=400, length=40, seed=0):
 
 
 def _mask(ids, seed=(1, 2), max_predictions=8):
-    out = mask_tokens(ids, seed, special_token_ids=SPECIAL, mask_token_id=MASK, vocab_size=V,
-                      max_predictions=max_predictions)
-    return {k: v.numpy() for k, v in out.items()}
+    return mask_with_seed(ids, *seed, special_token_ids=SPECIAL, mask_token_id=MASK, vocab_size=V,
+                          max_predictions=max_predictions)
 
 
 def test_never_masks_specials_or_padding_and_labels():
@@ -71,3 +70,42 @@ def test_sequence_without_candidates():
     ids = np.array([[2, 3, 0, 0, 0, 0]], np.int32)
     out = _mask(ids, max_predictions=2)
     assert out["masked_weights"].sum() == 0 and np.all(out["labels"] == IGNORE_LABEL)
+
+
+def _keyed(ids, example_ids, key=99, step=3):
+    return mask_tokens(ids, example_keys(key, step, example_ids), special_token_ids=SPECIAL,
+                       mask_token_id=MASK, vocab_size=V, max_predictions=8)
+
+
+def test_mask_of_an_example_depends_on_its_id_not_its_row():
+    """Neighbouring batches: inserting u anywhere (and reordering) leaves every other row's mask."""
+    ids = _batch(n=30)
+    example_ids = np.arange(1000, 1030)
+    base = _keyed(ids, example_ids)
+    u = _batch(n=1, seed=9)
+    for position in (0, 13, 30):
+        ids2 = np.insert(ids, position, u[0], axis=0)
+        ids_of2 = np.insert(example_ids, position, 7)
+        other = np.arange(31) != position
+        out = _keyed(ids2, ids_of2)
+        for key in base:
+            np.testing.assert_array_equal(out[key][other], base[key], err_msg=f"{key} at {position}")
+    perm = np.random.default_rng(0).permutation(30)
+    shuffled = _keyed(ids[perm], example_ids[perm])
+    np.testing.assert_array_equal(shuffled["input_ids"], base["input_ids"][perm])
+
+
+def test_positive_control_slot_keyed_masks_move_when_a_row_is_inserted():
+    """The check above can fail: keyed by the row index (the old bug), an insertion moves masks."""
+    ids = _batch(n=30)
+    base = _keyed(ids, np.arange(30))
+    ids2 = np.insert(ids, 0, _batch(n=1, seed=9)[0], axis=0)
+    out = _keyed(ids2, np.arange(31))  # row index as id: every later row gets another key
+    assert not np.array_equal(out["labels"][1:], base["labels"])
+
+
+def test_key_and_step_change_the_masks():
+    ids = _batch(n=50)
+    a = _keyed(ids, np.arange(50), key=1, step=0)
+    assert not np.array_equal(a["labels"], _keyed(ids, np.arange(50), key=2, step=0)["labels"])
+    assert not np.array_equal(a["labels"], _keyed(ids, np.arange(50), key=1, step=1)["labels"])
