@@ -34,6 +34,20 @@ class WordTuple:
     def tuple_id(self) -> str:
         return f"{self.doc_id}#{self.index}"
 
+    @property
+    def record_id(self) -> int:
+        """A 63-bit integer id of this record (``tuple_id`` hashed): it belongs to the record, not
+        to the row it is read into, so per-example randomness keyed by it (MLM masks) does not
+        move when another record is added or removed."""
+        return record_id(self.tuple_id)
+
+
+def record_id(text_id: str) -> int:
+    """63-bit integer id from a string id (BLAKE2b): stable across runs and machines."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(text_id.encode("utf-8"), digest_size=8).digest(), "big") >> 1
+
 
 def partition_words(words: List[str], tuple_words: int = DEFAULT_TUPLE_WORDS) -> List[List[str]]:
     """Cut ``words`` into consecutive chunks of ``tuple_words``; the last may be shorter."""

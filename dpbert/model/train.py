@@ -280,7 +280,9 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     of this run, without saving, like a crash. ``model.init: minilm`` takes the sizes from the public
     checkpoint (``dpbert.model.init_public``) and needs ``vocab_tokens`` (the token strings of the
     new vocabulary, index = id) to copy the shared rows. ``example_ids`` ``[n]``: each row's own
-    record id (distinct integers; default the row index), which keys its MLM masks.
+    record id (integers, e.g. ``WordTuple.record_id``; default the row index), which keys its MLM
+    masks. Two records with one id get correlated masks — harmless to privacy (no other record's
+    mask depends on them).
     """
     t0 = time.time()
     tc = training_config
@@ -300,8 +302,6 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     example_ids = np.asarray(example_ids)
     if example_ids.shape != (n,):
         raise ValueError(f"example_ids must have shape ({n},), got {example_ids.shape}")
-    if np.unique(example_ids).size != n:
-        raise ValueError("example_ids must be distinct (one id per example)")
     if token_ids.max() >= vocab_size or token_ids.min() < 0:
         raise ValueError(f"token ids must be in [0, {vocab_size})")
     mask_id = _mask_token_id(special_token_ids, mask_token_id)
