@@ -32,6 +32,7 @@ shared secrets across workers, which this trainer does not implement.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -57,6 +58,40 @@ LEDGER_FILE = "dp_ledger.json"
 RUN_CONFIG_FILE = "run_config.json"
 RESULT_FILE = "train_result.json"
 MASK_TOKEN_NAMES = ("[MASK]", "<mask>", "MASK")
+
+
+class StateDirectoryBusy(RuntimeError):
+    """Another training run holds the state directory (its checkpoints and step ledger)."""
+
+
+LOCK_FILE = ".lock"
+
+
+@contextlib.contextmanager
+def state_lock(output_dir):
+    """Exclusive lock on a trainer state directory for the whole run.
+
+    Two runs started into the same output used to share one checkpoint directory and one
+    write-ahead ledger: both trained on the private data and the ledger ended at the count of
+    one (10 steps ran, 5 charged). With the lock, the second run is refused before it reads
+    anything, so every executed step is in the ledger of the run that executed it. ``flock`` is
+    released by the kernel when the process dies, so a crashed run never leaves a stale lock.
+    """
+    import fcntl
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(output_dir / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StateDirectoryBusy(
+                f"another training run is using {output_dir} (its checkpoints and DP step ledger); "
+                f"wait for it to finish, or train into another output directory") from None
+        yield
+    finally:
+        handle.close()
 
 
 class SimulatedCrash(RuntimeError):
@@ -261,6 +296,22 @@ def _write_json_atomic(path: Path, data):
     os.replace(tmp, path)
 
 
+SHUFFLE_KEY_FILE = "shuffle_key.json"
+
+
+def _shuffle_key(output_dir: Path, test_seed: Optional[int]) -> int:
+    """The secret key of the shuffle stream, kept in the (private) state directory so a resumed
+    run continues the same permutations (``sampling.ShuffleSampler``)."""
+    path = output_dir / SHUFFLE_KEY_FILE
+    stored = _read_json(path, None)
+    if stored is not None:
+        return int(stored["key"])
+    key = secrets.randbits(63) if test_seed is None else int(test_seed)
+    _write_json_atomic(path, {"key": key})
+    os.chmod(path, 0o600)
+    return key
+
+
 # --------------------------------------------------------------------------- main entry point
 def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int], Sequence[int]],
               vocab_size: int, model_config, training_config, output_dir,
@@ -284,6 +335,22 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     masks. Two records with one id get correlated masks — harmless to privacy (no other record's
     mask depends on them).
     """
+    with state_lock(output_dir):
+        return _train_mlm_locked(
+            token_ids, special_token_ids, vocab_size, model_config, training_config, output_dir, plan, resume,
+            progress, mask_token_id=mask_token_id, noise_mode=noise_mode, export_saved_model=export_saved_model,
+            stop_after_steps=stop_after_steps, strategy=strategy, vocab_tokens=vocab_tokens,
+            public_checkpoint_dir=public_checkpoint_dir, example_ids=example_ids)
+
+
+def _train_mlm_locked(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int], Sequence[int]],
+              vocab_size: int, model_config, training_config, output_dir,
+              plan: Optional[TrainingPlan] = None, resume: bool = True, progress: bool = True,
+              *, mask_token_id: Optional[int] = None, noise_mode: str = "once",
+              export_saved_model: bool = True, stop_after_steps: Optional[int] = None,
+              strategy: Optional[tf.distribute.Strategy] = None,
+              vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None,
+              example_ids: Optional[np.ndarray] = None) -> TrainResult:
     t0 = time.time()
     tc = training_config
     token_ids = np.asarray(token_ids)
@@ -340,6 +407,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         log.warning("resume=False: discarding checkpoints in %s (previous chain executed %s DP steps)",
                     ckpt_dir, old.get("steps_executed"))
         shutil.rmtree(ckpt_dir, ignore_errors=True)
+        (output_dir / SHUFFLE_KEY_FILE).unlink(missing_ok=True)  # a new chain, a new stream
         history = old.get("history", []) + ([{"steps_executed": old["steps_executed"]}] if old else [])
         _write_json_atomic(ledger_path, {"steps_executed": 0, "history": history})
     previous = _read_json(output_dir / RUN_CONFIG_FILE, None)
@@ -392,7 +460,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     if tc.sampling == "poisson":
         sampler = sampling.PoissonSampler(n, q, seed=sampling_seed)
     else:
-        sampler = sampling.ShuffleSampler(n, tc.batch_size, seed=sampling_seed)
+        sampler = sampling.ShuffleSampler(n, tc.batch_size, key=_shuffle_key(output_dir, tc.noise_seed))
     log.info("train_mlm: n=%d (planned %d), %s sampling q=%.6g, E[batch]=%.2f, P=%d, T=%d, m=%d, "
              "sigma=%s, C=%s, non_private=%s, steps %d→%d", n, n_planned, tc.sampling, q, expected_batch,
              P, T, m, tc.noise_multiplier, tc.clip_norm, tc.non_private, start_step, steps_planned)
@@ -417,7 +485,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
                 raise SimulatedCrash(f"simulated crash after {steps_this_run} steps (at step {step})")
             ledger["steps_executed"] += 1  # write-ahead: a step that starts is charged
             _write_json_atomic(ledger_path, ledger)
-            indices = sampler.sample()
+            indices = sampler.sample(step)
             rounds = mlm_rounds(mask_fn, token_ids, example_ids, indices, mask_key, step, m, P)
             stats = stepper.run_step(rounds)
             step += 1

@@ -42,11 +42,43 @@ def test_entropy_seeded_samplers_differ():
 
 
 def test_shuffle_fixed_size_epochs():
-    sampler = sampling.ShuffleSampler(10, 4, seed=0)
-    batches = [sampler.sample() for _ in range(5)]
+    sampler = sampling.ShuffleSampler(10, 4, key=0)
+    batches = [sampler.sample(step) for step in range(5)]
     assert all(len(b) == 4 for b in batches)
     assert sorted(np.concatenate(batches)[:10]) == list(range(10))  # first epoch covers everything
     assert sampler.mode == "shuffle" and sampler.q == 0.4
+
+
+def _max_participations(batches):
+    return int(np.bincount(np.concatenate(batches)).max())
+
+
+@pytest.mark.parametrize("n, batch, steps, stop", [(1000, 100, 10, 5), (20, 6, 9, 4), (7, 3, 11, 2)])
+def test_shuffle_resume_mid_epoch_never_exceeds_charged_participations(n, batch, steps, stop):
+    """Preempted at step ``stop`` and resumed in a new process (new sampler, same stored key): the
+    stream continues, so no example is used more often than the accountant's participations."""
+    from dpbert.privacy.events import shuffle_participations
+
+    charged, straddling = shuffle_participations(steps, batch / n)
+    first = sampling.ShuffleSampler(n, batch, key=42)
+    resumed = sampling.ShuffleSampler(n, batch, key=42)
+    batches = [first.sample(s) for s in range(stop)] + [resumed.sample(s) for s in range(stop, steps)]
+    uninterrupted = sampling.ShuffleSampler(n, batch, key=42)
+    np.testing.assert_array_equal(np.concatenate(batches),
+                                  np.concatenate([uninterrupted.sample(s) for s in range(steps)]))
+    assert _max_participations(batches) <= charged * (2 if straddling else 1)
+
+
+def test_positive_control_restarting_the_permutation_at_resume_over_uses_examples():
+    """The old behaviour (a fresh permutation stream after a resume) fails the same check."""
+    from dpbert.privacy.events import shuffle_participations
+
+    n, batch, steps, stop = 1000, 100, 10, 5
+    charged, _ = shuffle_participations(steps, batch / n)
+    before = sampling.ShuffleSampler(n, batch, key=1)
+    after = sampling.ShuffleSampler(n, batch, key=2)  # restarted: step numbering from 0 again
+    batches = [before.sample(s) for s in range(stop)] + [after.sample(s) for s in range(steps - stop)]
+    assert _max_participations(batches) > charged
 
 
 def test_pack_rounds_pads_and_never_drops():

@@ -88,3 +88,37 @@ def test_input_validation(corpus, tmp_path):
         train_mlm(corpus, [0, 1, 2, 3], VOCAB, MODEL, TrainingConfig(steps=1), tmp_path, progress=False)
     with pytest.raises(ValueError, match="replicas"):
         _train(corpus, tmp_path, replicas=2)  # default strategy cannot have 2 replicas
+
+
+def test_a_second_run_into_a_held_state_directory_is_refused_before_any_step(corpus, tmp_path):
+    from dpbert.model.train import StateDirectoryBusy, state_lock
+
+    with state_lock(tmp_path):
+        with pytest.raises(StateDirectoryBusy, match="another training run is using"):
+            _train(corpus, tmp_path, steps=2)
+    assert not (tmp_path / "dp_ledger.json").exists()  # nothing read, nothing run
+
+
+def test_two_runs_started_at_once_never_under_charge(corpus, tmp_path):
+    """Both runs start together on one output: every step executed by either is in the ledger."""
+    import threading
+
+    results, errors = [], []
+    barrier = threading.Barrier(2)
+
+    def run():
+        barrier.wait()
+        try:
+            results.append(_train(corpus, tmp_path, steps=6, checkpoint_every=3))
+        except Exception as err:  # noqa: BLE001 - the refused run
+            errors.append(err)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    executed = sum(r.steps_this_run for r in results)
+    ledger = json.loads((tmp_path / "dp_ledger.json").read_text())["steps_executed"]
+    assert executed >= 6 and ledger == executed, (executed, ledger, errors)
+    assert all(type(e).__name__ == "StateDirectoryBusy" for e in errors)
