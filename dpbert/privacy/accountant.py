@@ -13,7 +13,7 @@ loss distributions, Koskela et al. 2020 / Doroshenko et al. 2022; value discreti
 pessimistic). With steps from epochs, steps = ceil(epochs·n/B). Reference values
 (n = 60000, B = 256, σ = 1.1, 60 epochs → 14063 steps, q = 256/60000, δ = 1e-5):
 RDP ε = 2.597, PLD ε = 2.382 — PLD is tighter because RDP's conversion to (ε, δ) is lossy.
-Shuffled fixed-size batches: no amplification, replace-one adjacency (σ/2 per occurrence),
+Shuffled fixed-size batches: no amplification, zero-out adjacency (σ per occurrence),
 see ``events`` for the derivation and the count of occurrences.
 
 tensorflow-privacy 0.9.0's ``compute_dp_sgd_privacy_statement`` defaults to
@@ -45,9 +45,10 @@ composed PLD ε = 0.792 at δ_c = 1e-8, basic 0.424 + 0.676 = 1.100 (the notes' 
 library-split ε_V = 0.434 instead of the per-configuration 0.424).
 
 Adjacency: the vocabulary and Poisson DP-SGD are accounted for adding/removing one unit;
-shuffled DP-SGD for replacing one (twice the sensitivity), which also covers "zero-out"
-(replacing the unit by an empty one, which for the histogram is the same as removing it). A
-ledger that mixes them therefore holds for zero-out adjacency.
+shuffled DP-SGD for zero-out (replacing the unit by a null one that contributes 0; for the
+histogram that is the same as removing it, so the vocabulary's guarantee covers it). A ledger
+with a shuffle record therefore holds for zero-out adjacency only, and says so
+(``ledger(...)["adjacency"]``, the statement).
 
 Several training records compose (a resumed run records the steps of each segment).
 A non-private stage (``NonPrivateDpEvent``) makes every ε infinite: reports hold
@@ -275,6 +276,7 @@ def ledger(vocab_event_json, train_event_jsons: Iterable, delta_target: float) -
         "delta_train": delta_train if trains else 0.0, "delta_threshold": delta_threshold,
         "delta_composed": delta_composed, "steps": steps, "unit": unit, "max_contributions": k,
         "non_private": non_private, "training_records": len(trains),
+        "adjacency": ledger_adjacency(trains),
     }
     vocab_private = vocab is not None and vocab["mechanism"] == "dp_histogram"
     trains_private = all(r["mechanism"] == "dp_sgd" for r in trains)
@@ -304,6 +306,13 @@ def ledger(vocab_event_json, train_event_jsons: Iterable, delta_target: float) -
                        "epsilon_total_rdp": _epsilon(composed, delta_composed, "rdp")})
     result["epsilon_total"] = result["epsilon_total_pld"]
     return result
+
+
+def ledger_adjacency(train_records) -> str:
+    """The neighbouring relation the whole ledger holds for: add/remove one unit unless a
+    training record is accounted under zero-out (shuffle), which the vocabulary also satisfies."""
+    kinds = {r.get("adjacency") for r in train_records if r.get("mechanism") == "dp_sgd"}
+    return "zero_out" if "zero_out" in kinds else "add_or_remove_one"
 
 
 def _vocab_epsilon(vocab: Mapping[str, Any]) -> float:

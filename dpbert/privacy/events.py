@@ -54,23 +54,28 @@ poisson (add/remove one example, which dp-accounting's PoissonSampledDpEvent ass
   Gaussian) of the pair with ‖μ‖ = kC, so the step is dominated by
   PoissonSampled(q_k, Gaussian(σ/k)). Valid but loose for large k.
 
-shuffle (``dpbert.model.sampling.ShuffleSampler``: consecutive windows of B over a stream of
-  independent uniform permutations of the n examples, wrapping across epochs; B ≤ n). No
-  amplification is claimed. Adjacency: replace-one (slot-preserving: the replaced example takes
-  the same positions), the conservative choice — the released sum then moves by ≤ 2C per
-  occurrence (noise multiplier σ/2), twice what add/remove or zero-out would charge.
+shuffle (``dpbert.model.sampling.ShuffleSampler``: consecutive windows of B over ONE stream of
+  independent uniform permutations of the n examples, keyed by a secret and continued across a
+  resume; B ≤ n). No amplification is claimed. Adjacency: ZERO-OUT — neighbouring datasets differ
+  in one unit replaced by a null record that contributes exactly 0 to every sum, keeps its slot
+  in the permutations and changes nobody else's masks or packing (masks are keyed by record id,
+  ``dpbert.model.masking``; the normaliser is the public B). A participation then moves the
+  released sum by ≤ C, so each occurrence is a Gaussian mechanism with noise multiplier σ (not
+  σ/2, which replace-one would charge: replace-one moves the sum by 2C).
   After s steps the stream has used sB positions, so each example occurred
   E = ceil(sB/n) times (once per permutation touched). A window of B ≤ n positions holds at
   most 2 occurrences (consecutive permutations), and none twice if n % B == 0 (windows align
   with permutations). Conditioned on the (data-independent) permutations, the s steps are
-  Gaussian mechanisms with shifts 2C·a_s, a_s occurrences in step s, Σ a_s = E; composing
-  Gaussians adds squared shifts: total (2C)²·Σ a_s² ≤ (2C)²·E·max a_s. So
-  SelfComposed(Gaussian(σ/2), E) if n % B == 0, else SelfComposed(Gaussian(σ/2), 2E) — the
+  Gaussian mechanisms with shifts C·a_s, a_s occurrences in step s, Σ a_s = E; composing
+  Gaussians adds squared shifts: total C²·Σ a_s² ≤ C²·E·max a_s. So
+  SelfComposed(Gaussian(σ), E) if n % B == 0, else SelfComposed(Gaussian(σ), 2E) — the
   mixture over permutations is no worse (joint convexity). Patient unit (k examples):
-  a_s ≤ k (aligned) or 2k, Σ a_s = kE → Gaussian(σ/(2k)) composed E or 2E times.
-  tensorflow-privacy's "epsilon with each example occurring once per epoch" is
-  SelfComposed(Gaussian(σ), ceil(epochs)) (add/remove, no straddling); with
-  ``used_microbatching=True`` it halves σ, which equals ours when n % B == 0.
+  a_s ≤ k (aligned) or 2k, Σ a_s = kE → Gaussian(σ/k) composed E or 2E times.
+  Zero-out does NOT imply add/remove here (adding a unit changes n and every permutation), so
+  the statement names the adjacency. The vocabulary's add/remove guarantee implies its zero-out
+  guarantee (a null tuple adds no word), so a ledger of a shuffle run holds under zero-out.
+  tensorflow-privacy's "epsilon with each example occurring once per epoch" with
+  ``used_microbatching=False`` is SelfComposed(Gaussian(σ), ceil(epochs)): ours when n % B == 0.
 """
 from __future__ import annotations
 
@@ -228,6 +233,10 @@ def shuffle_participations(steps: int, sampling_probability: float):
     return int(occurrences), bool(straddling)
 
 
+#: The neighbouring relation each sampler is accounted under (module docstring).
+ADJACENCY = {"poisson": "add_or_remove_one", "shuffle": "zero_out"}
+
+
 def dpsgd_dp_event(noise_multiplier: float, sampling_probability: float, steps: int,
                    sampling: str = "poisson", max_contributions: int = 1) -> dp_accounting.DpEvent:
     """The dp-accounting event of ``steps`` DP-SGD steps (derivations in the module docstring).
@@ -245,7 +254,7 @@ def dpsgd_dp_event(noise_multiplier: float, sampling_probability: float, steps: 
             dp_accounting.PoissonSampledDpEvent(q_k, dp_accounting.GaussianDpEvent(sigma / k)), steps)
     occurrences, straddling = shuffle_participations(steps, q)
     return dp_accounting.SelfComposedDpEvent(
-        dp_accounting.GaussianDpEvent(sigma / (2 * k)), occurrences * (2 if straddling else 1))
+        dp_accounting.GaussianDpEvent(sigma / k), occurrences * (2 if straddling else 1))
 
 
 def accounted_dataset_size(sampling: str, planned: int, trained: int) -> int:
@@ -278,7 +287,7 @@ def dpsgd_event(noise_multiplier: float, batch_size: int, dataset_size: int, ste
         "sampling": sampling, "steps": steps, "noise_multiplier": noise_multiplier,
         "sampling_probability": q, "batch_size": batch_size, "dataset_size": dataset_size,
         "unit": "tuple" if k == 1 else "patient", "max_contributions": k,
-        "adjacency": "add_or_remove_one" if sampling == "poisson" else "replace_one",
+        "adjacency": ADJACENCY[sampling],
     }
     if sampling == "shuffle":
         record["participations"], record["straddling"] = shuffle_participations(steps, q)

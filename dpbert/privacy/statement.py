@@ -6,6 +6,15 @@ import math
 from typing import Any, Mapping
 
 
+ADJACENCY_TEXT = {
+    "add_or_remove_one": "neighbouring datasets differ by adding or removing one unit "
+                         "(add/remove adjacency).",
+    "zero_out": "neighbouring datasets differ by replacing one unit with a null unit that contributes "
+                "nothing (zero-out adjacency: shuffled batches; this does NOT cover adding or removing "
+                "a unit).",
+}
+
+
 def _eps(x) -> str:
     if x is None:
         return "-"
@@ -21,7 +30,7 @@ def ledger_statement(ledger: Mapping[str, Any]) -> str:
     lines = [
         "DP-BERT privacy statement",
         "=========================",
-        f"Unit of privacy: {unit_text}; neighbouring datasets differ by adding or removing one unit.",
+        f"Unit of privacy: {unit_text}; {ADJACENCY_TEXT[ledger.get('adjacency', 'add_or_remove_one')]}",
         "",
         "Vocabulary (Gaussian noise on per-tuple word counts + threshold):",
         f"  ε_V = {_eps(ledger.get('epsilon_vocab'))} at δ_V = {ledger.get('delta_vocab', 0):.3g}"

@@ -57,9 +57,10 @@ def test_against_tensorflow_privacy():
     # Its default doubles the sensitivity: 16.384 (what the note in our report warns about).
     _, doubled = _tfp_lines(lib.compute_dp_sgd_privacy_statement(60000, 256, 60, 1.1, 1e-5))
     assert doubled == pytest.approx(16.384, abs=1e-3)
-    # Shuffle with aligned batches (n % B == 0): our replace-one bound Gaussian(σ/2) × epochs is
-    # tf-privacy's "once per epoch" with its σ/2 (used_microbatching=True).
-    once, _ = _tfp_lines(lib.compute_dp_sgd_privacy_statement(60000, 250, 60, 1.1, 1e-5))
+    # Shuffle with aligned batches (n % B == 0): our zero-out bound Gaussian(σ) × epochs is
+    # tf-privacy's "once per epoch" without its microbatching doubling.
+    once, _ = _tfp_lines(lib.compute_dp_sgd_privacy_statement(60000, 250, 60, 1.1, 1e-5,
+                                                              used_microbatching=False))
     ours = A.dpsgd_report(60000, 250, 1.1, 1e-5, epochs=60, sampling="shuffle")
     assert (ours["participations"], ours["straddling"]) == (60, False)
     assert ours["epsilon_rdp"] == pytest.approx(once, abs=1e-3)
@@ -80,8 +81,8 @@ def test_shuffle_gets_no_amplification():
     shuffle = A.dpsgd_report(10000, 100, 1.0, 1e-5, epochs=5, sampling="shuffle")
     assert shuffle["participations"] == 5 and shuffle["straddling"] is False
     assert shuffle["epsilon_pld"] > 3 * poisson["epsilon_pld"]
-    # Exactly a Gaussian mechanism with noise multiplier (σ/2)/√5.
-    single = H.gaussian_epsilon(0.5 / math.sqrt(5), 1e-5, 1.0, method="analytic")
+    # Exactly a Gaussian mechanism with noise multiplier σ/√5 (zero-out: sensitivity C).
+    single = H.gaussian_epsilon(1.0 / math.sqrt(5), 1e-5, 1.0, method="analytic")
     assert shuffle["epsilon_pld"] == pytest.approx(single, abs=2e-3)
 
 

@@ -18,7 +18,7 @@ ALL_EVENTS = [
     dpa.SampledWithoutReplacementDpEvent(1000, 10, dpa.GaussianDpEvent(2.0)),
     dpa.SampledWithReplacementDpEvent(1000, 10, dpa.GaussianDpEvent(2.0)),
     dpa.ComposedDpEvent([dpa.GaussianDpEvent(12.5),
-                         dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(0.55), 60)]),
+                         dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.1), 60)]),
 ]
 
 
@@ -139,7 +139,7 @@ def _max_sum_squares(n, batch, steps, seed):
 def test_shuffle_participations(n, batch, steps, participations, straddling):
     assert E.shuffle_participations(steps, batch / n) == (participations, straddling)
     event = E.dpsgd_dp_event(1.1, batch / n, steps, "shuffle")
-    assert event == dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(0.55),
+    assert event == dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.1),
                                             participations * (2 if straddling else 1))
 
 
@@ -163,11 +163,11 @@ def test_shuffle_count_bounds_simulated_stream(n, batch, steps):
 
 def test_shuffle_record_and_patient():
     record = E.dpsgd_event(1.0, 300, 1000, 11, sampling="shuffle")
-    assert record["adjacency"] == "replace_one"
+    assert record["adjacency"] == "zero_out"
     assert (record["participations"], record["straddling"]) == (4, True)
     assert E.validate_record(E.to_json(record)) == record
     event = E.dpsgd_dp_event(1.0, 0.25, 8, "shuffle", max_contributions=3)
-    assert event == dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.0 / 6), 2)
+    assert event == dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.0 / 3), 2)
 
 
 def test_non_private_event():

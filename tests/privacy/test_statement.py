@@ -1,3 +1,4 @@
+import pytest
 import math
 
 from dpbert.privacy import accountant, events, histogram
@@ -28,3 +29,19 @@ def test_statement_flags_budget_and_non_private():
     np_ledger = accountant.ledger(events.non_private_event("vocab"), [events.dpsgd_event(1.1, 256, 60000, 10)], 1e-5)
     assert math.isinf(np_ledger["epsilon_total_pld"])
     assert "non-private" in ledger_statement(np_ledger)
+
+
+@pytest.mark.parametrize("sampling, adjacency, text", [
+    ("poisson", "add_or_remove_one", "adding or removing one unit (add/remove adjacency)"),
+    ("shuffle", "zero_out", "zero-out adjacency"),
+])
+def test_statement_names_the_adjacency_of_the_training_record(sampling, adjacency, text):
+    from dpbert.privacy import accountant, events, statement
+
+    record = events.dpsgd_event(1.0, 10, 100, 20, sampling=sampling)
+    ledger = accountant.ledger(None, [record], 1e-6)
+    assert ledger["adjacency"] == adjacency == record["adjacency"]
+    out = statement.ledger_statement({**ledger, "train_events": [record]})
+    assert text in out
+    if sampling == "shuffle":
+        assert "does NOT cover adding or removing" in out and "adding or removing one unit (add" not in out
