@@ -227,6 +227,9 @@ class DPSGDConfig:
     accumulation_steps: int = 1
     #: ghost (one backward, book-keeping) | tfp_two_pass (tensorflow-privacy registry, 2 backward)
     clipping: str = "ghost"
+    #: If set, also sum min(max(ℓ_i, 0), loss_bound) ("loss_clipped_sum"): the bounded-sensitivity
+    #: loss that ``dpbert.model.diagnostics`` releases with noise.
+    loss_bound: Optional[float] = None
 
     def __post_init__(self):
         if self.noise_mode not in NOISE_MODES:
@@ -342,6 +345,9 @@ class DPSGDTrainStep:
             clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * example_mask)
         stats = {"loss_sum": tf.reduce_sum(losses), "examples": tf.reduce_sum(example_mask),
                  "clipped": clipped}
+        if self.config.loss_bound is not None:
+            stats["loss_clipped_sum"] = tf.reduce_sum(
+                tf.clip_by_value(losses, 0.0, float(self.config.loss_bound)) * example_mask)
         if self.metrics_fn is not None:
             stats.update(self.metrics_fn(targets, outputs, example_mask))
         return grads, stats

@@ -17,10 +17,12 @@ total. Steps executed after the last checkpoint and lost in a crash were still c
 data; the write-ahead ledger counts them, and ``TrainResult.steps_taken_total`` (what the
 accountant must charge) is the ledger's count, ≥ ``model_step`` (the step of the saved model).
 
-What is NOT covered by ε: the per-step loss, MLM accuracy, batch size and clipped fraction
-(TensorBoard, ``TrainResult.losses`` / ``final_mlm_*`` / ``clipped_fraction``) are computed on the
-private examples without noise. They are diagnostics for whoever already sees the private data;
-releasing them is outside the DP-SGD guarantee (only the model weights are DP).
+Diagnostics: the per-step loss, MLM accuracy, clipped fraction and batch size are RELEASED only as
+DP estimates (``dpbert.privacy.diagnostics``: Gaussian noise on each bounded per-step sum, charged
+in the same per-step event, σ_eff); ``TensorBoard`` and ``TrainResult.released_diagnostics`` hold
+those. The exact values (``TrainResult.losses`` / ``final_mlm_*`` / ``clipped_fraction``,
+``train_result.json``) are computed on the private examples without noise: operator-only, they
+stay in the private state directory.
 
 Distribution: ``training.strategy`` default (one device) | mirrored (``MirroredStrategy`` over
 the first P devices: GPUs, or logical CPUs made with ``configure_logical_cpus(P)`` BEFORE
@@ -50,6 +52,7 @@ import tf_keras
 
 from dpbert.model import bert as bert_lib
 from dpbert.model import dpsgd, masking, sampling
+from dpbert.privacy import diagnostics
 from dpbert.privacy.plan import TrainingPlan, plan_training
 
 log = logging.getLogger(__name__)
@@ -117,7 +120,18 @@ class TrainResult:
     accumulation: int
     micro_batch: int
     noise_multiplier: float
+    #: σ the accountant must charge per step: the gradient's σ combined with the DP diagnostics
+    #: (``dpbert.privacy.diagnostics``); equals ``gradient_noise_multiplier`` without diagnostics.
     effective_noise_multiplier: float
+    #: σ of the gradient noise actually applied (σ, or σ√(P·T) in the paper's noise mode).
+    gradient_noise_multiplier: float
+    #: The RELEASED per-step diagnostics (noisy for a DP run; exact for the private baseline):
+    #: lists ``loss``, ``accuracy``, ``clipped_fraction``, ``batch_size`` for this run's steps.
+    released_diagnostics: dict
+    #: Std of the noise on each released diagnostic sum (empty without DP diagnostics).
+    diagnostics_noise_std: dict
+    #: PRIVATE: the exact per-step sums the released diagnostics were computed from.
+    exact_diagnostic_sums: list
     noise_mode: str
     clip_norm: float
     non_private: bool
@@ -268,7 +282,10 @@ def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask
         labels, weights = targets
         weights = weights * example_mask[:, tf.newaxis]
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
-        return {"correct": tf.reduce_sum(correct * weights), "predictions": tf.reduce_sum(weights)}
+        per_example = tf.math.divide_no_nan(tf.reduce_sum(correct * weights, axis=1), tf.reduce_sum(weights, axis=1))
+        return {"correct": tf.reduce_sum(correct * weights), "predictions": tf.reduce_sum(weights),
+                # Σ_i accuracy_i ∈ [0, 1] per example: sensitivity 1 (dpbert.model.diagnostics).
+                "accuracy_sum": tf.reduce_sum(per_example * example_mask)}
 
     return mask_fn, prepare_fn, loss_fn, metrics_fn
 
@@ -401,6 +418,8 @@ def _train_mlm_locked(token_ids: np.ndarray, special_token_ids: Union[Mapping[st
         "noise_multiplier": 0.0 if tc.non_private else tc.noise_multiplier, "clip_norm": tc.clip_norm,
         "non_private": tc.non_private, "noise_mode": noise_mode, "mask_probability": tc.mask_probability,
         "specials": specials, "mask_token_id": mask_id, "init": model_config.init,
+        # The accounted σ depends on the diagnostics: a resume must not change them.
+        "diagnostics": dataclasses.asdict(diagnostics.config_of(tc)),
     }
     if not resume and (ckpt_dir.exists() or ledger_path.exists()):
         old = _read_json(ledger_path, {})
@@ -419,10 +438,16 @@ def _train_mlm_locked(token_ids: np.ndarray, special_token_ids: Union[Mapping[st
     _write_json_atomic(output_dir / RUN_CONFIG_FILE, run_config)
 
     strategy = strategy or make_strategy(tc.strategy, P)
+    diag = diagnostics.config_of(tc)
+    release_diagnostics = diag.enabled and not tc.non_private
     dp_config = dpsgd.DPSGDConfig(
         clip_norm=tc.clip_norm, noise_multiplier=tc.noise_multiplier, expected_batch_size=expected_batch,
         non_private=tc.non_private, noise_mode=noise_mode, noise_seed=tc.noise_seed, replicas=P,
-        accumulation_steps=T)
+        accumulation_steps=T, loss_bound=diag.loss_bound if release_diagnostics else None)
+    gradient_sigma = dp_config.effective_noise_multiplier
+    # What the accountant must charge per step: the gradient and the released diagnostics together.
+    accounted_sigma = diagnostics.effective_noise_multiplier(gradient_sigma, diag) if release_diagnostics \
+        else gradient_sigma
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, mask_id, tc.mask_probability)
     if tc.noise_seed is None:
         # Dropout draws its masks per batch SLOT from TensorFlow's global RNG. Keyed by a public
@@ -455,6 +480,7 @@ def _train_mlm_locked(token_ids: np.ndarray, special_token_ids: Union[Mapping[st
     _write_json_atomic(ledger_path, ledger)
 
     sampling_seed = None if tc.noise_seed is None else [int(tc.noise_seed), start_step]
+    diag_rng = np.random.default_rng(None if tc.noise_seed is None else [int(tc.noise_seed), 0xD1A6, start_step])
     # The MLM masks' key: secret (OS entropy), fresh for every process; a test seed makes it fixed.
     mask_key = secrets.randbits(64) if tc.noise_seed is None else (int(tc.noise_seed) * 7919 + 17)
     if tc.sampling == "poisson":
@@ -475,6 +501,8 @@ def _train_mlm_locked(token_ids: np.ndarray, special_token_ids: Union[Mapping[st
         bar = tqdm(total=steps_planned, initial=start_step, desc="DP-SGD" if not tc.non_private else "SGD",
                    unit="step", mininterval=0.1 if sys.stderr.isatty() else 10.0)
     losses: List[float] = []
+    released: dict = {"loss": [], "accuracy": [], "clipped_fraction": [], "batch_size": []}
+    exact_sums: List[dict] = []
     last_accuracy = float("nan")
     clipped_total = examples_total = 0.0
     steps_this_run = 0
@@ -496,15 +524,28 @@ def _train_mlm_locked(token_ids: np.ndarray, special_token_ids: Union[Mapping[st
             losses.append(loss)
             clipped_total += stats["clipped"]
             examples_total += examples
-            with writer.as_default(step=step):
-                tf.summary.scalar("mlm_loss", loss)
-                tf.summary.scalar("mlm_accuracy", last_accuracy)
-                tf.summary.scalar("clipped_fraction", stats["clipped"] / examples if examples else 0.0)
-                tf.summary.scalar("batch_size", examples)
-                tf.summary.scalar("learning_rate", float(optimizer.dpbert_schedule(step - 1)))
+            if release_diagnostics:
+                exact_sums.append({k: float(stats[k]) for k in ("loss_clipped_sum", "accuracy_sum", "clipped",
+                                                                "examples")})
+                shown = diagnostics.release(stats, gradient_sigma, expected_batch, diag, diag_rng)
+            elif tc.non_private:  # the baseline's artifact is private: its exact curve is what it shows
+                shown = {"loss": loss, "accuracy": last_accuracy, "batch_size": examples,
+                         "clipped_fraction": stats["clipped"] / examples if examples else 0.0}
+            else:
+                shown = None  # DP run without DP diagnostics: nothing about the batches is released
+            if shown is not None:
+                for key, value in shown.items():
+                    released[key].append(float(value))
+                with writer.as_default(step=step):
+                    tf.summary.scalar("mlm_loss", shown["loss"])
+                    tf.summary.scalar("mlm_accuracy", shown["accuracy"])
+                    tf.summary.scalar("clipped_fraction", shown["clipped_fraction"])
+                    tf.summary.scalar("batch_size", shown["batch_size"])
+                    tf.summary.scalar("learning_rate", float(optimizer.dpbert_schedule(step - 1)))
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3f}", acc=f"{last_accuracy:.3f}")
+                if shown is not None:
+                    bar.set_postfix(loss=f"{shown['loss']:.3f}", acc=f"{shown['accuracy']:.3f}")
             if step % tc.checkpoint_every == 0:
                 manager.save(checkpoint_number=step)
     finally:
@@ -530,7 +571,10 @@ def _train_mlm_locked(token_ids: np.ndarray, special_token_ids: Union[Mapping[st
         sampling_mode=tc.sampling, sampling_rate=q, expected_batch_size=expected_batch,
         logical_batch=tc.batch_size, replicas=P, accumulation=T, micro_batch=m,
         noise_multiplier=0.0 if tc.non_private else tc.noise_multiplier,
-        effective_noise_multiplier=dp_config.effective_noise_multiplier, noise_mode=noise_mode,
+        effective_noise_multiplier=0.0 if tc.non_private else accounted_sigma,
+        gradient_noise_multiplier=gradient_sigma, released_diagnostics=released, exact_diagnostic_sums=exact_sums,
+        diagnostics_noise_std=diagnostics.noise_stds(gradient_sigma, diag) if release_diagnostics else {},
+        noise_mode=noise_mode,
         clip_norm=tc.clip_norm, non_private=tc.non_private,
         epsilon=math.inf if tc.non_private else None, delta=None if tc.non_private else tc.delta,
         dataset_size=n, planned_dataset_size=n_planned, clipping_path=stepper.clipping_path,

@@ -69,6 +69,7 @@ from dp_accounting import rdp as _rdp
 
 from dpbert.privacy import _checks
 from dpbert.privacy import events as _events
+from dpbert.privacy import diagnostics as _diagnostics
 from dpbert.privacy import histogram as _histogram
 from dpbert.privacy.plan import plan_training, steps_for  # noqa: F401  (steps_for: re-exported)
 
@@ -358,8 +359,10 @@ def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]
     if train_cfg.non_private:
         train_record = _events.non_private_event("train")
     else:
-        train_record = _events.dpsgd_event(train_cfg.noise_multiplier, train_cfg.batch_size, n, steps,
-                                           train_cfg.sampling, k)
+        # The σ the trainer will record: the gradient's σ combined with its DP diagnostics.
+        sigma = _diagnostics.effective_noise_multiplier(train_cfg.noise_multiplier,
+                                                        _diagnostics.config_of(train_cfg))
+        train_record = _events.dpsgd_event(sigma, train_cfg.batch_size, n, steps, train_cfg.sampling, k)
     result = ledger(vocab_record, [train_record], delta_vocab + train_cfg.delta)
     budget = privacy.epsilon_budget
     result.update({

@@ -53,7 +53,18 @@ def test_dp_training_learns_with_small_noise_and_records(corpus, tmp_path):
     assert not result.non_private and result.epsilon is None and result.delta == 1e-6
     assert result.sampling_mode == "poisson" and result.sampling_rate == 0.2
     assert result.expected_batch_size == pytest.approx(0.2 * 80)  # the noise divisor q·n_planned
-    assert result.noise_multiplier == result.effective_noise_multiplier == 0.3
+    assert result.noise_multiplier == result.gradient_noise_multiplier == 0.3
+    # The accountant charges the gradient and the 4 DP diagnostics together: σ / √(1 + 4/8²).
+    assert result.effective_noise_multiplier == pytest.approx(0.3 / math.sqrt(1 + 4 / 64))
+    # Released loss = (exact clipped loss sum + N(0, (8σL)²)) / B: residuals of the stated scale.
+    residual = (np.array(result.released_diagnostics["loss"]) * result.expected_batch_size
+                - np.array([s["loss_clipped_sum"] for s in result.exact_diagnostic_sums]))
+    std = result.diagnostics_noise_std["loss"]
+    assert std == pytest.approx(8 * 0.3 * 12.0)
+    assert abs(residual.std(ddof=1) / std - 1) < 4 / math.sqrt(2 * len(residual))  # χ² tolerance, z = 4
+    assert abs(residual.mean()) < 4 * std / math.sqrt(len(residual))
+    sizes = np.array(result.released_diagnostics["batch_size"]) - [s["examples"] for s in result.exact_diagnostic_sums]
+    assert not np.allclose(sizes, 0)  # exact batch sizes are never released
     assert result.clip_norm == 1.0 and result.clipping_path == "ghost" and 0.0 <= result.clipped_fraction <= 1.0
     assert result.steps_taken_total == result.model_step == 40
     assert json.loads((tmp_path / "dp_ledger.json").read_text())["steps_executed"] == 40

@@ -243,7 +243,8 @@ def test_planned_ledger_round_trip():
         assert again[key] == pytest.approx(plan[key], rel=1e-12), key
     # And the parts are what the single-purpose functions give.
     assert plan["epsilon_vocab"] == pytest.approx(H.histogram_report(50.0, 1e-8, 64)["epsilon"])
-    assert plan["epsilon_train"] == pytest.approx(A.dpsgd_epsilon(1.2, 64 / 20000, 300, 1e-6))
+    sigma = 1.2 / math.sqrt(1 + 4 / 64)  # σ combined with the 4 DP diagnostics (noise ratio 8)
+    assert plan["epsilon_train"] == pytest.approx(A.dpsgd_epsilon(sigma, 64 / 20000, 300, 1e-6))
     assert plan["epsilon_total_pld"] <= plan["epsilon_total_basic"]
 
 
@@ -272,7 +273,8 @@ def test_planned_ledger_patient_unit_and_non_private():
     assert plan["unit"] == "patient" and plan["max_contributions"] == 4
     assert plan["vocab_event"]["max_contributions"] == 4
     # Training: PoissonSampled(1 − (1 − q)^4, Gaussian(σ/4)).
-    assert plan["epsilon_train"] == pytest.approx(A.dpsgd_epsilon(4.0, 32 / 4000, 50, 1e-6, max_contributions=4))
+    sigma = 4.0 / math.sqrt(1 + 4 / 64)  # with the DP diagnostics
+    assert plan["epsilon_train"] == pytest.approx(A.dpsgd_epsilon(sigma, 32 / 4000, 50, 1e-6, max_contributions=4))
     tuple_plan = A.planned_ledger(_config(*common), 4000)
     assert plan["epsilon_vocab"] > tuple_plan["epsilon_vocab"]
     assert plan["epsilon_train"] > tuple_plan["epsilon_train"]
