@@ -400,45 +400,62 @@ def _layout(row: np.ndarray, pad_id: int, cls_id: int, sep_id: int) -> Tuple[int
     return length, start, end
 
 
-def insert_canaries(token_ids: np.ndarray, canaries, rng: Optional[np.random.Generator] = None, *,
+def insert_canaries(token_ids: np.ndarray, canaries, key: Optional[int] = None, *,
+                    row_ids: Optional[np.ndarray] = None, rows_planned: Optional[int] = None,
                     pad_id: int = PAD_ID, cls_id: int = CLS_ID, sep_id: int = SEP_ID
                     ) -> Tuple[np.ndarray, np.ndarray]:
-    """Insert the included canaries into examples ``token_ids`` ``[n, L]``.
+    """Insert the included canaries into examples ``token_ids`` ``[n, L]``, row by row.
 
-    ``canaries``: a :class:`CanarySet` or a list of :class:`Canary`. A canary with
-    ``occurrences=c`` goes into ``c`` distinct examples chosen uniformly among the non-empty
-    ones, i.e. not all padding (``c`` larger than their number is an error); one with
-    ``probability=p`` goes into each non-empty example independently with probability ``p``. Within an example the position is uniform over
-    the gaps between content tokens (see the module docstring for truncation). ``rng`` drives
-    the choice of examples and positions (default: :func:`secure_rng`).
+    Every decision is made PER ROW, independently of the other rows: row r (non-empty, i.e. not
+    all padding) draws from a generator keyed by (``key``, its own ``row_ids[r]``) whether it
+    carries each canary — with probability ``probability``, or ``occurrences / rows_planned`` for
+    a canary given as a number of occurrences (``rows_planned``: a PUBLIC number of rows, so the
+    expected count is ``occurrences``) — and where the chosen ones go. Adding or removing a row
+    therefore never changes which canaries the other rows carry (a uniform choice of c rows
+    among the eligible ones did: a new row could take a canary another row would have had, so
+    neighbouring training sets differed in ≥ 2 rows). Within a row the position is uniform over
+    the gaps between content tokens (see the module docstring for truncation).
 
-    Returns ``(new_token_ids [n, L], counts [len(canaries)])``, ``counts[i]`` the number of
-    examples that contain canary ``i`` whole (0 for held-out canaries).
+    ``key``: the secret insertion key (default: OS entropy); ``row_ids``: each row's own record
+    id (default: the row index — tests). Returns ``(new_token_ids [n, L], counts
+    [len(canaries)])``, ``counts[i]`` the number of rows that contain canary ``i`` whole (0 for
+    held-out canaries).
     """
     token_ids = np.asarray(token_ids)
     if token_ids.ndim != 2:
         raise CanaryError(f"token_ids must be [n, L], got shape {token_ids.shape}")
     canary_list = list(canaries.canaries if isinstance(canaries, CanarySet) else canaries)
-    rng = secure_rng() if rng is None else rng
+    key_given_as_generator = isinstance(key, np.random.Generator)
+    if key_given_as_generator:  # an explicit generator (tests): its next draw is the key
+        key = int(key.integers(0, 2 ** 63))
+    key = secrets.randbits(63) if key is None else int(key)
     n, L = token_ids.shape
+    row_ids = np.arange(n, dtype=np.int64) if row_ids is None else np.asarray(row_ids, dtype=np.int64)
+    if row_ids.shape != (n,):
+        raise CanaryError(f"row_ids must have shape ({n},), got {row_ids.shape}")
+    if rows_planned is None and key_given_as_generator:
+        # Legacy call (tests): plan with the number of non-empty rows — a count of THESE rows, so
+        # not neighbour-independent; the trainer passes a public rows_planned.
+        rows_planned = sum(1 for i in range(n) if token_ids[i].any())
+    if any(c.occurrences is not None and c.included for c in canary_list):
+        if rows_planned is None or int(rows_planned) < 1:
+            raise CanaryError("canaries given by occurrences need rows_planned (a public number of rows >= 1)")
+    probabilities = np.array([0.0 if not c.included else
+                              (min(1.0, float(c.occurrences) / int(rows_planned)) if c.occurrences is not None
+                               else float(c.probability)) for c in canary_list])
     layouts = [_layout(token_ids[i], pad_id, cls_id, sep_id) for i in range(n)]
-    eligible = np.asarray([i for i in range(n) if layouts[i][0] > 0], dtype=np.int64)
 
-    # example -> list of (canary index) assigned to it
+    row_rngs: Dict[int, np.random.Generator] = {}
     assigned: Dict[int, List[int]] = {}
-    for ci, canary in enumerate(canary_list):
-        if not canary.included:
+    for e in range(n):
+        if layouts[e][0] == 0:
             continue
-        if canary.occurrences is not None:
-            c = int(canary.occurrences)
-            if c > len(eligible):
-                raise CanaryError(f"canary {canary.canary_id}: {c} occurrences but only "
-                                  f"{len(eligible)} non-empty examples")
-            chosen = rng.choice(eligible, size=c, replace=False) if c else []
-        else:
-            chosen = eligible[rng.random(len(eligible)) < float(canary.probability)]
-        for e in chosen:
-            assigned.setdefault(int(e), []).append(ci)
+        rid = int(row_ids[e]) & 0xFFFFFFFFFFFFFFFF
+        rng = np.random.default_rng([key & 0xFFFFFFFFFFFFFFFF, rid >> 32, rid & 0xFFFFFFFF])
+        chosen = np.flatnonzero(rng.random(len(canary_list)) < probabilities)
+        if chosen.size:
+            assigned[e] = [int(ci) for ci in chosen]
+            row_rngs[e] = rng
 
     out = token_ids.copy()
     counts = np.zeros(len(canary_list), dtype=np.int64)
@@ -448,6 +465,7 @@ def insert_canaries(token_ids: np.ndarray, canaries, rng: Optional[np.random.Gen
         prefix = [int(t) for t in row[:start]]
         content = [int(t) for t in row[start:end]]
         suffix = [int(t) for t in row[end:length]]
+        rng = row_rngs[e]
         order = list(assigned[e])
         rng.shuffle(order)
         room = L - len(prefix) - len(suffix)

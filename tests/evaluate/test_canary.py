@@ -162,10 +162,10 @@ def test_insert_canaries_counts_structure_and_content_preserved():
                            canaries_per_group=2, rng=rng)
     held_out = Canary(canary_id=99, pattern="HS", tokens=(598, 599), occurrences=3, included=False)
     canaries = list(cs) + [held_out]
-    out, counts = C.insert_canaries(examples, canaries, np.random.default_rng(4))
+    out, counts = C.insert_canaries(examples, canaries, 4, rows_planned=len(examples))
     assert out.shape == examples.shape and out.dtype == examples.dtype
-    # every included canary got its occurrences (rows have room), the held-out one none
-    np.testing.assert_array_equal(counts, [c.occurrences if c.included else 0 for c in canaries])
+    # per-row decisions: about `occurrences` rows each (Binomial), the held-out canary in none
+    assert counts[-1] == 0 and all(counts[i] > 0 for i, c in enumerate(canaries) if c.occurrences == 20)
     for c, n in zip(canaries, counts):
         assert sum(1 for row in out if find(row, c.tokens)) == n
     truncated = []
@@ -190,11 +190,11 @@ def test_insert_canaries_counts_structure_and_content_preserved():
 def test_insert_canaries_errors_and_canaries_that_do_not_fit():
     examples = make_examples([6, 6, 0], 8, np.random.default_rng(0))
     c = Canary(canary_id=0, pattern="HS", tokens=(500, 501), occurrences=3)
-    with pytest.raises(CanaryError, match="only 2 non-empty"):
-        C.insert_canaries(examples, [c], np.random.default_rng(0))
+    with pytest.raises(CanaryError, match="need rows_planned"):
+        C.insert_canaries(examples, [c], 0)
     # room for 6 tokens between [CLS] and [SEP]: a 5-token canary fits, a second one does not
     big = [Canary(canary_id=i, pattern="HHSHH", tokens=(510 + i,) * 5, occurrences=2) for i in range(2)]
-    out, counts = C.insert_canaries(examples, big, np.random.default_rng(0))
+    out, counts = C.insert_canaries(examples, big, 0, rows_planned=2)  # p = 2/2: every row
     # both rows were chosen for both canaries, but each row holds exactly one of them
     assert counts.sum() == 2
     for row in out[:2]:
@@ -205,12 +205,43 @@ def test_insert_canaries_errors_and_canaries_that_do_not_fit():
     # rows without [CLS]/[SEP] (raw pieces) are filled up to L, content truncated at the end
     raw = np.array([[7, 8, 9, 0, 0, 0], [7, 8, 9, 10, 11, 12]], dtype=np.int64)
     one = Canary(canary_id=5, pattern="HSH", tokens=(600, 601, 602), occurrences=2)
-    out, counts = C.insert_canaries(raw, [one], np.random.default_rng(1))
+    out, counts = C.insert_canaries(raw, [one], 1, rows_planned=2)
     assert out.dtype == np.int64 and counts.tolist() == [2]
     for row in out:
         assert len(find(row, one.tokens)) == 1 and strip_canaries(row, [one]) == [7, 8, 9]
     with pytest.raises(CanaryError):
         C.insert_canaries(np.zeros(5, np.int32), [c])
+
+
+def _carried(out, canaries):
+    return [tuple(bool(find(row, c.tokens)) for c in canaries) for row in out]
+
+
+def test_adding_a_row_never_changes_which_canaries_other_rows_carry():
+    """Neighbouring datasets: insert one row anywhere; every other row keeps exactly its canaries."""
+    rng = np.random.default_rng(11)
+    examples = make_examples([14] * 60, 24, rng)
+    ids = np.arange(1000, 1060)
+    canaries = list(C.make_canary_set(np.arange(500, 600), 600, occurrences=[3, 10], patterns=["HS"],
+                                      canaries_per_group=2, rng=rng))
+    base, _ = C.insert_canaries(examples, canaries, 99, row_ids=ids, rows_planned=60)
+    extra = make_examples([14], 24, np.random.default_rng(12))[0]
+    for position in (0, 30, 60):
+        out, _ = C.insert_canaries(np.insert(examples, position, extra, axis=0), canaries, 99,
+                                   row_ids=np.insert(ids, position, 7), rows_planned=60)
+        np.testing.assert_array_equal(np.delete(out, position, axis=0), base)
+
+
+def test_positive_control_decisions_keyed_by_row_position_move_between_rows():
+    """Keyed by the row's position instead of its record id, an insertion at the front re-draws
+    every later row's canaries: the check above catches it."""
+    rng = np.random.default_rng(11)
+    examples = make_examples([14] * 60, 24, rng)
+    canaries = list(C.make_canary_set(np.arange(500, 600), 600, occurrences=[3, 10], patterns=["HS"],
+                                      canaries_per_group=2, rng=rng))
+    base, _ = C.insert_canaries(examples, canaries, 99, rows_planned=60)  # row_ids = row index
+    out, _ = C.insert_canaries(np.insert(examples, 0, examples[0], axis=0), canaries, 99, rows_planned=60)
+    assert not np.array_equal(out[1:], base)
 
 
 def test_insertion_probability_and_position_are_uniform():
@@ -220,13 +251,13 @@ def test_insertion_probability_and_position_are_uniform():
     p = 0.2
     canaries = [Canary(canary_id=i, pattern="HS", tokens=(500 + i, 520 + i), probability=p)
                 for i in range(20)]
-    _, counts = C.insert_canaries(examples, canaries, np.random.default_rng(6))
+    _, counts = C.insert_canaries(examples, canaries, 6)
     sd = math.sqrt(n * p * (1 - p))
     assert np.all(np.abs(counts - n * p) < 5 * sd)
     assert abs(counts.mean() - n * p) < 4 * sd / math.sqrt(20)
     # position: one canary in every example; the gap index is uniform on {0..9}
     one = Canary(canary_id=0, pattern="HSH", tokens=(600, 601, 602), occurrences=n)
-    out, counts = C.insert_canaries(examples, [one], np.random.default_rng(7))
+    out, counts = C.insert_canaries(examples, [one], 7, rows_planned=n)
     assert counts[0] == n
     gaps = np.array([find(row, one.tokens)[0] - 1 for row in out])
     assert gaps.min() == 0 and gaps.max() == 9
@@ -327,9 +358,7 @@ def test_evaluate_exposure_groups_with_a_memorising_toy_model():
     candidates = np.arange(5, V)                         # |R| = 200
     cs = C.make_canary_set(candidates, V, occurrences=[1, 10, 100], canaries_per_group=10,
                            rng=np.random.default_rng(13))
-    examples = make_examples([30] * 2000, 64, np.random.default_rng(14))
-    _, counts = C.insert_canaries(examples, cs, np.random.default_rng(15))
-    np.testing.assert_array_equal(counts, [c.occurrences for c in cs])
+    counts = np.array([c.occurrences for c in cs])  # realised counts as insert_canaries reports them
     memorised = {tuple(c.tokens[:c.secret_index]) + ("S",) + tuple(c.tokens[c.secret_index + 1:]): c.secret
                  for c, n in zip(cs, counts) if n >= 10}
     noise = np.random.default_rng(16)
