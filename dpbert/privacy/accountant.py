@@ -280,7 +280,7 @@ def ledger(vocab_event_json, train_event_jsons: Iterable, delta_target: float) -
         "adjacency": ledger_adjacency(trains),
     }
     vocab_private = vocab is not None and vocab["mechanism"] == "dp_histogram"
-    trains_private = all(r["mechanism"] == "dp_sgd" for r in trains)
+    trains_private = all(r["mechanism"] in ("dp_sgd", "dp_count") for r in trains)
     if vocab is None:
         epsilon_vocab = 0.0
     else:

@@ -305,12 +305,17 @@ def validate_record(record) -> Dict[str, Any]:
     """
     record = _as_record(record)
     mechanism = record.get("mechanism")
-    _checks.choice("mechanism", mechanism, ("dp_histogram", "dp_sgd", "non_private"))
+    _checks.choice("mechanism", mechanism, ("dp_histogram", "dp_sgd", "dp_count", "non_private"))
     try:
         if mechanism == "non_private":
             _checks.choice("stage", record.get("stage"), ("vocab", "train"))
             if not isinstance(dp_event_from_dict(record["event"]), dp_accounting.NonPrivateDpEvent):
                 raise ValueError("event of a non_private record must be NonPrivateDpEvent")
+        elif mechanism == "dp_count":  # dpbert.privacy.count: Gaussian count, sensitivity k
+            sigma = _checks.positive("noise_multiplier", record["noise_multiplier"])
+            _checks.integer("max_contributions", record["max_contributions"], 1)
+            if dp_event_from_dict(record["event"]) != dp_accounting.GaussianDpEvent(sigma):
+                raise ValueError(f"event of a dp_count record must be GaussianDpEvent({sigma})")
         elif mechanism == "dp_histogram":
             m = _checks.integer("max_contributions", record["max_contributions"], 1)
             n = _checks.integer("tuple_words", record["tuple_words"], 1)

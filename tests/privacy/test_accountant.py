@@ -287,3 +287,21 @@ def test_planned_ledger_paper_threshold_reports_its_real_delta():
     plan = A.planned_ledger(_config("vocab.threshold_mode=paper", "training.steps=10"), 10000)
     assert plan["delta_vocab"] == pytest.approx(1.18e-4, rel=1e-2)
     assert plan["delta"] > 1e-4
+
+
+def test_dp_count_composes_in_the_training_ledger():
+    import numpy as np
+
+    from dpbert.privacy import count
+
+    n_hat = count.dp_count(1000, 20.0, rng=np.random.default_rng(0))
+    assert n_hat != 1000 and abs(n_hat - 1000) < 100
+    record = count.count_event(20.0, n_hat)
+    train = E.dpsgd_event(1.0, 50, n_hat, 100)
+    with_count = A.ledger(None, [record, train], 1e-6)
+    without = A.ledger(None, [train], 1e-6)
+    assert with_count["epsilon_train"] > without["epsilon_train"]
+    assert with_count["epsilon_train"] == pytest.approx(A._epsilon(
+        __import__("dp_accounting").ComposedDpEvent([E.accountable_event(record), E.accountable_event(train)]),
+        1e-6, "pld"))
+    assert E.validate_record(E.to_json(record)) == record
