@@ -259,6 +259,20 @@ class DPSGDConfig:
         return self.effective_noise_multiplier * self.clip_norm / self.expected_batch_size
 
 
+@dataclasses.dataclass
+class AuditProbe:
+    """White-box audit hook (``dpbert.privacy.whitebox_audit``): gradient canaries live on
+    ``coordinates`` (flat indices) of trainable variable ``variable_index``. Each step the caller
+    passes the sum of the canaries sampled in that step (``run_step(..., canary_sum=...)``); it is
+    added to the all-reduced CLIPPED SUM exactly where a real example's clipped gradient goes,
+    before the single noise draw and the division by B, and the noisy sum g̃_t on those
+    coordinates is kept in ``observed`` for the auditor (before the optimizer, which would
+    transform it)."""
+
+    variable_index: int
+    coordinates: np.ndarray
+
+
 def _entropy_seed() -> int:
     return secrets.randbits(62)
 
@@ -283,7 +297,7 @@ class DPSGDTrainStep:
 
     def __init__(self, model: tf_keras.Model, optimizer, config: DPSGDConfig, *,
                  prepare_fn: Callable, loss_fn: Callable, metrics_fn: Optional[Callable] = None,
-                 strategy: Optional[tf.distribute.Strategy] = None):
+                 strategy: Optional[tf.distribute.Strategy] = None, audit_probe: Optional[AuditProbe] = None):
         self.model = model
         self.optimizer = optimizer
         self.config = config
@@ -323,6 +337,13 @@ class DPSGDTrainStep:
                 for i, v in enumerate(self.variables)]
             # Build the optimizer's slots now (not inside a replica function).
             self.optimizer.build(self.variables)
+            self.audit_probe = audit_probe
+            if audit_probe is not None:
+                coords = np.asarray(audit_probe.coordinates, dtype=np.int64)
+                self._probe_index = tf.constant(coords[:, None])
+                self.observed = tf.Variable(tf.zeros([coords.size], tf.float32), trainable=False,
+                                            name="audit_observed",
+                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._accumulate_fn = tf.function(self._accumulate, autograph=False)
         self._apply_fn = tf.function(self._apply, autograph=False)
 
@@ -366,14 +387,22 @@ class DPSGDTrainStep:
                     alg="philox")
                 for i, v in enumerate(self.variables)]
 
-    def _replica_apply(self, denominator):
+    def _replica_apply(self, denominator, canary_sum):
         grads = [acc.read_value() for acc in self.accumulators]
         ctx = tf.distribute.get_replica_context()
         if self.replicas > 1:
             grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        if self.audit_probe is not None:
+            # Audit canaries join the clipped sum like real examples (before the one noise draw).
+            i = self.audit_probe.variable_index
+            flat = tf.tensor_scatter_nd_add(tf.reshape(grads[i], [-1]), self._probe_index, canary_sum)
+            grads[i] = tf.reshape(flat, tf.shape(grads[i]))
         if not self.config.non_private:
             # The same seed on every replica: the same single draw z is added everywhere.
             grads = [g + z for g, z in zip(grads, self._noise())]
+        if self.audit_probe is not None:
+            self.observed.assign(tf.gather_nd(tf.reshape(grads[self.audit_probe.variable_index], [-1]),
+                                              self._probe_index))
         grads = [g / tf.cast(denominator, g.dtype) for g in grads]
         self.optimizer.apply_gradients(zip(grads, self.variables), skip_gradients_aggregation=True)
         for acc in self.accumulators:
@@ -385,8 +414,8 @@ class DPSGDTrainStep:
         stats = self.strategy.run(self._replica_accumulate, args=(batch, round_index))
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, stats, axis=None)
 
-    def _apply(self, denominator):
-        self.strategy.run(self._replica_apply, args=(denominator,))
+    def _apply(self, denominator, canary_sum):
+        self.strategy.run(self._replica_apply, args=(denominator, canary_sum))
         self.dp_step.assign_add(1)
 
     # ----------------------------------------------------------------- host API
@@ -405,9 +434,12 @@ class DPSGDTrainStep:
         return self.strategy.experimental_distribute_values_from_function(
             lambda ctx: replica(ctx.replica_id_in_sync_group))
 
-    def run_step(self, rounds: Sequence[Dict[str, np.ndarray]], num_examples: Optional[float] = None
-                 ) -> Dict[str, float]:
-        """One logical DP-SGD step over ``rounds`` (R ≥ 1). Returns summed stats (python floats)."""
+    def run_step(self, rounds: Sequence[Dict[str, np.ndarray]], num_examples: Optional[float] = None,
+                 canary_sum: Optional[np.ndarray] = None) -> Dict[str, float]:
+        """One logical DP-SGD step over ``rounds`` (R ≥ 1). Returns summed stats (python floats).
+
+        ``canary_sum``: with an ``AuditProbe``, the sum of this step's sampled audit canaries on
+        the probe's coordinates (zeros when none was sampled)."""
         if not rounds:
             raise ValueError("a logical step needs at least one (possibly all-padding) round")
         if self.config.non_private:
@@ -422,5 +454,14 @@ class DPSGDTrainStep:
             stats = self._accumulate_fn(self._distribute(round_batch), tf.constant(r, tf.int64))
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
-        self._apply_fn(denominator_t)
+        if self.audit_probe is not None:
+            size = int(self._probe_index.shape[0])
+            canary = np.zeros(size, np.float32) if canary_sum is None else np.asarray(canary_sum, np.float32)
+            if canary.shape != (size,):
+                raise ValueError(f"canary_sum must have shape ({size},), got {canary.shape}")
+        elif canary_sum is not None:
+            raise ValueError("canary_sum needs an AuditProbe")
+        else:
+            canary = np.zeros(0, np.float32)
+        self._apply_fn(denominator_t, tf.constant(canary))
         return totals

@@ -223,3 +223,27 @@ def test_run_noise_check_cli_in_process(capsys):
     assert run_noise_check_cli(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["passed"] and out["accumulation"] == 4
+
+
+def test_audit_probe_adds_canaries_to_the_clipped_sum_before_the_noise_and_observes_it():
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(4, 4)).astype(np.float32)
+    mask = np.array([1, 1, 0, 0], np.float32)
+    probe = dpsgd.AuditProbe(variable_index=0, coordinates=np.array([0, 3, 5]))  # kernel [3, 2], flat
+    x = tf_keras.Input((3,))
+    model = tf_keras.Model(x, tf_keras.layers.Dense(2, kernel_initializer=tf_keras.initializers.Constant(0.1))(x))
+    config = dpsgd.DPSGDConfig(clip_norm=0.5, noise_multiplier=1e-9, expected_batch_size=4.0, noise_seed=3)
+    stepper = dpsgd.DPSGDTrainStep(model, tf_keras.optimizers.SGD(1.0), config,
+                                   prepare_fn=lambda f: (f[:, :3], f[:, 3]),
+                                   loss_fn=lambda y, out: tf.reduce_sum(tf.square(out - y[:, None]), axis=1),
+                                   audit_probe=probe)
+    clipped = _grads(features, mask, 0.5)[:6]  # the kernel's part of the clipped sum
+    canary = np.array([0.5, -0.25, 0.125], np.float32)
+    before = model.trainable_variables[0].numpy().ravel().copy()
+    stepper.run_step([{"features": features[None], "example_mask": mask[None]}], canary_sum=canary)
+    expected = clipped[[0, 3, 5]] + canary
+    np.testing.assert_allclose(stepper.observed.numpy(), expected, rtol=1e-4, atol=1e-6)
+    delta = before - model.trainable_variables[0].numpy().ravel()
+    np.testing.assert_allclose(delta[[0, 3, 5]], expected / 4.0, rtol=1e-4, atol=1e-6)  # then ÷ B, SGD
+    with pytest.raises(ValueError, match="canary_sum must have shape"):
+        stepper.run_step([{"features": features[None], "example_mask": mask[None]}], canary_sum=np.zeros(2))
