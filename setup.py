@@ -25,6 +25,7 @@ setup(
             "pipeline", "pipeline.*",
             "kubeflow", "kubeflow.*",
             "dashboard", "dashboard.*",
+            "dpbert_cli", "dpbert_cli.*",
         ]
     ),
     package_data={"dpbert.data": ["lexicons/*.txt", "lexicons/README.md"],
@@ -51,5 +52,5 @@ setup(
         "dashboard": ["starlette>=0.37", "uvicorn>=0.30", "jinja2>=3.1"],
         "test": ["pytest>=7", "pytest-timeout", "python-dp==1.1.5rc4", "httpx"],
     },
-    entry_points={"console_scripts": ["dpbert=dpbert.cli:main"]},
+    entry_points={"console_scripts": ["dpbert=dpbert_cli.main:main"]},
 )

@@ -20,12 +20,10 @@ from typing import List, Optional
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from dpbert import exit_codes  # noqa: E402
 from dpbert.config import Config, ConfigError, load_config  # noqa: E402
 from kubeflow.beam_args import cloud_beam_args  # noqa: E402
 from kubeflow.resources import ResourcesArg, apply_resources, parse_resources  # noqa: E402
-
-EXIT_BAD_INPUT = 2
-EXIT_OVER_BUDGET = 3
 
 TARGETS = ("vertex",)
 
@@ -142,13 +140,13 @@ def cmd_compile(args) -> int:
     problem = planned_budget_problem(config)
     if problem is not None:
         print(problem, file=sys.stderr)
-        return EXIT_OVER_BUDGET
+        return exit_codes.OVER_BUDGET
     path = compile_vertex(config, args.output, args.image, args.pipeline_root, resources=resources,
                           display_name=args.display_name)
     print(f"compiled {config.pipeline.name} for {args.target}: {path}")
     print("submit it with google.cloud.aiplatform.PipelineJob(template_path=...).submit() "
           "(docs/running-on-vertex.md, section 5)")
-    return 0
+    return exit_codes.OK
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -164,7 +162,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return args.func(args)
     except (ConfigError, CorpusError) as err:
         print(f"dpbert {args.command}: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exit_codes.BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -21,12 +21,30 @@ def preflight_corpus(config: Config):
     next(iter(iter_documents(config.corpus)))
 
 
-def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
-    """The planned ledger (``dpbert.privacy.accountant.planned_ledger``) for ``config``."""
+def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> int:
+    """n to plan with: ``dataset_size`` if given, else ``training.dataset_size``, else the tuples
+    counted from the corpus."""
+    if dataset_size or config.training.dataset_size:
+        return dataset_size or config.training.dataset_size
     from dpbert.data.corpus import count_tuples
+
+    return count_tuples(config.corpus, config.privacy.tuple_words)
+
+
+def training_plan(config: Config, dataset_size: Optional[int] = None):
+    """The ``dpbert.privacy.plan.TrainingPlan`` (n, q, steps) of ``config`` over
+    ``public_dataset_size(config, dataset_size)``."""
+    from dpbert.privacy.plan import plan_training
+
+    return plan_training(config.training, public_dataset_size(config, dataset_size))
+
+
+def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
+    """The planned ledger (``dpbert.privacy.accountant.planned_ledger``, whose ``"plan"`` is the
+    ``TrainingPlan``) for ``config`` over ``public_dataset_size(config, dataset_size)``."""
     from dpbert.privacy.accountant import planned_ledger
 
-    n = dataset_size or config.training.dataset_size or count_tuples(config.corpus, config.privacy.tuple_words)
+    n = public_dataset_size(config, dataset_size)
     if n < config.training.batch_size:
         raise ConfigError(f"training.batch_size must be <= the number of tuples n = {n}, "
                           f"got {config.training.batch_size}")

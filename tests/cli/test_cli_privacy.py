@@ -5,11 +5,11 @@ import math
 import pytest
 from scipy.stats import norm
 
-from dpbert import cli
+from dpbert_cli.main import main
 
 
 def run_json(capsys, argv):
-    code = cli.main(argv)
+    code = main(argv)
     out = capsys.readouterr()
     return code, (json.loads(out.out) if out.out.strip().startswith("{") else None), out.err
 
@@ -71,7 +71,7 @@ def test_budget_json_and_exit_codes(tmp_path, capsys):
 
 
 def test_run_over_budget_exits_3_and_writes_nothing(tmp_path, capsys):
-    code = cli.main(["run", "--output", str(tmp_path / "out")] + _tiny(tmp_path, 0.5))
+    code = main(["run", "--output", str(tmp_path / "out")] + _tiny(tmp_path, 0.5))
     err = capsys.readouterr().err
     assert code == 3 and "exceeds privacy.epsilon_budget" in err
     assert not (tmp_path / "out").exists()

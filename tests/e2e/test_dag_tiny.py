@@ -30,7 +30,7 @@ TINY = [
 
 def run_cli(args, cwd):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-m", "dpbert.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "dpbert_cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
 
 

@@ -26,7 +26,7 @@ def run(out, crash_after=None):
     env.pop("DPBERT_TEST_CRASH_AFTER_STEPS", None)
     if crash_after is not None:
         env["DPBERT_TEST_CRASH_AFTER_STEPS"] = str(crash_after)
-    return subprocess.run([sys.executable, "-m", "dpbert.cli", "run", "--output", str(out), *ARGS],
+    return subprocess.run([sys.executable, "-m", "dpbert_cli", "run", "--output", str(out), *ARGS],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 

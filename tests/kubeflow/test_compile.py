@@ -318,7 +318,7 @@ def test_cli_over_budget_exits_3_and_writes_nothing(tmp_path, capsys, monkeypatc
 
 
 def test_compile_subcommand_plugs_into_a_cli(capsys):
-    """What dpbert/cli.py does with it: add_compile_parser(subparsers) + args.func(args)."""
+    """What dpbert_cli/main.py does with it: add_compile_parser(subparsers) + args.func(args)."""
     import argparse
 
     from kubeflow.runner import add_compile_parser, cmd_compile

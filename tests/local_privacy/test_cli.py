@@ -1,10 +1,10 @@
-"""`dpbert privatize`: the subcommand's parser and command, and (once wired) through dpbert.cli."""
+"""`dpbert privatize`: the subcommand's parser and command (dpbert_cli/privatize.py), and through `dpbert`."""
 import argparse
 import math
 
 import pytest
 
-from dpbert.local_privacy.cli import add_privatize_parser, cmd_privatize
+from dpbert_cli.privatize import add_privatize_parser, cmd_privatize
 
 TEXT = "Patient was given aspirin 10 mg daily for fever.\nHeart rate high, blood pressure low.\n"
 
@@ -67,18 +67,13 @@ def test_missing_files_exit_2(files, capsys):
         assert "dpbert privatize: error" in capsys.readouterr().err
 
 
-def test_through_dpbert_cli_when_wired(files):
-    """Runs once dpbert/cli.py registers add_privatize_parser (until then `privatize` is a stub)."""
-    from dpbert import cli
+def test_through_dpbert_cli(files):
+    from dpbert_cli.main import main
 
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
-    if "--eta" not in sub.choices["privatize"].format_usage():
-        pytest.skip("dpbert privatize is still the reserved stub in dpbert/cli.py")
     tmp_path, model, source = files
     out = tmp_path / "cli.txt"
-    assert cli.main(["privatize", "--eta", "inf", "--input", str(source), "--output", str(out),
-                     "--model", str(model)]) == 0
+    assert main(["privatize", "--eta", "inf", "--input", str(source), "--output", str(out),
+                 "--model", str(model)]) == 0
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
 
 

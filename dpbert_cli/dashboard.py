@@ -1,10 +1,12 @@
-"""``dpbert dashboard``: its argument parser and command (no web import until it runs)."""
+"""``dpbert dashboard``: its argument parser and command (no web import until it runs: the web
+dependencies are the ``dashboard`` extra)."""
 from __future__ import annotations
 
 import argparse
-import sys
 
-EXIT_BAD_INPUT = 2
+from dpbert import exit_codes
+from dpbert_cli.output import print_error
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 
@@ -32,16 +34,15 @@ def cmd_dashboard(args) -> int:
     try:
         path = metadata.metadata_path_for(args.output, args.metadata)
     except FileNotFoundError as err:
-        print(f"dpbert dashboard: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        print_error("dashboard", err)
+        return exit_codes.BAD_INPUT
     if not 0 < args.port < 65536:
-        print(f"dpbert dashboard: error: --port {args.port} is not a TCP port", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        print_error("dashboard", f"--port {args.port} is not a TCP port")
+        return exit_codes.BAD_INPUT
     try:
         from dashboard.app import serve
     except ImportError as err:  # the web dependencies are the `dashboard` extra
-        print(f"dpbert dashboard: error: {err} (install them with `pip install dpbert[dashboard]`)",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
+        print_error("dashboard", f"{err} (install them with `pip install dpbert[dashboard]`)")
+        return exit_codes.BAD_INPUT
     serve(path, args.host, args.port)
-    return 0
+    return exit_codes.OK

@@ -1,4 +1,4 @@
-"""``dpbert privatize``: dχ-privatize a text file (wired into ``dpbert.cli``).
+"""``dpbert privatize``: dχ-privatize a text file (over ``dpbert.local_privacy.text``).
 
     dpbert privatize --eta ETA --input FILE --output FILE [--model DIR] [--seed S] [--json]
 
@@ -11,11 +11,11 @@ who knows the seed. Exit 2 on bad input (η, files, missing checkpoint).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
-EXIT_BAD_INPUT = 2
+from dpbert import exit_codes
+from dpbert_cli.output import print_error, print_json
 
 
 def _eta(text: str) -> float:
@@ -62,10 +62,10 @@ def cmd_privatize(args) -> int:
     try:
         summary = privatize_file(args.input, args.output, args.eta, model_dir=args.model, seed=args.seed)
     except (FileNotFoundError, IsADirectoryError, PermissionError, ValueError) as err:
-        print(f"dpbert privatize: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        print_error("privatize", err)
+        return exit_codes.BAD_INPUT
     if getattr(args, "json", False):
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print_json(summary)
     else:
         emb = summary["embeddings"]
         print(f"privatized {summary['lines']} lines, {summary['tokens']} tokens "
@@ -73,7 +73,7 @@ def cmd_privatize(args) -> int:
               f"(d = {emb['dim']}, {emb['candidates']} candidate tokens) → {args.output}")
         if summary["seeded"]:
             print("WARNING: --seed fixes the noise; use it for tests only", file=sys.stderr)
-    return 0
+    return exit_codes.OK
 
 
 __all__ = ["add_privatize_parser", "cmd_privatize"]

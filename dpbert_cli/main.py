@@ -1,0 +1,154 @@
+"""``dpbert``: the argument parser, logging, and the mapping of errors to exit codes.
+
+Exit codes (``dpbert.exit_codes``): 0 success; 2 bad input (configuration, corpus, parameters)
+with a message naming the field/file; 3 the planned ε exceeds ``privacy.epsilon_budget``
+(nothing was written).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+from dpbert import exit_codes
+from dpbert.config import ConfigError
+from dpbert.data.readers import CorpusError
+from dpbert_cli import commands
+from dpbert_cli.output import print_error
+
+
+def _config_args(p: argparse.ArgumentParser):
+    p.add_argument("--config", help="YAML configuration file (default: the built-in demo preset "
+                                    "for `run`, the paper's defaults otherwise)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one configuration value (repeatable), e.g. --set vocab.sigma=50")
+
+
+def _setup_logging(verbose: bool):
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("dpbert").setLevel(logging.INFO)
+    # absl (TFX) logs at INFO through its own handler; keep it for component progress.
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.INFO if verbose else absl_logging.WARNING)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _add_privacy_parser(sub):
+    p = sub.add_parser("privacy", help="privacy calculators: histogram, dpsgd, noise-check")
+    psub = p.add_subparsers(dest="privacy_command", metavar="CALCULATOR")
+    psub.required = True
+    q = psub.add_parser("histogram", help="threshold and (ε, δ) of the DP vocabulary histogram")
+    q.add_argument("--sigma", type=float, required=True, help="noise standard deviation per count")
+    q.add_argument("--delta", type=float, required=True, help="total δ of the histogram")
+    q.add_argument("--tuple-words", type=int, default=256, help="N, words per tuple (default 256)")
+    q.add_argument("--threshold-mode", choices=("correct", "paper"), default="correct")
+    q.add_argument("--max-contributions", type=int, default=1,
+                   help="k tuples per privacy unit (patient-level unit); default 1")
+    q.add_argument("--threshold-delta-fraction", type=float, default=1.0,
+                   help="fraction of δ given to the threshold (1 = the paper's Corollary 1; "
+                        "0.5 = Google DP library's split)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=commands.cmd_privacy_histogram)
+    q = psub.add_parser("dpsgd", help="ε of DP-SGD (RDP and PLD accountants)")
+    q.add_argument("--examples", type=int, required=True, help="n, training examples (tuples)")
+    q.add_argument("--batch-size", type=int, required=True, help="B, logical batch size")
+    q.add_argument("--noise-multiplier", type=float, required=True)
+    q.add_argument("--delta", type=float, required=True)
+    g = q.add_mutually_exclusive_group(required=True)
+    g.add_argument("--epochs", type=float)
+    g.add_argument("--steps", type=int)
+    q.add_argument("--sampling", choices=("poisson", "shuffle"), default="poisson")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=commands.cmd_privacy_dpsgd)
+    q = psub.add_parser("noise-check", help="measure the DP-SGD noise std of the real training step")
+    q.add_argument("--replicas", type=int, default=1, help="P, replicas (logical CPU devices here)")
+    q.add_argument("--accumulation", type=int, default=1, help="T, accumulation micro-steps")
+    q.add_argument("--noise-multiplier", type=float, required=True)
+    q.add_argument("--clip", type=float, required=True)
+    q.add_argument("--batch-size", type=int, required=True, help="B, logical batch size")
+    q.add_argument("--steps", type=int, default=200, help="noisy steps to measure over")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=commands.cmd_privacy_noise_check)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dpbert",
+        description="Differentially private BERT pre-training on clinical text (a TFX pipeline).")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("run", help="run the DAG locally (LocalDagRunner, Beam DirectRunner)")
+    _config_args(p)
+    p.add_argument("--corpus", help="corpus path (directory of .txt, .jsonl or .csv); "
+                                    "default: the embedded synthetic corpus")
+    p.add_argument("--output", help="output directory (artifacts + ML Metadata sqlite)")
+    p.set_defaults(func=commands.cmd_run)
+
+    p = sub.add_parser("synth", help="write the embedded synthetic clinical corpus as JSONL")
+    p.add_argument("--output", required=True)
+    p.add_argument("--patients", type=int, default=40)
+    p.add_argument("--admissions", type=int, default=2)
+    p.add_argument("--notes", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1234)
+    p.set_defaults(func=commands.cmd_synth)
+
+    p = sub.add_parser("report", help="the latest (or given) run's results, read from ML Metadata")
+    p.add_argument("--output", help="the run's output directory (default demo_output)")
+    p.add_argument("--metadata", help="path of the ML Metadata sqlite store (instead of --output)")
+    p.add_argument("--run", help="pipeline run id (default: the latest)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=commands.cmd_report)
+
+    _add_privacy_parser(sub)
+
+    p = sub.add_parser("budget", help="the planned ε of a configuration against privacy.epsilon_budget "
+                                      "(exit 3 when over), or the σ that meets --target-epsilon")
+    _config_args(p)
+    p.add_argument("--examples", type=int, help="n, tuples to plan with (default: training.dataset_size, "
+                                                "else counted from the corpus)")
+    p.add_argument("--target-epsilon", type=float, help="print the training noise multiplier that meets "
+                                                        "this ε_T instead")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.cmd_budget)
+
+    from kubeflow.runner import add_compile_parser  # Vertex AI / KFP v2: docs/running-on-vertex.md
+
+    add_compile_parser(sub)
+
+    from dpbert_cli.privatize import add_privatize_parser  # dχ-privacy (local, metric DP)
+
+    add_privatize_parser(sub)
+
+    from dpbert_cli.dashboard import add_dashboard_parser  # read-only web UI over ML Metadata
+
+    add_dashboard_parser(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return args.func(args)
+    except (ConfigError, CorpusError) as err:
+        print_error(args.command, err)
+        return exit_codes.BAD_INPUT
+    except ValueError as err:
+        # Parameter errors of the calculators (dpbert.privacy raises ValueError naming the
+        # parameter). `run` lets component failures propagate with their traceback instead.
+        if args.command == "run":
+            raise
+        print_error(args.command, err)
+        return exit_codes.BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())
