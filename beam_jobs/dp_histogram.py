@@ -55,7 +55,7 @@ anywhere (it is itself a non-private statistic); because the counts travel in pe
 a runner's monitoring UI shows element counts of at most bundles × ``num_shards`` for those
 stages, not the number of distinct words (their byte sizes still grow with it).
 
-``build_histogram_job`` (on a given pipeline, e.g. TFX's ``BeamComponentParameter``) and
+``run_histogram_job`` (on a given pipeline, e.g. TFX's ``BeamComponentParameter``) and
 ``run_dp_histogram`` / ``run_exact_histogram`` (on a pipeline built from ``beam_args``) read tuple
 TFRecords and write the histogram file described in ``dpbert.vocab.histogram_file`` (JSON Lines
 ``{"word": ..., "count": ...}``, sorted by decreasing count then word).
@@ -572,10 +572,10 @@ def _counter_value(result, name: str) -> Optional[int]:
     return int(sum(c.committed if c.committed is not None else c.attempted for c in counters))
 
 
-def build_histogram_job(pipeline: Optional[beam.Pipeline], tuples_source: str, output_path: str,
-                        sigma: Optional[float] = None, threshold: Optional[float] = None,
-                        noise_seed: Optional[int] = None, max_tuples_per_patient: Optional[int] = None,
-                        num_shards: int = DEFAULT_NUM_SHARDS) -> HistogramRunResult:
+def run_histogram_job(pipeline: Optional[beam.Pipeline], tuples_source: str, output_path: str,
+                      sigma: Optional[float] = None, threshold: Optional[float] = None,
+                      noise_seed: Optional[int] = None, max_tuples_per_patient: Optional[int] = None,
+                      num_shards: int = DEFAULT_NUM_SHARDS) -> HistogramRunResult:
     """Add read tuples → histogram → write ``output_path`` to ``pipeline`` and run it.
 
     ``pipeline`` is a fresh ``beam.Pipeline`` (e.g. TFX's ``BeamComponentParameter``, built
@@ -634,9 +634,9 @@ def run_dp_histogram(tuples_source: str, output_path: str, sigma: float, thresho
     ``BeamConfig.pipeline_args()``."""
     if sigma is None or threshold is None:
         raise ValueError("sigma and threshold are required (run_exact_histogram is the non-private baseline)")
-    return build_histogram_job(_pipeline(beam_args), tuples_source, output_path, sigma, threshold,
-                               noise_seed=noise_seed, max_tuples_per_patient=max_tuples_per_patient,
-                               num_shards=num_shards)
+    return run_histogram_job(_pipeline(beam_args), tuples_source, output_path, sigma, threshold,
+                             noise_seed=noise_seed, max_tuples_per_patient=max_tuples_per_patient,
+                             num_shards=num_shards)
 
 
 def run_exact_histogram(tuples_source: str, output_path: str,
@@ -644,12 +644,12 @@ def run_exact_histogram(tuples_source: str, output_path: str,
                         max_tuples_per_patient: Optional[int] = None,
                         num_shards: int = DEFAULT_NUM_SHARDS) -> HistogramRunResult:
     """NON-PRIVATE (ε = ∞) baseline: write every word with its exact tuple count."""
-    return build_histogram_job(_pipeline(beam_args), tuples_source, output_path,
-                               max_tuples_per_patient=max_tuples_per_patient, num_shards=num_shards)
+    return run_histogram_job(_pipeline(beam_args), tuples_source, output_path,
+                             max_tuples_per_patient=max_tuples_per_patient, num_shards=num_shards)
 
 
 __all__ = [
     "DPHistogram", "ExactHistogram", "CountTuplesPerWord", "CapTuplesPerPatient", "HistogramRunResult",
-    "run_dp_histogram", "run_exact_histogram", "build_histogram_job", "shard_of", "word_seed", "tuple_file_pattern",
+    "run_dp_histogram", "run_exact_histogram", "run_histogram_job", "shard_of", "word_seed", "tuple_file_pattern",
     "METRICS_NAMESPACE", "TUPLES_COUNTED", "WORDS_RELEASED",
 ]

@@ -35,7 +35,7 @@ def DPVocabularyGen(
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ):
     """Count each distinct word once per tuple, add N(0, σ²), keep counts ≥ C, learn WordPiece."""
-    from beam_jobs.dp_histogram import build_histogram_job
+    from beam_jobs.dp_histogram import run_histogram_job
     from dpbert.privacy import events, histogram
     from dpbert.vocab import histogram_file, wordpiece
 
@@ -63,10 +63,10 @@ def DPVocabularyGen(
         log.info("vocabulary: σ = %g, C = %.1f, ε = %.4g at δ = %.3g", vocab_cfg.sigma, report["threshold"],
                  report["epsilon"], report["delta"])
 
-    build_histogram_job(beam_pipeline, tuples.uri, histogram_path,
-                        sigma=None if report is None else vocab_cfg.sigma,
-                        threshold=None if report is None else report["threshold"],
-                        noise_seed=vocab_cfg.noise_seed, max_tuples_per_patient=k)
+    run_histogram_job(beam_pipeline, tuples.uri, histogram_path,
+                      sigma=None if report is None else vocab_cfg.sigma,
+                      threshold=None if report is None else report["threshold"],
+                      noise_seed=vocab_cfg.noise_seed, max_tuples_per_patient=k)
     kept = histogram_file.read_histogram(histogram_path)
     if not kept:
         raise ValueError(f"vocabulary: no word passed the threshold C = {report['threshold']:.1f} "

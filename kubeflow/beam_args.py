@@ -31,10 +31,6 @@ from typing import Dict, List, Optional
 
 from dpbert.config import Config, ConfigError
 
-#: Beam pipeline options that make TFX skip its ephemeral sdist (tfx/utils/dependency_utils.py).
-DEPENDENCY_FLAGS = ("extra_packages", "setup_file", "requirements_file",
-                    "worker_harness_container_image", "sdk_container_image")
-
 #: beam.runner (normalized) -> the Beam runner the Vertex step launches.
 _RUNNERS = {
     "direct": "DirectRunner",
@@ -168,8 +164,3 @@ def cloud_beam_args(config: Config, image: str) -> List[str]:
         return _dataflow_args(extra, options, worker_image)
     return _portable_args(beam.runner, extra, options, worker_image)
 
-
-def carries_dependency_flag(args: List[str]) -> bool:
-    """True if TFX will not build its ephemeral sdist for these Beam args."""
-    options = parse_beam_options(args)
-    return any(options.get(name) for name in DEPENDENCY_FLAGS)

@@ -144,15 +144,6 @@ class ShuffleSampler:
         return np.asarray(out, dtype=np.int64)
 
 
-def make_sampler(mode: str, n: int, batch_size: int, q: Optional[float] = None,
-                 seed: Optional[int] = None):
-    if mode == "poisson":
-        return PoissonSampler(n, q if q is not None else min(1.0, batch_size / n), seed)
-    if mode == "shuffle":
-        return ShuffleSampler(n, batch_size, seed)
-    raise ValueError(f"sampling mode must be one of {SAMPLING_MODES}, got {mode!r}")
-
-
 def pack_rounds(data, indices: np.ndarray, micro_batch: int, replicas: int,
                 max_rounds: Optional[int] = None) -> List[Dict[str, object]]:
     """Pack ``data[indices]`` into R ≥ 1 rounds ``{"features": [P, m, ...], "example_mask": [P, m]}``.

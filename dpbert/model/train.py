@@ -585,6 +585,6 @@ def _train_mlm_locked(token_ids: np.ndarray, special_token_ids: Union[Mapping[st
     return result
 
 
-def load_encoder(output_dir) -> bert_lib.BertModels:
+def load_models(output_dir) -> bert_lib.BertModels:
     """Rebuild the trained models from ``output_dir/model`` (config + weights)."""
     return bert_lib.load_bert(Path(output_dir) / "model")

@@ -278,20 +278,20 @@ def test_missing_tuple_files_are_a_clear_error(tmp_path):
     assert not (tmp_path / "h.jsonl").exists()
 
 
-def test_build_histogram_job_on_a_given_pipeline(tmp_path):
+def test_run_histogram_job_on_a_given_pipeline(tmp_path):
     """The TFX component's entry point: a pipeline it built, DP or (sigma=None) exact + cap."""
     from dpbert.data.tfrecord import write_tuples
 
     source = str(tmp_path / "tuples")
     write_tuples(_patient_tuples([1, 4, 6]), source, num_shards=2)
     exact_path = str(tmp_path / "exact.jsonl")
-    result = dh.build_histogram_job(beam.Pipeline(), source, exact_path, max_tuples_per_patient=2, noise_seed=1)
+    result = dh.run_histogram_job(beam.Pipeline(), source, exact_path, max_tuples_per_patient=2, noise_seed=1)
     exact = dict(read_histogram(exact_path))
     assert result.tuples_counted == 5 and result.words_released is None
     assert (exact["pat0"], exact["pat1"], exact["pat2"], exact["shared"]) == (1, 2, 2, 5)
     dp_path = str(tmp_path / "dp.jsonl")
-    result = dh.build_histogram_job(beam.Pipeline(), source, dp_path, sigma=1e-6, threshold=1.5)
+    result = dh.run_histogram_job(beam.Pipeline(), source, dp_path, sigma=1e-6, threshold=1.5)
     assert {w for w, _ in read_histogram(dp_path)} == {"pat1", "pat2", "shared"}
     assert result.words_released == 3
     with pytest.raises(ValueError, match="both"):
-        dh.build_histogram_job(beam.Pipeline(), source, dp_path, sigma=1.0)
+        dh.run_histogram_job(beam.Pipeline(), source, dp_path, sigma=1.0)

@@ -16,7 +16,7 @@ def test_saved_model_export_matches_keras_weights(tmp_path):
     import tensorflow as tf
 
     from dpbert.config import ModelConfig, TrainingConfig
-    from dpbert.model.train import load_encoder, train_mlm
+    from dpbert.model.train import load_models, train_mlm
 
     from .conftest import SPECIALS, repetitive_corpus
 
@@ -25,7 +25,7 @@ def test_saved_model_export_matches_keras_weights(tmp_path):
     assert result.saved_model_dir and Path(result.saved_model_dir, "saved_model.pb").exists()
     ids = repetitive_corpus()[:2]
     saved = tf.saved_model.load(result.saved_model_dir)(tf.constant(ids), training=False)
-    keras = load_encoder(tmp_path).encoder(ids)
+    keras = load_models(tmp_path).encoder(ids)
     np.testing.assert_allclose(saved["sequence_output"].numpy(), keras["sequence_output"].numpy(), atol=1e-5)
     assert len(saved["attention_probs"]) == 2
 

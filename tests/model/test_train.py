@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dpbert.config import ModelConfig, TrainingConfig
-from dpbert.model.train import SimulatedCrash, load_encoder, train_mlm
+from dpbert.model.train import SimulatedCrash, load_models, train_mlm
 from dpbert.privacy.plan import plan_training
 
 from .conftest import SPECIALS
@@ -42,7 +42,7 @@ def test_non_private_baseline_learns_and_records_infinite_epsilon(corpus, tmp_pa
     saved = json.loads((tmp_path / "train_result.json").read_text())
     assert saved["epsilon"] == "inf" and saved["non_private"] is True
     assert (tmp_path / "tensorboard").is_dir() and any((tmp_path / "tensorboard").iterdir())
-    models = load_encoder(tmp_path)  # evaluators reload the encoder from model_config.json + weights
+    models = load_models(tmp_path)  # evaluators reload the encoder from model_config.json + weights
     assert models.spec.vocab_size == VOCAB and models.spec.max_seq_length == 16
 
 
