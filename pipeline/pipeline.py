@@ -9,15 +9,16 @@ from typing import List, Optional
 from tfx import v1 as tfx
 
 from dpbert.config import Config
-from pipeline.code_version import code_version
+from pipeline.code_version import component_code_version
 
 
 def _section_json(section) -> str:
     return json.dumps(dataclasses.asdict(section), sort_keys=True)
 
 
-def _core_version(*extra: str) -> str:
-    return code_version("dpbert", "components/common.py", "components/artifacts.py", *extra)
+def _core_version(module: str) -> str:
+    """The ``code_version`` of a component: a hash of the first-party files ``module`` imports."""
+    return component_code_version(module)
 
 
 def create_components(config: Config) -> List:
@@ -33,7 +34,7 @@ def create_components(config: Config) -> List:
     ingest = CorpusIngest(
         corpus_config=_section_json(config.corpus),
         tuple_words=config.privacy.tuple_words,
-        code_version=_core_version("components/ingest.py"),
+        code_version=_core_version("components.ingest"),
     )
     tuples = ingest.outputs["tuples"]
     privatizer = None
@@ -48,14 +49,14 @@ def create_components(config: Config) -> List:
             eta=float(lp.eta),
             seed=-1 if lp.seed is None else int(lp.seed),
             embeddings_dir=lp.embeddings_dir or "",
-            code_version=_core_version("components/privatizer.py"),
+            code_version=_core_version("components.privatizer"),
         )
         tuples = privatizer.outputs["privatized_tuples"]
     vocabulary = DPVocabularyGen(
         tuples=tuples,
         vocab_config=_section_json(config.vocab),
         privacy_config=_section_json(config.privacy),
-        code_version=_core_version("components/vocabulary.py", "beam_jobs"),
+        code_version=_core_version("components.vocabulary"),
     )
     trainer_args = dict(
         tuples=tuples,
@@ -63,7 +64,7 @@ def create_components(config: Config) -> List:
         model_config=_section_json(config.model),
         training_config=_section_json(config.training),
         privacy_config=_section_json(config.privacy),
-        code_version=_core_version("components/trainer.py"),
+        code_version=_core_version("components.trainer"),
     )
     canaries = None
     if config.canary.enabled:
@@ -71,7 +72,7 @@ def create_components(config: Config) -> List:
             tuples=tuples,
             vocabulary=vocabulary.outputs["vocabulary"],
             canary_config=_section_json(config.canary),
-            code_version=_core_version("components/canary.py"),
+            code_version=_core_version("components.canary"),
         )
         trainer_args["canaries"] = canaries.outputs["canaries"]
     trainer = MLMPretrainer(**trainer_args).with_id("MLMPretrainer")
@@ -80,7 +81,7 @@ def create_components(config: Config) -> List:
         model=trainer.outputs["model"],
         training_delta=config.training.delta,
         epsilon_budget=-1.0 if config.privacy.epsilon_budget is None else config.privacy.epsilon_budget,
-        code_version=_core_version("components/accountant.py"),
+        code_version=_core_version("components.accountant"),
     )
     components = [ingest] + ([privatizer] if privatizer else []) + [vocabulary] + \
         ([canaries] if canaries else []) + [trainer, accountant]
@@ -96,7 +97,7 @@ def create_components(config: Config) -> List:
             model=trainer.outputs["model"],
             privacy_report=accountant.outputs["report"],
             audit_beta=config.canary.audit_beta,
-            code_version=_core_version("components/canary.py"),
+            code_version=_core_version("components.canary"),
             **baseline_input,
         ))
     if config.training.holdout_patient_fraction > 0:
@@ -105,7 +106,7 @@ def create_components(config: Config) -> List:
             tuples=ingest.outputs["tuples"],
             model=trainer.outputs["model"],
             seed=config.training.seed,
-            code_version=_core_version("components/membership.py"),
+            code_version=_core_version("components.membership"),
             **baseline_input,
         ))
     if config.ner.enabled:
@@ -113,7 +114,7 @@ def create_components(config: Config) -> List:
             model=trainer.outputs["model"],
             ner_config=_section_json(config.ner),
             tuple_words=config.privacy.tuple_words,
-            code_version=_core_version("components/ner.py"),
+            code_version=_core_version("components.ner"),
             **baseline_input,
         ))
     return components
