@@ -3,8 +3,8 @@
 Pages (Jinja2, autoescape on):  ``/`` the runs; ``/runs/{run_id}`` one run (DAG, artifacts,
 privacy ledger, plots). Charts: ``/runs/{run_id}/plots/{name}.svg`` (matplotlib, server-side).
 JSON: ``/api/runs`` (the runs), ``/api/runs/{run_id}`` (exactly ``dpbert.report.build_report``
-as strict JSON: infinities as the string ``"inf"``), ``/api/runs/{run_id}/dag`` (the DAG and the
-artifacts as the page shows them).
+as strict JSON, ``dpbert.schema.encode``: infinities as the string ``"inf"``),
+``/api/runs/{run_id}/dag`` (the DAG and the artifacts as the page shows them).
 
 Read-only by construction: the ML Metadata store is opened READONLY for each request, only GET
 (and HEAD) is routed, and no artifact file is ever opened. Every response carries a
@@ -13,7 +13,6 @@ Content-Security-Policy that allows no script at all.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import threading
 from collections import OrderedDict
@@ -32,7 +31,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from dashboard import views
-from dpbert import metadata
+from dpbert import metadata, schema
 from dpbert.report import build_report
 
 log = logging.getLogger("dpbert.dashboard")
@@ -80,7 +79,7 @@ def render_plot(name: str, args: tuple) -> bytes:
     """The SVG of a chart, memoised on its exact input data (rendering is the slow part)."""
     from dashboard import plots  # matplotlib: imported on the first chart
 
-    key = name + json.dumps(views.strict_json(list(args)), sort_keys=True)
+    key = name + schema.dumps(list(args), sort_keys=True)
     with _PLOT_CACHE_LOCK:
         if key in _PLOT_CACHE:
             _PLOT_CACHE.move_to_end(key)
@@ -158,15 +157,15 @@ def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = N
                         "components": summary["components"],
                         "report": path_for("api_run", run_id=r.run_id),
                         "page": path_for("run", run_id=r.run_id)})
-        return JSONResponse(views.strict_json(out))
+        return JSONResponse(schema.encode(out))
 
     def api_run(request: Request) -> Response:
-        return JSONResponse(views.strict_json(build_report(find_run(request.path_params["run_id"]))))
+        return JSONResponse(schema.encode(build_report(find_run(request.path_params["run_id"]))))
 
     def api_dag(request: Request) -> Response:
         d = views.dag(find_run(request.path_params["run_id"]))
-        return JSONResponse(views.strict_json({"nodes": d["nodes"], "edges": d["edges"],
-                                               "artifacts": d["artifacts"]}))
+        return JSONResponse(schema.encode({"nodes": d["nodes"], "edges": d["edges"],
+                                           "artifacts": d["artifacts"]}))
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         if request.url.path.startswith("/api/"):

@@ -13,33 +13,36 @@ Privacy rules applied here (the templates only escape and lay out):
 from __future__ import annotations
 
 import datetime
-import json
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from dpbert import schema
 from dpbert.metadata import ArtifactInfo, RunInfo
 
 # Types whose files hold raw text or secrets even if an older run did not set `private`.
-KNOWN_PRIVATE_TYPES = frozenset({"components.WordTuples"})
-PRIVATE_SHOWN_PREFIX = "num_"  # counts of units (tuples, documents, patients)
+KNOWN_PRIVATE_TYPES = frozenset({schema.type_name(schema.WORD_TUPLES)})
+PRIVATE_SHOWN_PREFIX = schema.COUNT_PREFIX  # counts of units (tuples, documents, patients)
 SHORT_VALUE = 160
-BOOLEAN_KEYS = frozenset({"within_budget", "non_private", "private"})  # stored as ints
+BOOLEAN_KEYS = schema.BOOLEAN_PROPERTIES  # stored as ints
 
 LEDGER_ROWS = (
-    ("epsilon_vocab", "ε_V (vocabulary)"),
-    ("epsilon_train", "ε_T (DP-SGD)"),
-    ("epsilon_total_basic", "ε total, basic composition"),
-    ("epsilon_total_pld", "ε total, PLD"),
-    ("epsilon_total_rdp", "ε total, RDP"),
-    ("delta", "δ total"),
-    ("delta_vocab", "δ_V"),
-    ("delta_train", "δ_T"),
-    ("unit", "unit of privacy"),
-    ("sampling", "sampling mode"),
-    ("steps", "training steps"),
-    ("epsilon_budget", "ε budget (configured)"),
-    ("within_budget", "within budget"),
+    (schema.EPSILON_VOCAB, "ε_V (vocabulary)"),
+    (schema.EPSILON_TRAIN, "ε_T (DP-SGD)"),
+    (schema.EPSILON_TOTAL_BASIC, "ε total, basic composition"),
+    (schema.EPSILON_TOTAL_PLD, "ε total, PLD"),
+    (schema.EPSILON_TOTAL_RDP, "ε total, RDP"),
+    (schema.DELTA, "δ total"),
+    (schema.DELTA_VOCAB, "δ_V"),
+    (schema.DELTA_TRAIN, "δ_T"),
+    (schema.UNIT, "unit of privacy"),
+    (schema.SAMPLING, "sampling mode"),
+    (schema.STEPS, "training steps"),
+    (schema.EPSILON_BUDGET, "ε budget (configured)"),
+    (schema.WITHIN_BUDGET, "within budget"),
 )
+LEDGER_BARS = ((schema.EPSILON_VOCAB, "ε_V"), (schema.EPSILON_TRAIN, "ε_T"),
+               (schema.EPSILON_TOTAL_BASIC, "total (basic)"), (schema.EPSILON_TOTAL_PLD, "total (PLD)"),
+               (schema.EPSILON_TOTAL_RDP, "total (RDP)"))
 VOCAB_ROWS = (("size", "vocabulary size"), ("words_kept", "words kept"), ("sigma", "σ (noise per count)"),
               ("threshold", "threshold C"), ("epsilon", "ε_V"), ("non_private", "non-private baseline"))
 PRETRAINING_ROWS = (("steps", "steps taken"), ("initial_mlm_loss", "initial MLM loss"),
@@ -75,19 +78,8 @@ def fmt(value: Any) -> str:
             return "∞" if value > 0 else "−∞"
         return f"{value:.4g}"
     if isinstance(value, (dict, list, tuple)):
-        return json.dumps(strict_json(value), sort_keys=True, ensure_ascii=False)
+        return schema.dumps(value, sort_keys=True, ensure_ascii=False)
     return str(value)
-
-
-def strict_json(obj: Any) -> Any:
-    """``obj`` with non-finite floats as strings (``"inf"``), so that it is strict JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "inf" if obj > 0 else ("-inf" if obj < 0 else "nan")
-    if isinstance(obj, dict):
-        return {str(k): strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json(v) for v in obj]
-    return obj
 
 
 def fmt_duration(seconds: Optional[float]) -> str:
@@ -139,7 +131,7 @@ def visible_properties(artifact: ArtifactInfo) -> Tuple[List[Dict[str, Any]], in
 
 
 def short_type(type_name: str) -> str:
-    return type_name.split(".", 1)[1] if type_name.startswith("components.") else type_name
+    return schema.short_type_name(type_name)
 
 
 def run_summary(run: RunInfo) -> Dict[str, Any]:
@@ -211,34 +203,32 @@ def _first_props(run: RunInfo, type_name: str) -> Optional[Dict[str, Any]]:
 
 def ledger(run: RunInfo) -> Optional[Dict[str, Any]]:
     """The privacy ledger (``components.PrivacyReport`` properties), or None when not in the run."""
-    props = _first_props(run, "components.PrivacyReport")
+    props = _first_props(run, schema.type_name(schema.PRIVACY_REPORT))
     if props is None:
         return None
     rows = [{"key": key, "label": label, "value": _fmt_key(key, props.get(key))} for key, label in LEDGER_ROWS
             if props.get(key) is not None]
-    total, budget = number(props.get("epsilon_total_pld")), number(props.get("epsilon_budget"))
-    within = _bool_flag(props.get("within_budget"))
+    total, budget = number(props.get(schema.EPSILON_TOTAL_PLD)), number(props.get(schema.EPSILON_BUDGET))
+    within = _bool_flag(props.get(schema.WITHIN_BUDGET))
     if within is None and total is not None and budget is not None:
         within = total <= budget
-    statement = props.get("statement")
+    statement = props.get(schema.STATEMENT)
     return {"rows": rows, "total": fmt(total) if total is not None else None,
             "budget": fmt(budget) if budget is not None else None, "within": within,
             "statement": statement if isinstance(statement, str) else None,
-            "chart": any(number(props.get(k)) is not None for k in
-                         ("epsilon_vocab", "epsilon_train", "epsilon_total_basic", "epsilon_total_pld"))}
+            "chart": any(number(props.get(k)) is not None for k in (
+                schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC, schema.EPSILON_TOTAL_PLD))}
 
 
 def ledger_bars(run: RunInfo) -> Optional[Dict[str, Any]]:
-    props = _first_props(run, "components.PrivacyReport")
+    props = _first_props(run, schema.type_name(schema.PRIVACY_REPORT))
     if props is None:
         return None
-    bars = [(label, number(props.get(key))) for key, label in (
-        ("epsilon_vocab", "ε_V"), ("epsilon_train", "ε_T"), ("epsilon_total_basic", "total (basic)"),
-        ("epsilon_total_pld", "total (PLD)"), ("epsilon_total_rdp", "total (RDP)"))]
+    bars = [(label, number(props.get(key))) for key, label in LEDGER_BARS]
     bars = [(label, v) for label, v in bars if v is not None]
     if not bars:
         return None
-    return {"bars": bars, "budget": number(props.get("epsilon_budget"))}
+    return {"bars": bars, "budget": number(props.get(schema.EPSILON_BUDGET))}
 
 
 def _fmt_key(key: str, value: Any) -> str:
@@ -265,9 +255,9 @@ def loss_curves(run: RunInfo, report: Dict[str, Any]) -> Dict[str, List[float]]:
     dp = points((report.get("pretraining") or {}).get("loss_curve"))
     if dp:
         curves["DP"] = dp
-    for artifact in run.artifacts("components.PretrainedModel"):
-        if not is_private(artifact) and _bool_flag(artifact.properties.get("non_private")):
-            non_dp = points(artifact.properties.get("loss_curve"))
+    for artifact in run.artifacts(schema.type_name(schema.PRETRAINED_MODEL)):
+        if not is_private(artifact) and _bool_flag(artifact.properties.get(schema.NON_PRIVATE)):
+            non_dp = points(artifact.properties.get(schema.LOSS_CURVE))
             if non_dp:
                 curves["non-DP"] = non_dp
             break

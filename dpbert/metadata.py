@@ -2,17 +2,19 @@
 
 This is what `dpbert report` and the dashboard read. It never opens artifact files marked
 private (``private`` custom property = 1: tuples of raw text, canary secrets); it returns only
-custom properties and URIs.
+custom properties (decoded by ``dpbert.schema.properties``, the one reader of the artifact
+contract) and URIs.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Dict, List, Optional
 
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
+
+from dpbert import schema
 
 STATE_NAMES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
 
@@ -31,27 +33,6 @@ def open_store(path: str) -> metadata_store.MetadataStore:
     return metadata_store.MetadataStore(config)
 
 
-def _value(v: metadata_store_pb2.Value) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "string_value":
-        s = v.string_value
-        if s == "inf":
-            return float("inf")
-        if s[:1] in "[{":
-            try:
-                return json.loads(s)
-            except ValueError:
-                return s
-        return s
-    if kind == "int_value":
-        return v.int_value
-    if kind == "double_value":
-        return v.double_value
-    if kind == "bool_value":
-        return v.bool_value
-    return None
-
-
 @dataclasses.dataclass
 class ArtifactInfo:
     id: int
@@ -62,7 +43,7 @@ class ArtifactInfo:
 
     @property
     def private(self) -> bool:
-        return bool(self.properties.get("private"))
+        return bool(self.properties.get(schema.PRIVATE))
 
 
 @dataclasses.dataclass
@@ -121,7 +102,7 @@ def _artifact_infos(store, events, wanted_types) -> List[ArtifactInfo]:
         key = e.path.steps[0].key if e.path.steps else ""
         out.append(ArtifactInfo(
             id=a.id, type=type_names.get(a.type_id, a.type), uri=a.uri, name=key,
-            properties={k: _value(v) for k, v in a.custom_properties.items()}))
+            properties=schema.properties(a)))
     return out
 
 

@@ -8,24 +8,31 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from dpbert import schema
 from dpbert.metadata import RunInfo
 
+#: The ledger properties the report's ``privacy`` section shows (same keys).
+LEDGER_KEYS = (schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC,
+               schema.EPSILON_TOTAL_PLD, schema.EPSILON_TOTAL_RDP, schema.DELTA, schema.DELTA_VOCAB,
+               schema.DELTA_TRAIN, schema.UNIT, schema.SAMPLING, schema.STEPS, schema.EPSILON_BUDGET,
+               schema.WITHIN_BUDGET)
 
-def _props(run: RunInfo, type_name: str, key: Optional[str] = None, where=None) -> Dict[str, Any]:
-    for artifact in run.artifacts(type_name, key):
+
+def _props(run: RunInfo, short_type: str, key: Optional[str] = None, where=None) -> Dict[str, Any]:
+    for artifact in run.artifacts(schema.type_name(short_type), key):
         if where is None or where(artifact.properties):
             return artifact.properties
     return {}
 
 
 def build_report(run: RunInfo) -> Dict[str, Any]:
-    ledger = _props(run, "components.PrivacyReport")
-    vocab = _props(run, "components.DPVocabulary")
-    dp_model = _props(run, "components.PretrainedModel", where=lambda p: not p.get("non_private"))
-    non_dp_model = _props(run, "components.PretrainedModel", where=lambda p: bool(p.get("non_private")))
-    ner = _props(run, "components.NerReport")
-    canary = _props(run, "components.CanaryReport")
-    mia = _props(run, "components.MembershipReport")
+    ledger = _props(run, schema.PRIVACY_REPORT)
+    vocab = _props(run, schema.DP_VOCABULARY)
+    dp_model = _props(run, schema.PRETRAINED_MODEL, where=lambda p: not p.get(schema.NON_PRIVATE))
+    non_dp_model = _props(run, schema.PRETRAINED_MODEL, where=lambda p: bool(p.get(schema.NON_PRIVATE)))
+    ner = _props(run, schema.NER_REPORT)
+    canary = _props(run, schema.CANARY_REPORT)
+    mia = _props(run, schema.MEMBERSHIP_REPORT)
     report: Dict[str, Any] = {
         "run_id": run.run_id,
         "pipeline": run.pipeline,
@@ -33,32 +40,30 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
         "duration_s": round(run.duration_s, 1),
         "components": [{"id": c.node_id, "state": c.state, "duration_s": round(c.duration_s, 1)}
                        for c in run.components],
-        "privacy": {k: ledger.get(k) for k in (
-            "epsilon_vocab", "epsilon_train", "epsilon_total_basic", "epsilon_total_pld",
-            "epsilon_total_rdp", "delta", "delta_vocab", "delta_train", "unit", "sampling", "steps",
-            "epsilon_budget", "within_budget")},
-        "vocab": {"size": vocab.get("vocab_size"), "words_kept": vocab.get("words_kept"),
-                  "sigma": vocab.get("sigma"), "threshold": vocab.get("threshold"),
-                  "epsilon": vocab.get("epsilon"), "non_private": vocab.get("non_private")},
-        "pretraining": {"steps": dp_model.get("steps_taken_total"),
-                        "final_mlm_loss": dp_model.get("final_mlm_loss"),
-                        "initial_mlm_loss": dp_model.get("initial_mlm_loss"),
-                        "loss_curve": dp_model.get("loss_curve"),
-                        "non_dp_final_mlm_loss": non_dp_model.get("final_mlm_loss")},
-        "ner": {"f1": ner.get("f1"), "per_type": ner.get("per_type"), "table": ner.get("table")},
-        "canary": {"groups": canary.get("groups", []),
-                   "audit_epsilon_lower_bound": canary.get("audit_epsilon_lower_bound")},
+        "privacy": {k: ledger.get(k) for k in LEDGER_KEYS},
+        "vocab": {"size": vocab.get(schema.VOCAB_SIZE), "words_kept": vocab.get(schema.WORDS_KEPT),
+                  "sigma": vocab.get(schema.SIGMA), "threshold": vocab.get(schema.THRESHOLD),
+                  "epsilon": vocab.get(schema.EPSILON), "non_private": vocab.get(schema.NON_PRIVATE)},
+        "pretraining": {"steps": dp_model.get(schema.STEPS_TAKEN_TOTAL),
+                        "final_mlm_loss": dp_model.get(schema.FINAL_MLM_LOSS),
+                        "initial_mlm_loss": dp_model.get(schema.INITIAL_MLM_LOSS),
+                        "loss_curve": dp_model.get(schema.LOSS_CURVE),
+                        "non_dp_final_mlm_loss": non_dp_model.get(schema.FINAL_MLM_LOSS)},
+        "ner": {"f1": ner.get(schema.F1), "per_type": ner.get(schema.PER_TYPE), "table": ner.get(schema.TABLE)},
+        "canary": {"groups": canary.get(schema.GROUPS, []),
+                   "audit_epsilon_lower_bound": canary.get(schema.AUDIT_EPSILON_LOWER_BOUND)},
     }
     if mia:
         # The contract: {"dp"|"non_dp": {attack: {"advantage", "auc"}}}; rows (with ROC curves and
         # the advantage bound) for tables and the dashboard.
-        attacks_by_model = mia.get("attacks")
+        attacks_by_model = mia.get(schema.ATTACKS)
         report["membership_inference"] = {
             model: {name: {"advantage": m.get("advantage"), "auc": m.get("auc")}
                     for name, m in attacks.items() if isinstance(m, dict)}
             for model, attacks in attacks_by_model.items() if isinstance(attacks, dict)
         } if isinstance(attacks_by_model, dict) else attacks_by_model
-        report["membership_inference_rows"] = membership_rows(mia.get("attacks"), mia.get("roc_curves"), ledger)
+        report["membership_inference_rows"] = membership_rows(mia.get(schema.ATTACKS),
+                                                              mia.get(schema.ROC_CURVES), ledger)
     return report
 
 
@@ -79,8 +84,8 @@ def membership_rows(attacks, roc_curves=None, ledger: Optional[Dict[str, Any]] =
 
     ledger = ledger or {}
     bound = None
-    eps, delta = ledger.get("epsilon_total_pld"), ledger.get("delta")
-    if isinstance(eps, (int, float)) and isinstance(delta, (int, float)) and ledger.get("unit") == "tuple":
+    eps, delta = ledger.get(schema.EPSILON_TOTAL_PLD), ledger.get(schema.DELTA)
+    if isinstance(eps, (int, float)) and isinstance(delta, (int, float)) and ledger.get(schema.UNIT) == "tuple":
         bound = advantage_bound(float(eps), float(delta))
     rows = []
     for label in [m for m in MODEL_LABELS if m in attacks]:

@@ -8,18 +8,19 @@ Encoding (strict JSON and ML Metadata custom properties):
 
 * non-finite floats become the strings ``"inf"``, ``"-inf"``, ``"nan"`` (JSON has no infinity and
   MLMD's double property cannot tell a missing value from NaN);
-* numpy scalars become Python scalars, tuples become lists, dp-accounting ``DpEvent`` objects
-  become their dict form (``dpbert.privacy.events.dp_event_to_dict``);
-* in MLMD, dicts and lists are stored as JSON strings; bools as ints.
+* numpy scalars and arrays become Python scalars and lists, tuples become lists, dp-accounting
+  ``DpEvent`` objects become their dict form (``dpbert.privacy.events.dp_event_to_dict``);
+* in MLMD (``property_value``), dicts and lists are stored as JSON strings; bools as ints.
 
 ``decode`` inverts ``encode`` (the three strings become floats again); ``decode_property`` reads
-one MLMD value (string / int / double / struct) back, whatever its stored type.
+one MLMD value (string / int / double / bool / struct) back, whatever its stored type, and
+``properties`` every custom property of an artifact: the one way properties are read back.
 """
 from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 # --------------------------------------------------------------------------- artifact type names
 TYPE_PREFIX = "components."
@@ -38,6 +39,11 @@ def type_name(short: str) -> str:
     return TYPE_PREFIX + short
 
 
+def short_type_name(name: str) -> str:
+    """Inverse of ``type_name`` (other type names unchanged)."""
+    return name[len(TYPE_PREFIX):] if name.startswith(TYPE_PREFIX) else name
+
+
 # --------------------------------------------------------------------------- property names
 #: 1 on an artifact whose files hold private data (tuples, canary secrets, non-private models and
 #: every report computed on private data without noise): never opened by the report/dashboard.
@@ -54,6 +60,51 @@ MAX_SEQ_LENGTH = "max_seq_length"
 EPSILON_TRAIN = "epsilon_train"
 DELTA_TRAIN = "delta_train"
 HOLDOUT_FRACTION = "holdout_patient_fraction"
+#: Properties named ``num_*`` count units (tuples, documents, patients): the only properties of a
+#: private artifact the dashboard shows.
+COUNT_PREFIX = "num_"
+
+# PrivacyReport (the ledger; also EPSILON_TRAIN, DELTA_TRAIN above)
+EPSILON_VOCAB = "epsilon_vocab"
+EPSILON_TOTAL_BASIC = "epsilon_total_basic"
+EPSILON_TOTAL_PLD = "epsilon_total_pld"
+EPSILON_TOTAL_RDP = "epsilon_total_rdp"
+DELTA = "delta"
+DELTA_VOCAB = "delta_vocab"
+UNIT = "unit"
+SAMPLING = "sampling"
+STEPS = "steps"
+EPSILON_BUDGET = "epsilon_budget"
+WITHIN_BUDGET = "within_budget"    # stored as an int
+STATEMENT = "statement"
+
+# DPVocabulary (also NON_PRIVATE, DP_EVENT)
+VOCAB_SIZE = "vocab_size"
+WORDS_KEPT = "words_kept"
+SIGMA = "sigma"
+THRESHOLD = "threshold"
+EPSILON = "epsilon"
+
+# PretrainedModel (also NON_PRIVATE, STEPS_TAKEN_TOTAL, DP_EVENTS, ...)
+INITIAL_MLM_LOSS = "initial_mlm_loss"
+FINAL_MLM_LOSS = "final_mlm_loss"
+LOSS_CURVE = "loss_curve"
+
+# NerReport
+F1 = "f1"
+PER_TYPE = "per_type"
+TABLE = "table"
+
+# CanaryReport
+GROUPS = "groups"
+AUDIT_EPSILON_LOWER_BOUND = "audit_epsilon_lower_bound"
+
+# MembershipReport
+ATTACKS = "attacks"
+ROC_CURVES = "roc_curves"
+
+#: Flags stored as ints (MLMD has no bool property before schema v10).
+BOOLEAN_PROPERTIES = frozenset({PRIVATE, NON_PRIVATE, WITHIN_BUDGET})
 
 # --------------------------------------------------------------------------- file names
 RUN_CONFIG_FILE = "run_config.json"
@@ -66,9 +117,30 @@ TOKENIZER_DIR = "tokenizer"
 TENSORBOARD_DIR = "tensorboard"
 
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+#: TFX's key for a non-dict JSON value in a struct custom property.
+STRUCT_VALUE_KEY = "__value__"
 
 
 # --------------------------------------------------------------------------- the codec
+def _plain(obj: Any) -> Any:
+    """A numpy scalar or array as Python values; anything else unchanged."""
+    if isinstance(obj, (str, bytes)):
+        return obj
+    if type(obj).__module__ == "numpy" and callable(getattr(obj, "tolist", None)):
+        return obj.tolist()
+    if callable(getattr(obj, "item", None)):          # other array-likes' scalars
+        return obj.item()
+    return obj
+
+
+def _is_dp_event(obj: Any) -> bool:
+    if not type(obj).__module__.startswith("dp_accounting"):
+        return False               # dp_accounting is not imported for plain values
+    import dp_accounting
+
+    return isinstance(obj, dp_accounting.DpEvent)
+
+
 def encode(obj: Any) -> Any:
     """``obj`` as strict-JSON-able Python values (see the module docstring)."""
     if isinstance(obj, float):
@@ -79,13 +151,12 @@ def encode(obj: Any) -> Any:
         return {str(k): encode(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [encode(v) for v in obj]
-    if type(obj).__module__.startswith("dp_accounting"):
-        from dpbert.privacy.events import dp_event_to_dict
+    if _is_dp_event(obj):
+        from dpbert.privacy.events import dp_event_to_dict   # events imports this module
 
         return dp_event_to_dict(obj)
-    if hasattr(obj, "item") and callable(obj.item) and not isinstance(obj, (str, bytes)):  # numpy
-        return encode(obj.item())
-    return obj
+    plain = _plain(obj)
+    return obj if plain is obj else encode(plain)
 
 
 def decode(obj: Any) -> Any:
@@ -100,29 +171,29 @@ def decode(obj: Any) -> Any:
 
 
 def dumps(obj: Any, **kwargs) -> str:
-    """Strict JSON text of ``encode(obj)`` (never ``Infinity``/``NaN`` tokens)."""
+    """Strict JSON text of ``encode(obj)`` (never ``Infinity``/``NaN`` tokens); ``kwargs`` go to
+    ``json.dumps`` (``indent``, ``sort_keys``, ``ensure_ascii``...)."""
     return json.dumps(encode(obj), allow_nan=False, **kwargs)
 
 
-def loads(text) -> Any:
+def loads(text: Union[str, bytes]) -> Any:
     """Inverse of ``dumps``."""
     return decode(json.loads(text))
 
 
-def property_value(value: Any):
+def property_value(value: Any) -> Optional[Tuple[str, Any]]:
     """(kind, value) to store one Python value as an MLMD custom property; kind is
     ``"int"``, ``"float"`` or ``"string"``; None for a missing value."""
     if value is None:
         return None
+    value = _plain(value)
     if isinstance(value, bool):
         return "int", int(value)
-    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
-        value = value.item()
     if isinstance(value, int):
         return "int", value
     if isinstance(value, float):
         return ("float", value) if math.isfinite(value) else ("string", encode(value))
-    if isinstance(value, (dict, list, tuple)):
+    if isinstance(value, (dict, list, tuple)) or _is_dp_event(value):
         return "string", dumps(value, sort_keys=True)
     return "string", str(value)
 
@@ -140,7 +211,13 @@ def decode_string_property(text: str) -> Any:
 
 
 def decode_property(value) -> Any:
-    """One ``metadata_store_pb2.Value`` back to Python (string/int/double/bool/struct)."""
+    """One ``metadata_store_pb2.Value`` back to Python (string/int/double/bool/struct); None for
+    an unset value.
+
+    A struct value is what Kubeflow V2 / Vertex AI rebuild custom properties as (TFX's JSON
+    values: a non-dict wrapped as ``{"__value__": ...}``, ints arriving as floats); a string in
+    it is decoded like a string property.
+    """
     kind = value.WhichOneof("value")
     if kind == "string_value":
         return decode_string_property(value.string_value)
@@ -151,9 +228,15 @@ def decode_property(value) -> Any:
     if kind == "bool_value":
         return value.bool_value
     if kind == "struct_value":
-        # Kubeflow V2 / Vertex AI rebuild custom properties as JSON values (ints arrive as floats).
         from google.protobuf import json_format
 
         decoded = json_format.MessageToDict(value.struct_value)
-        return decode(decoded.get("__value__", decoded)) if isinstance(decoded, dict) else decode(decoded)
+        if isinstance(decoded, dict) and STRUCT_VALUE_KEY in decoded:
+            decoded = decoded[STRUCT_VALUE_KEY]
+        return decode_string_property(decoded) if isinstance(decoded, str) else decode(decoded)
     return None
+
+
+def properties(message) -> Dict[str, Any]:
+    """Every custom property of an MLMD artifact (or execution) message, decoded."""
+    return {key: decode_property(value) for key, value in message.custom_properties.items()}

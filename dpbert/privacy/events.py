@@ -37,7 +37,8 @@ Non-private stage (``non_private_event``): {"schema", "mechanism": "non_private"
   "event": {"type": "NonPrivateDpEvent"}} — ε = ∞.
 
 Infinity: JSON has none. ``to_json`` writes non-finite floats as the strings "inf", "-inf",
-"nan" (strict JSON, ``allow_nan=False``) and ``from_json`` turns those strings back into floats;
+"nan" (strict JSON, ``allow_nan=False``) and ``from_json`` turns those strings back into floats
+(both are ``dpbert.schema``'s codec, the one shared by every artifact and report);
 reports also carry ``"non_private": true`` when ε is infinite because of a non-private stage.
 
 DP-SGD events (derivations; ``dpsgd_dp_event``)
@@ -79,7 +80,6 @@ shuffle (``dpbert.model.sampling.ShuffleSampler``: consecutive windows of B over
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Dict, Mapping, Optional, Union
 
@@ -87,6 +87,7 @@ import attr
 import dp_accounting
 from dp_accounting import dp_event as _dpe
 
+from dpbert import schema
 from dpbert.privacy import _checks
 from dpbert.privacy import histogram as _histogram
 
@@ -143,41 +144,15 @@ def dp_event_from_dict(data: Mapping[str, Any]) -> dp_accounting.DpEvent:
     return cls(**kwargs)
 
 
-def _encode(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, Mapping):
-        return {str(k): _encode(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_encode(v) for v in obj]
-    if isinstance(obj, dp_accounting.DpEvent):
-        return dp_event_to_dict(obj)
-    if hasattr(obj, "item") and callable(obj.item):     # numpy scalars
-        return _encode(obj.item())
-    return obj
-
-
-_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
-
-
-def _decode(obj):
-    if isinstance(obj, str) and obj in _NON_FINITE:
-        return _NON_FINITE[obj]
-    if isinstance(obj, dict):
-        return {k: _decode(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode(v) for v in obj]
-    return obj
-
-
 def to_json(obj, **kwargs) -> str:
-    """Strict JSON; non-finite floats become "inf" / "-inf" / "nan", DpEvents become dicts."""
-    return json.dumps(_encode(obj), allow_nan=False, **kwargs)
+    """Strict JSON of a record, a list of records or a ledger (``dpbert.schema.dumps``: non-finite
+    floats become "inf" / "-inf" / "nan", DpEvents become dicts)."""
+    return schema.dumps(obj, **kwargs)
 
 
 def from_json(text: Union[str, bytes]) -> Any:
-    """Inverse of ``to_json`` (the strings "inf", "-inf", "nan" become floats)."""
-    return _decode(json.loads(text))
+    """Inverse of ``to_json`` (``dpbert.schema.loads``: "inf", "-inf", "nan" become floats)."""
+    return schema.loads(text)
 
 
 def _as_record(record) -> Dict[str, Any]:
@@ -185,7 +160,7 @@ def _as_record(record) -> Dict[str, Any]:
         record = from_json(record)
     if not isinstance(record, Mapping):
         raise ValueError(f"event record must be a JSON object or a mapping, got {type(record).__name__}")
-    record = _decode(_encode(dict(record)))      # a plain, JSON-equivalent copy
+    record = schema.decode(schema.encode(dict(record)))      # a plain, JSON-equivalent copy
     if record.get("schema") != SCHEMA:
         raise ValueError(f"event record schema must be {SCHEMA!r}, got {record.get('schema')!r}")
     return record

@@ -9,11 +9,12 @@ def artifact(id_, type_, props, name="out"):
     return ArtifactInfo(id=id_, type=type_, uri=f"/root/{id_}", name=name, properties=props)
 
 
-def test_fmt_and_strict_json():
+def test_fmt():
     assert [views.fmt(v) for v in (None, True, 0.000012345, math.inf, -math.inf, math.nan, 3, "x", [1, 2.5])] == \
         ["—", "yes", "1.234e-05", "∞", "−∞", "NaN", "3", "x", "[1, 2.5]"]
-    assert views.strict_json({"a": [math.inf, -math.inf, math.nan, 1.0], "b": (1,)}) == \
-        {"a": ["inf", "-inf", "nan", 1.0], "b": [1]}
+    # containers as strict JSON (dpbert.schema's codec), keys sorted, non-ASCII kept
+    assert views.fmt({"b": (1,), "a": [math.inf, -math.inf, math.nan, 1.0], "ε": "δ"}) == \
+        '{"a": ["inf", "-inf", "nan", 1.0], "b": [1], "ε": "δ"}'
     assert views.fmt_duration(75) == "1 min 15 s" and views.fmt_duration(3725) == "1 h 02 min"
     assert views.number("inf") == math.inf and views.number({"mean": 2}) == 2.0 and views.number(True) is None
 

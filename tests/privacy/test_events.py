@@ -6,6 +6,7 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 
+from dpbert import schema
 from dpbert.privacy import events as E
 from dpbert.privacy import histogram as H
 
@@ -57,6 +58,8 @@ def test_infinity_is_strict_json():
     back = E.from_json(text)
     assert back["epsilon"] == math.inf and back["low"] == -math.inf and math.isnan(back["x"][1])
     assert back["n"] == 2.5
+    # the events API is the artifact contract's codec, not a copy of it
+    assert text == schema.dumps({"epsilon": math.inf, "low": -math.inf, "x": [1.0, math.nan], "n": 2.5})
 
 
 def test_histogram_event_round_trip_and_recomputation():
