@@ -74,8 +74,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import integrate, special, stats
 
-PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
-SPECIAL_IDS = (PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID)
+from dpbert.vocab.wordpiece import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_IDS, UNK_ID  # noqa: F401
+
 PATTERNS = ("HS", "HSH", "HSHH", "HHSHH")
 FORMAT = "dpbert.canary_set"
 FORMAT_VERSION = 1

@@ -83,10 +83,10 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dpbert.vocab.wordpiece import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_IDS, UNK_ID  # noqa: F401
+
 log = logging.getLogger(__name__)
 
-PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
-SPECIAL_IDS = (PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID)
 ATTACKS = ("S-BBA", "A-BBA", "P-BBA", "S-AWBA", "S-GWBA")
 ATTENTION_STATS = ("mean", "median", "p05", "p95")
 MAX_ROC_POINTS = 200

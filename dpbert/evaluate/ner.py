@@ -45,7 +45,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
-PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
+from dpbert.vocab.wordpiece import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID  # noqa: F401
 IGNORE_LABEL = -100
 
 _RESOURCES = Path(__file__).resolve().parent.parent / "resources" / "ner"

@@ -38,8 +38,8 @@ from tokenizers import Tokenizer, decoders, models
 
 from dpbert.data.words import NORMALIZER, PRE_TOKENIZER
 from dpbert.local_privacy.dchi import DchiMechanism, special_ids_of
+from dpbert.vocab.wordpiece import SPECIAL_TOKENS, UNK
 
-UNK = "[UNK]"
 CONTINUING_PREFIX = "##"
 HF_WORD_EMBEDDINGS = "embeddings.word_embeddings.weight"
 
@@ -56,7 +56,7 @@ def tokenizer_from_vocab(tokens: Sequence[str]) -> Tokenizer:
     tokenizer.normalizer = NORMALIZER
     tokenizer.pre_tokenizer = PRE_TOKENIZER
     tokenizer.decoder = decoders.WordPiece(prefix=CONTINUING_PREFIX)
-    tokenizer.add_special_tokens([t for t in tokens if t in ("[PAD]", UNK, "[CLS]", "[SEP]", "[MASK]")])
+    tokenizer.add_special_tokens([t for t in tokens if t in SPECIAL_TOKENS])
     return tokenizer
 
 

@@ -11,7 +11,6 @@ default public checkpoint (``dpbert.local_privacy.embeddings.load_embeddings``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -21,29 +20,15 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from dpbert import schema
+from dpbert.vocab.wordpiece import special_ids
+
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def _floats(text: str) -> List[float]:
     return [float(x) for x in text.split(",") if x.strip()]
-
-
-def _strict(obj):
-    """Non-finite floats as strings (strict JSON)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "inf" if obj > 0 else ("-inf" if obj < 0 else "nan")
-    if isinstance(obj, dict):
-        return {k: _strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strict(v) for v in obj]
-    return obj
-
-
-def _numpy(value):
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
 def _log(message: str):
@@ -59,8 +44,9 @@ def public_pretraining_ids(tokenizer, max_seq_length: int, patients: int = 60, s
     width = max_seq_length - 2
     n = ids.size // width
     body = ids[:n * width].reshape(n, width)
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    return np.concatenate([np.full((n, 1), cls_id), body, np.full((n, 1), sep_id)], axis=1).astype(np.int32)
+    specials = special_ids(tokenizer)
+    return np.concatenate([np.full((n, 1), specials.cls), body, np.full((n, 1), specials.sep)],
+                          axis=1).astype(np.int32)
 
 
 def run_classification(embeddings, etas: Sequence[float], *, pretrain_steps: int = 150, epochs: int = 3,
@@ -73,14 +59,14 @@ def run_classification(embeddings, etas: Sequence[float], *, pretrain_steps: int
 
     tokenizer = embeddings.tokenizer
     mechanism = embeddings.mechanism()
-    specials = {t: tokenizer.token_to_id(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")}
-    keep = [specials["[PAD]"], specials["[CLS]"], specials["[SEP]"]]
+    specials = special_ids(tokenizer)
+    keep = [specials.pad, specials.cls, specials.sep]
     task = finetune.chemical_sentence_task(tokenizer, max_seq_length)
     public = public_pretraining_ids(tokenizer, max_seq_length)
     log(f"classification: {len(task['train_labels'])} train / {len(task['test_labels'])} test sentences; "
         f"public pre-training corpus {public.shape[0]} sequences of {max_seq_length}")
     build = dict(max_seq_length=max_seq_length, num_layers=num_layers, num_heads=num_heads,
-                 pad_id=specials["[PAD]"])
+                 pad_id=specials.pad)
     cache: Dict[tuple, list] = {}
     pretrain_log: List[dict] = []
 
@@ -88,9 +74,9 @@ def run_classification(embeddings, etas: Sequence[float], *, pretrain_steps: int
         def factory(eta):
             key = (objective, "mlm" if math.isinf(eta) else eta)
             if key not in cache:
-                result = pretrain.pretrain(public, mechanism, objective, eta, mask_id=specials["[MASK]"], keep_ids=keep,
+                result = pretrain.pretrain(public, mechanism, objective, eta, mask_id=specials.mask, keep_ids=keep,
                                            steps=pretrain_steps, batch_size=batch_size, num_layers=num_layers,
-                                           num_heads=num_heads, pad_id=specials["[PAD]"], seed=seed)
+                                           num_heads=num_heads, pad_id=specials.pad, seed=seed)
                 cache[key] = result.models.mlm.get_weights()
                 pretrain_log.append(result.to_dict())
                 log(f"pre-trained {objective} at η={eta:g}: loss {pretrain_log[-1]['initial_loss']:.2f} → "
@@ -104,7 +90,7 @@ def run_classification(embeddings, etas: Sequence[float], *, pretrain_steps: int
     for objective in objectives:
         encoders[f"{objective} MLM"] = pretrained(objective)
     rows = finetune.classification_table(mechanism, task, list(etas), encoders, keep_ids=keep, epochs=epochs,
-                                         seed=seed, pad_id=specials["[PAD]"], log=log)
+                                         seed=seed, pad_id=specials.pad, log=log)
     return {"rows": rows, "pretraining": pretrain_log, "table": finetune.format_classification_table(rows),
             "settings": {"pretrain_steps": pretrain_steps, "epochs": epochs, "max_seq_length": max_seq_length,
                          "num_layers": num_layers, "num_heads": num_heads, "batch_size": batch_size}}
@@ -158,7 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         results["classification"] = {k: v for k, v in classification.items() if k != "table"}
         markdown += ["", "BC5CDR sentence has a Chemical: test accuracy (train and test privatized at η)", "",
                      classification["table"]]
-    (out / "results.json").write_text(json.dumps(_strict(results), indent=2, default=_numpy), encoding="utf-8")
+    (out / "results.json").write_text(schema.dumps(results, indent=2), encoding="utf-8")
     (out / "results.md").write_text("\n".join(markdown) + "\n", encoding="utf-8")
     print("\n".join(markdown))
     return 0

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import numbers
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, processors, trainers
@@ -45,6 +45,49 @@ from dpbert.data.words import NORMALIZER, PRE_TOKENIZER
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 #: BERT's special tokens, in vocab.txt order (ids 0..4).
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+
+
+class SpecialIds(NamedTuple):
+    """The ids of ``SPECIAL_TOKENS`` in one vocabulary; as a tuple, the special ids in
+    ``SPECIAL_TOKENS`` order (what masking excludes), with ``.mask`` the ``[MASK]`` id."""
+
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+
+    def by_token(self) -> dict:
+        """``{"[PAD]": id, ..., "[MASK]": id}``."""
+        return dict(zip(SPECIAL_TOKENS, self))
+
+
+def special_ids(vocab: Union[Tokenizer, Mapping[str, int], Sequence[str], None] = None) -> SpecialIds:
+    """The special token ids of a vocabulary: a ``Tokenizer`` (or anything with ``token_to_id``),
+    a ``token → id`` mapping, or the tokens in id order (``vocab.txt``). None: a vocabulary of
+    this module (``train_wordpiece`` / ``load_tokenizer`` / ``save_vocabulary`` check that the
+    special tokens hold ids 0..4). A missing special token is an error."""
+    if vocab is None:
+        return SpecialIds(*range(len(SPECIAL_TOKENS)))
+    if hasattr(vocab, "token_to_id"):
+        lookup = vocab.token_to_id
+    elif isinstance(vocab, Mapping):
+        lookup = vocab.get
+    else:
+        index: dict = {}
+        for i, token in enumerate(vocab):
+            index.setdefault(token, i)
+        lookup = index.get
+    ids = [lookup(token) for token in SPECIAL_TOKENS]
+    missing = [token for token, i in zip(SPECIAL_TOKENS, ids) if i is None]
+    if missing:
+        raise ValueError(f"vocabulary has no {', '.join(missing)} token")
+    return SpecialIds(*(int(i) for i in ids))
+
+
+#: The special ids of every dpbert vocabulary, and each by name.
+SPECIAL_IDS = special_ids()
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = SPECIAL_IDS
 CONTINUING_PREFIX = "##"
 MIN_VOCAB_SIZE = 10
 VOCAB_FILE = "vocab.txt"
@@ -167,7 +210,7 @@ def train_wordpiece(histogram: Iterable[Tuple[str, float]], vocab_size: int = 30
 
 
 def _check_specials(tokenizer: Tokenizer):
-    for expected_id, token in enumerate(SPECIAL_TOKENS):
+    for token, expected_id in SPECIAL_IDS.by_token().items():
         if tokenizer.token_to_id(token) != expected_id:
             raise ValueError(f"tokenizer: special token {token} must have id {expected_id}, "
                              f"has {tokenizer.token_to_id(token)}")
@@ -248,7 +291,7 @@ def tokenize_tuples(tokenizer: Tokenizer, word_tuples: Iterable, max_seq_length:
     if encoder.post_processor is None:
         _install_post_processor(encoder)
     encoder.enable_truncation(max_length=int(max_seq_length))
-    encoder.enable_padding(length=int(max_seq_length), pad_id=SPECIAL_TOKENS.index(PAD), pad_token=PAD)
+    encoder.enable_padding(length=int(max_seq_length), pad_id=PAD_ID, pad_token=PAD)
     chunks: List[np.ndarray] = []
     batch: List[List[str]] = []
 
@@ -275,7 +318,8 @@ def tokenize_tuples(tokenizer: Tokenizer, word_tuples: Iterable, max_seq_length:
 
 
 __all__ = [
-    "SPECIAL_TOKENS", "PAD", "UNK", "CLS", "SEP", "MASK", "VOCAB_FILE", "TOKENIZER_FILE",
+    "SPECIAL_TOKENS", "PAD", "UNK", "CLS", "SEP", "MASK", "SpecialIds", "special_ids", "SPECIAL_IDS",
+    "PAD_ID", "UNK_ID", "CLS_ID", "SEP_ID", "MASK_ID", "VOCAB_FILE", "TOKENIZER_FILE",
     "MIN_SCALED_COUNT", "train_wordpiece", "choose_count_scale", "scaled_counts",
     "save_vocabulary", "load_tokenizer", "read_vocab_txt", "tokenize_tuples",
 ]

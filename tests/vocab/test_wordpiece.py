@@ -41,6 +41,29 @@ def test_vocab_txt_starts_with_bert_special_tokens(tmp_path, tokenizer):
     assert any(t.startswith("##") for t in tokens)
 
 
+def test_special_ids_are_found_by_name(tmp_path, tokenizer):
+    assert wp.special_ids(tokenizer) == wp.SPECIAL_IDS == wp.special_ids() == (0, 1, 2, 3, 4)
+    assert wp.SPECIAL_IDS.mask == wp.MASK_ID == 4 and wp.SPECIAL_IDS.pad == wp.PAD_ID == 0
+    assert wp.SPECIAL_IDS.by_token() == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+    wp.save_vocabulary(tokenizer, tmp_path)
+    assert wp.special_ids(wp.read_vocab_txt(tmp_path / wp.VOCAB_FILE)) == wp.SPECIAL_IDS
+    # a BERT checkpoint's vocabulary: [PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103
+    bert = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]", "the"]
+    ids = wp.special_ids(bert)
+    assert ids == (0, 100, 101, 102, 103) and ids.mask == 103 and ids.cls == 101
+    assert wp.special_ids({t: i for i, t in enumerate(bert)}) == ids
+    with pytest.raises(ValueError, match=r"no \[MASK\] token"):
+        wp.special_ids(["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+
+
+def test_evaluators_use_the_vocabulary_special_ids():
+    from dpbert.evaluate import canary, membership, ner
+
+    for module in (canary, membership):
+        assert module.SPECIAL_IDS is wp.SPECIAL_IDS and module.MASK_ID == wp.MASK_ID
+    assert (ner.PAD_ID, ner.UNK_ID, ner.CLS_ID, ner.SEP_ID, ner.MASK_ID) == wp.SPECIAL_IDS
+
+
 def test_size_is_at_most_the_target(histogram, tokenizer):
     assert 100 < tokenizer.get_vocab_size() <= 600
     small = wp.train_wordpiece(histogram, vocab_size=40)
