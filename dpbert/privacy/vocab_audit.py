@@ -1,0 +1,280 @@
+r"""Distinguishing test of the DP vocabulary (issue 15): an empirical (ε, δ) LOWER bound.
+
+What runs
+---------
+The production mechanism, ``dpbert.privacy.histogram.noise_and_threshold`` (the function the
+Beam job ``beam_jobs/dp_histogram.py`` calls on every shard), with the configured σ and the
+configured threshold C (``histogram.histogram_report``: ``threshold_for`` in the configured
+``threshold_mode``), on two neighbouring histograms, ``trials`` times each:
+
+* D: a few background words (counts around C; identical in D and D′, so irrelevant to the
+  statistic but released sometimes, as in a real run) and the ``N − ℓ`` words of the added tuple
+  that D already contains (count ``existing_count``);
+* D′ = D + one tuple u of N words: those N − ℓ counts + 1, and ℓ FRESH words (count 1).
+
+Trials are vectorised: one call gets every (trial, word) pair as its own word (labels
+``0 … trials·W − 1``; one independent draw each, exactly as the function draws one per word),
+in chunks of ``chunk_words``.
+
+Statistic and events
+--------------------
+For an output o let L(o) = log p_D′(o)/p_D(o) be the privacy loss computed from the CLAIMED
+mechanism (σ, C): +∞ if o contains a fresh word; otherwise the sum over the existing words w of
+u of (2(y_w − h_w) − 1)/(2σ²) if w was released with noisy count y_w and
+log Φ((C − h_w − 1)/σ) − log Φ((C − h_w)/σ) if not (background words cancel). For a
+pre-declared grid of levels λ (from the claimed mechanism only) the events S_λ = {L > λ} give,
+for EVERY ε, the definition of (ε, δ)-DP applied to S_λ:
+
+    δ(ε) ≥ P_D′[S_λ] − e^ε P_D[S_λ].
+
+P_D′[S_λ] is bounded below and P_D[S_λ] above by one-sided Clopper–Pearson intervals
+(``scipy.stats.beta``); with the λ = ∞ event (a fresh word released) that is 2K + 1 intervals,
+each at β/(2K + 1) (Bonferroni), so with probability ≥ 1 − β all of them hold at once and
+
+    δ(ε) ≥ δ_lo(ε) = max( p_F,lo , max_λ [lo′_λ − e^ε hi_λ] )        for every ε at once,
+
+where p_F,lo is the lower bound on P_D′[some fresh word released]: under D that event has
+probability EXACTLY 0 — D does not contain the fresh words and the mechanism can only release
+words it is given (checked on every output) — so it needs no estimate under D, and it bounds δ
+for every ε, including ε = ∞. Reported: ``delta_lower_bound`` = δ_lo(ε_claimed),
+``epsilon_lower_bound`` = sup{ε : δ_lo(ε) > δ_claimed} (closed form
+max_λ log((lo′_λ − δ_claimed)/hi_λ); ∞ when p_F,lo > δ_claimed, 0 when nothing exceeds it) and
+``flagged`` = δ_lo(ε_claimed) > δ_claimed (the claim (ε, δ) is refuted at confidence 1 − β).
+Under an honest mechanism ``flagged`` happens with probability ≤ β.
+
+What the test can and cannot show
+---------------------------------
+* It can show a fresh-word release rate above the claimed δ: ``threshold_mode: paper`` at the
+  production σ = 200, δ = 1e-9, N = 256 releases some fresh word of a tuple with probability
+  1 − (1 − 4.6e-7)^256 = 1.18e-4; 10⁵ trials (2.6·10⁷ draws, seconds) see ≈ 12 and bound
+  δ ≥ ≈ 5e-5 ≫ 1e-9. It can show a too-small noise (the privacy-loss tail) where the claimed
+  (ε, δ) is in reach: e.g. σ/3 at σ = 4, N = 16, δ = 1e-5 (claimed ε = 4.38, real δ ≈ 0.39).
+* It cannot show anything below its resolution: an event of probability p is seen at least
+  once in ``trials`` runs with probability ½ only for p ≈ 0.69/trials (``detection_floor``;
+  7e-6 at 10⁵ trials), and one event bounds δ from below by only ≈ (β/(2K + 1))/trials
+  (``smallest_reportable_delta``). The honest threshold's δ = 1e-9 and the Gaussian part at
+  σ = 200 (ε = 0.42, δ = 1e-9) are ≈ 10⁴ times below the floor: "not flagged" means "no
+  violation above the resolution", never "(ε, δ)-DP".
+* It tests ONE neighbouring pair (the chosen D, ℓ, counts), not the supremum over all pairs
+  (``histogram.histogram_delta`` maximises over ℓ analytically; ℓ = N, the default, is the
+  worst case for the threshold). It exercises the noise + threshold function only — not the
+  Beam job's counting, sharding, per-word seeding or per-patient contribution cap — and not the
+  floating-point sampler's low-order bits (Mironov 2012).
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+from scipy import special, stats
+
+from dpbert.privacy import histogram
+
+__all__ = ["clopper_pearson_lower", "clopper_pearson_upper", "vocab_distinguishing_test"]
+
+#: Words per mechanism call (bounds the transient arrays: ≈ 50 MB at 2²¹).
+CHUNK_WORDS = 1 << 21
+
+
+def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
+    """One-sided (1 − α) Clopper–Pearson lower bound on a binomial p from k successes in n."""
+    return 0.0 if k <= 0 else float(stats.beta.ppf(alpha, k, n - k + 1))
+
+
+def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:
+    """One-sided (1 − α) Clopper–Pearson upper bound on a binomial p from k successes in n."""
+    return 1.0 if k >= n else float(stats.beta.ppf(1.0 - alpha, k + 1, n - k))
+
+
+def _run(mechanism: Callable, counts: np.ndarray, trials: int, sigma: float, threshold: float,
+         rng: np.random.Generator, chunk_words: int):
+    """Released (trial, slot, value) arrays of ``trials`` independent runs on ``counts``."""
+    width = counts.size
+    per_call = max(1, int(chunk_words) // max(width, 1))
+    trial_out: List[np.ndarray] = []
+    slot_out: List[np.ndarray] = []
+    value_out: List[np.ndarray] = []
+    for start in range(0, trials, per_call):
+        k = min(per_call, trials - start)
+        labels = np.arange(k * width, dtype=np.int64)
+        kept = mechanism(labels, np.tile(counts, k), sigma, threshold, rng)
+        if not kept:
+            continue
+        words = np.fromiter((int(w) for w, _ in kept), np.int64, len(kept))
+        values = np.fromiter((float(v) for _, v in kept), np.float64, len(kept))
+        if words.min() < 0 or words.max() >= k * width or np.unique(words).size != words.size:
+            raise AssertionError("the mechanism released a word it was not given, or one word twice")
+        if not np.all(np.isfinite(values)):
+            raise AssertionError("the mechanism released a non-finite count")
+        trial, slot = np.divmod(words, width)
+        trial_out.append(trial + start)
+        slot_out.append(slot)
+        value_out.append(values)
+    if not trial_out:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    return np.concatenate(trial_out), np.concatenate(slot_out), np.concatenate(value_out)
+
+
+def _privacy_loss(trial, slot, value, trials: int, existing_slots: np.ndarray, counts_d: np.ndarray,
+                  fresh_slots: np.ndarray, sigma: float, threshold: float) -> np.ndarray:
+    """L(o) per trial (module docstring), +inf when a fresh word was released."""
+    loss = np.zeros(trials)
+    if existing_slots.size:
+        h = counts_d[existing_slots].astype(np.float64)
+        # Start from "nothing released" for every existing word, then correct released ones.
+        unreleased = special.log_ndtr((threshold - h - 1) / sigma) - special.log_ndtr((threshold - h) / sigma)
+        loss += unreleased.sum()
+        position = np.full(counts_d.size + fresh_slots.size, -1)
+        position[existing_slots] = np.arange(existing_slots.size)
+        pos = position[slot]
+        hit = pos >= 0
+        released = (2.0 * (value[hit] - h[pos[hit]]) - 1.0) / (2.0 * sigma ** 2)
+        np.add.at(loss, trial[hit], released - unreleased[pos[hit]])
+    if fresh_slots.size:
+        is_fresh = np.isin(slot, fresh_slots)
+        loss[np.unique(trial[is_fresh])] = np.inf
+    return loss
+
+
+def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, threshold_mode: str = "correct",
+                              *, threshold_delta_fraction: float = 1.0, fresh_words: Optional[int] = None,
+                              existing_count: Optional[int] = None, trials: int = 100_000,
+                              beta: float = 0.05, levels: Optional[Sequence[float]] = None,
+                              seed: Optional[int] = None, mechanism: Optional[Callable] = None,
+                              chunk_words: int = CHUNK_WORDS) -> Dict[str, object]:
+    """Run the distinguishing test (module docstring) for the vocabulary configuration
+    (``vocab.sigma``, ``vocab.delta``, ``privacy.tuple_words``, ``vocab.threshold_mode``,
+    ``vocab.threshold_delta_fraction``; unit = one tuple).
+
+    Args:
+      fresh_words: ℓ, the added tuple's words absent from D (default N: the worst case for the
+        threshold); the other N − ℓ are in D with count ``existing_count`` (default
+        ceil(C + 4σ): released almost surely, so their privacy loss is the Gaussian's).
+      trials: runs on each of D and D′. beta: 1 − confidence of all statements together.
+      levels: the pre-declared privacy-loss levels λ (default: 25 points spanning the claimed
+        privacy loss's range, from the claimed σ only).
+      mechanism: the function under test, ``(words, counts, sigma, threshold, rng) -> kept
+        (word, noisy) pairs``; default the production ``histogram.noise_and_threshold``
+        (tests pass deliberately broken ones).
+      seed: fixes the draws; None = OS entropy.
+
+    Returns a dict: claimed_epsilon, claimed_delta, delta_lower_bound (at the claimed ε),
+    epsilon_lower_bound (at the claimed δ; inf possible), flagged, confidence, beta, trials,
+    detection_floor, smallest_reportable_delta, sigma, threshold, threshold_mode, tuple_words, fresh_words,
+    existing_words, existing_count, fresh_release {trials_with_release, rate, rate_lower,
+    rate_upper, words_released, per_word_rate, per_word_rate_upper, per_word_rate_honest,
+    rate_honest}, privacy_loss_tail [{level, p_d_prime, p_d, p_d_prime_lower, p_d_upper}],
+    delta_reference (the analytic δ of THIS pair for the honest mechanism at the claimed ε:
+    δ_G(ε; σ, √(N − ℓ)) + 1 − (1 − p)^ℓ, an upper bound on the truth), seconds.
+    """
+    t_start = time.perf_counter()
+    n_words = int(tuple_words)
+    report = histogram.histogram_report(sigma, delta, n_words, threshold_mode,
+                                        threshold_delta_fraction=threshold_delta_fraction)
+    sigma, threshold = float(report["sigma"]), float(report["threshold"])
+    eps_claimed = float(report["epsilon"])
+    delta_claimed = float(delta)  # paper mode: the δ the configuration claims, not the real one
+    fresh = n_words if fresh_words is None else int(fresh_words)
+    if not 0 <= fresh <= n_words:
+        raise ValueError(f"fresh_words must be in [0, {n_words}], got {fresh_words}")
+    trials = int(trials)
+    if trials < 1 or not 0 < beta < 1:
+        raise ValueError("need trials >= 1 and 0 < beta < 1")
+    existing = n_words - fresh
+    h_exist = int(math.ceil(threshold + 4 * sigma)) if existing_count is None else int(existing_count)
+    if existing and h_exist < 1:
+        raise ValueError("existing_count must be >= 1")
+    mechanism = histogram.noise_and_threshold if mechanism is None else mechanism
+
+    # D: background words (around C) then the existing words of u; D′: + 1 on those, then fresh.
+    background = np.maximum(1, np.round([threshold - sigma, threshold, threshold + sigma,
+                                         threshold + 3 * sigma])).astype(np.int64)
+    counts_d = np.concatenate([background, np.full(existing, h_exist, np.int64)])
+    counts_d_prime = np.concatenate([background, np.full(existing, h_exist + 1, np.int64),
+                                     np.ones(fresh, np.int64)])
+    existing_slots = np.arange(background.size, background.size + existing)
+    fresh_slots = np.arange(counts_d.size, counts_d.size + fresh)
+
+    rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
+    run_d = _run(mechanism, counts_d, trials, sigma, threshold, rng, chunk_words)
+    run_dp = _run(mechanism, counts_d_prime, trials, sigma, threshold, rng, chunk_words)
+    loss_d = _privacy_loss(*run_d, trials, existing_slots, counts_d, fresh_slots[:0], sigma, threshold)
+    loss_dp = _privacy_loss(*run_dp, trials, existing_slots, counts_d, fresh_slots, sigma, threshold)
+
+    # Pre-declared levels (claimed mechanism only): the Gaussian part's loss ~ N(μ²/2, μ²).
+    if levels is None:
+        if existing:
+            mu = math.sqrt(existing) / sigma
+            levels = (-0.5 * mu ** 2 + mu * np.linspace(-2.0, 8.0, 25)).tolist()
+        else:
+            levels = []
+    levels = [float(x) for x in levels]
+    intervals = 2 * len(levels) + 1
+    alpha = float(beta) / intervals
+
+    fresh_trials = int(np.count_nonzero(np.isinf(loss_dp)))
+    fresh_lo = clopper_pearson_lower(fresh_trials, trials, alpha)
+    fresh_hi = clopper_pearson_upper(fresh_trials, trials, alpha)
+    tail = []
+    for lam in levels:
+        k_dp = int(np.count_nonzero(loss_dp > lam))
+        k_d = int(np.count_nonzero(loss_d > lam))
+        tail.append({"level": lam, "p_d_prime": k_dp / trials, "p_d": k_d / trials,
+                     "p_d_prime_lower": clopper_pearson_lower(k_dp, trials, alpha),
+                     "p_d_upper": clopper_pearson_upper(k_d, trials, alpha)})
+
+    def delta_lower(eps: float) -> float:
+        best = fresh_lo
+        for row in tail:
+            best = max(best, row["p_d_prime_lower"] - math.exp(eps) * row["p_d_upper"])
+        return max(best, 0.0)
+
+    if fresh_lo > delta_claimed:
+        eps_lower = math.inf
+    else:
+        eps_lower = 0.0
+        for row in tail:
+            if row["p_d_prime_lower"] > delta_claimed:
+                eps_lower = max(eps_lower, math.log((row["p_d_prime_lower"] - delta_claimed) / row["p_d_upper"]))
+    delta_lo = delta_lower(eps_claimed)
+
+    p_word = histogram.threshold_tail_per_word(sigma, threshold)
+    released_fresh = int(np.count_nonzero(np.isin(run_dp[1], fresh_slots)))
+    reference = (histogram.gaussian_delta(eps_claimed, sigma, math.sqrt(existing)) if existing else 0.0) \
+        - math.expm1(fresh * math.log1p(-p_word))
+    return {
+        "claimed_epsilon": eps_claimed,
+        "claimed_delta": delta_claimed,
+        "delta_lower_bound": delta_lo,
+        "epsilon_lower_bound": eps_lower,
+        "flagged": bool(delta_lo > delta_claimed),
+        "confidence": 1.0 - float(beta),
+        "beta": float(beta),
+        "trials": trials,
+        "detection_floor": -math.expm1(math.log(0.5) / trials),
+        "smallest_reportable_delta": clopper_pearson_lower(1, trials, alpha),
+        "sigma": sigma,
+        "threshold": threshold,
+        "threshold_mode": threshold_mode,
+        "tuple_words": n_words,
+        "fresh_words": fresh,
+        "existing_words": existing,
+        "existing_count": h_exist if existing else None,
+        "fresh_release": {
+            "trials_with_release": fresh_trials,
+            "rate": fresh_trials / trials,
+            "rate_lower": fresh_lo,
+            "rate_upper": fresh_hi,
+            "words_released": released_fresh,
+            "per_word_rate": released_fresh / (trials * fresh) if fresh else 0.0,
+            "per_word_rate_upper": clopper_pearson_upper(released_fresh, trials * fresh, alpha) if fresh else 0.0,
+            "per_word_rate_honest": p_word,
+            "rate_honest": -math.expm1(fresh * math.log1p(-p_word)),
+        },
+        "privacy_loss_tail": tail,
+        "delta_reference": reference,
+        "seconds": time.perf_counter() - t_start,
+    }
