@@ -1,61 +1,36 @@
-"""Helpers shared by the component adapters (no privacy logic here)."""
+"""Helpers shared by the component adapters: artifact properties and the pipeline root.
+
+Values go to and come from ML Metadata through the one codec of the artifact contract,
+``dpbert.schema`` (``property_value`` / ``decode_property``). Configuration sections arrive as
+JSON parameters and are rebuilt and validated by ``dpbert.config.section_from_json``.
+"""
 from __future__ import annotations
 
-import json
-import logging
+import os
 from typing import Any, Dict
 
-from dpbert.config import Config, _build
-
-log = logging.getLogger("dpbert")
-
-
-def section_from_json(cls, text: str):
-    """Rebuild a config section (dataclass) from the JSON the pipeline passed as a parameter."""
-    return _build(cls, json.loads(text), cls.__name__)
-
-
-def config_from_json(text: str) -> Config:
-    return _build(Config, json.loads(text), "").validate()
+from dpbert import schema
 
 
 def set_properties(artifact, values: Dict[str, Any]):
-    """Store values as custom properties (ints, floats, strings; dicts/lists as JSON strings)."""
+    """Store values as custom properties (``schema.property_value``; None values are skipped)."""
+    setters = {"int": artifact.set_int_custom_property, "float": artifact.set_float_custom_property,
+               "string": artifact.set_string_custom_property}
     for key, value in values.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            artifact.set_int_custom_property(key, int(value))
-        elif isinstance(value, int):
-            artifact.set_int_custom_property(key, value)
-        elif isinstance(value, float):
-            # MLMD stores doubles; infinity (non-private runs) is kept as the string "inf".
-            if value == float("inf"):
-                artifact.set_string_custom_property(key, "inf")
-            else:
-                artifact.set_float_custom_property(key, value)
-        elif isinstance(value, (dict, list)):
-            artifact.set_string_custom_property(key, json.dumps(value, sort_keys=True))
-        else:
-            artifact.set_string_custom_property(key, str(value))
+        encoded = schema.property_value(value)
+        if encoded is not None:
+            setters[encoded[0]](key, encoded[1])
 
 
 def get_property(artifact, key: str, default=None):
-    """Read a custom property back, whatever its stored type."""
+    """Read a custom property back, whatever its stored type (``schema.decode_property``; also
+    the struct values Kubeflow V2 / Vertex AI rebuild an input artifact's properties as)."""
     props = artifact.mlmd_artifact.custom_properties
-    if key not in props:
-        return default
-    value = props[key]
-    kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return float("inf") if value.string_value == "inf" else value.string_value
-    if kind == "double_value":
-        return value.double_value
-    if kind == "int_value":
-        return value.int_value
-    if kind == "struct_value":
-        # Kubeflow V2 / Vertex AI: TFX's container entrypoint rebuilds an input artifact's custom
-        # properties from its metadata as JSON values (integers arrive as floats).
-        decoded = artifact.get_custom_property(key)
-        return float("inf") if decoded == "inf" else decoded
-    return default
+    value = schema.decode_property(props[key]) if key in props else None
+    return default if value is None else value
+
+
+def pipeline_root_of(output_uri: str) -> str:
+    """The pipeline root of an output artifact: TFX writes it to
+    ``<pipeline_root>/<node id>/<output key>/<execution id>``."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(output_uri)))

@@ -1,133 +1,24 @@
-"""MembershipInference: membership-inference attacks on the pre-trained model(s)
-(Jagannatha et al. 2021; ``dpbert.evaluate.membership``).
+"""MembershipInference: membership-inference attacks on the pre-trained model(s).
 
-Members are the tuples of the patients the trainer trained on, non-members those of the patients
-it held out. The trainer holds out a seeded fraction of the patients when
-``training.holdout_patient_fraction > 0`` and records ``holdout_patient_fraction`` and
-``holdout_seed`` on the model artifact; this component recomputes the SAME split
-(``membership.split_patients`` over ``membership.patient_key``) from those two properties. A model
-trained on every patient has no non-member to test against: the component refuses it rather than
-report attacks on a split that does not exist. The DP model and the non-private baseline must
-carry the same split.
-
-Samples: at most ``max_samples`` tuples, half members, half non-members, taken patient by patient
-(seeded), each class's quota spread over at least ten patients when it has that many; their MLM masks are drawn from ``seed``, identically for both models.
-
-Output: properties ``attacks`` = ``{"dp": {attack: {"advantage", "auc"}}, "non_dp": {...}}`` (the
-second only with a baseline), ``roc_curves`` (the same curves as the file, at most 50 points each,
-for the report and the dashboard), and ``roc_curves.json`` in the artifact directory:
-``{"dp": {attack: {"advantage", "auc", "n", "roc": {"fpr", "tpr"}}}, ...}`` with at most 200
-points per curve. Neither holds a sample id, a patient id or any text. They are statistics of the
-private evaluation data that are NOT differentially private (as every attack result is); the
-report is not marked private, like the exposure report.
+Adapter over ``dpbert.stages.membership``: members are the tuples of the patients the trainer
+trained on, non-members those of the patients it held out; the split is recomputed from the
+``holdout_patient_fraction`` / ``holdout_seed`` recorded on the model artifact(s).
 """
-import json
-import logging
-import os
-from typing import Dict
-
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 
 from components.artifacts import MembershipReport, PretrainedModel, WordTuples
 from components.common import get_property, set_properties
-
-log = logging.getLogger("dpbert.membership")
-
-ROC_FILE = "roc_curves.json"
-PROPERTY_ROC_POINTS = 50
-MIN_PATIENTS_PER_CLASS = 10
-#: Model-artifact properties written by the trainer when it holds patients out.
-HOLDOUT_FRACTION = "holdout_patient_fraction"
-HOLDOUT_SEED = "holdout_seed"
+from dpbert import schema
+from dpbert.config import MembershipConfig, section_from_json
 
 
-class NoHoldoutError(ValueError):
-    """The model was trained on every patient: there is no non-member to attack with."""
+def _trained_model(artifact):
+    from dpbert.stages.membership import HOLDOUT_SEED, TrainedModel
 
-
-def holdout_of(model) -> Dict[str, float]:
-    """``{"fraction", "seed"}`` recorded on a PretrainedModel artifact; NoHoldoutError if none."""
-    fraction = get_property(model, HOLDOUT_FRACTION)
-    seed = get_property(model, HOLDOUT_SEED)
-    if fraction is None or float(fraction) <= 0 or seed is None:
-        raise NoHoldoutError(
-            f"the model {model.uri} was trained on every patient (no {HOLDOUT_FRACTION} recorded): "
-            "membership inference needs out-of-training patients; set training.holdout_patient_fraction "
-            "(e.g. 0.3) and re-train")
-    return {"fraction": float(fraction), "seed": int(seed)}
-
-
-def _mask_probability(model_uri: str) -> float:
-    path = os.path.join(model_uri, "run_config.json")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            return float(json.load(f).get("mask_probability", 0.15))
-    return 0.15
-
-
-def evaluate_models(tuples_uri: str, model_uris: Dict[str, str], holdout_fraction: float, holdout_seed: int,
-                    seed: int = 0, max_samples: int = 2000) -> Dict:
-    """The attacks for each ``{label: PretrainedModel uri}`` (``model/`` and ``tokenizer/`` in
-    it) on the same samples and masks. Returns ``{"results": {label: run_attacks(...)},
-    "n_members": int, "n_non_members": int}``."""
-    import numpy as np
-
-    from dpbert.data.tfrecord import read_tuples
-    from dpbert.evaluate import membership
-    from dpbert.model.bert import load_bert
-    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer, tokenize_tuples
-
-    # Pass 1: keys only (the corpus may not fit in memory as text).
-    patients, admissions = [], []
-    for t in read_tuples(tuples_uri):
-        patients.append(membership.patient_key(t))
-        admissions.append(membership.admission_key(t))
-    split = membership.split_patients(patients, 1.0 - holdout_fraction, holdout_seed)
-    is_member = split.is_train(patients)
-    # Each class's quota spread over >= MIN_PATIENTS_PER_CLASS patients when it has them: the
-    # white-box attacks split by patient and need several on each side.
-    chosen = membership.select_samples(patients, is_member, max_samples, seed,
-                                       min_patients=MIN_PATIENTS_PER_CLASS)
-    # Pass 2: the chosen tuples' words, in file order (the order of pass 1).
-    wanted = set(int(i) for i in chosen)
-    words = [t.words for i, t in enumerate(read_tuples(tuples_uri)) if i in wanted]
-    if len(words) != len(chosen):
-        raise RuntimeError("the tuples changed between two reads")
-    sample_patients = [patients[i] for i in chosen]
-    sample_admissions = [admissions[i] for i in chosen]
-    sample_members = is_member[chosen]
-    log.info("membership: %d member and %d non-member samples (holdout fraction %.3g, seed %d)",
-             int(sample_members.sum()), int((~sample_members).sum()), holdout_fraction, holdout_seed)
-
-    results = {}
-    for label, uri in model_uris.items():
-        tokenizer = load_tokenizer(os.path.join(uri, "tokenizer"))
-        models = load_bert(os.path.join(uri, "model"))
-        token_ids = tokenize_tuples(tokenizer, words, models.spec.max_seq_length)
-        specials = [tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS]
-        results[label] = membership.run_attacks(
-            models, token_ids, sample_patients, sample_admissions, np.asarray(sample_members), seed,
-            special_token_ids=specials, mask_token_id=tokenizer.token_to_id("[MASK]"),
-            mask_probability=_mask_probability(uri))
-        log.info("membership[%s]: %s", label, {a: (r["advantage"], r["auc"]) for a, r in results[label].items()})
-    return {"results": results, "n_members": int(sample_members.sum()),
-            "n_non_members": int((~sample_members).sum())}
-
-
-def _coarse(results: Dict, points: int) -> Dict:
-    from dpbert.evaluate.membership import downsample_curve
-
-    out = {}
-    for label, attacks in results.items():
-        out[label] = {}
-        for name, r in attacks.items():
-            fpr, tpr = r["roc"]["fpr"], r["roc"]["tpr"]
-            if fpr and all(v is not None for v in tpr):
-                fpr, tpr = downsample_curve(fpr, tpr, points)
-                fpr, tpr = [round(float(v), 4) for v in fpr], [round(float(v), 4) for v in tpr]
-            out[label][name] = {"fpr": list(fpr), "tpr": list(tpr)}
-    return out
+    return TrainedModel(uri=artifact.uri, holdout_patient_fraction=get_property(artifact, schema.HOLDOUT_FRACTION),
+                        holdout_seed=get_property(artifact, HOLDOUT_SEED),
+                        non_private=bool(get_property(artifact, schema.NON_PRIVATE)))
 
 
 @component
@@ -135,38 +26,14 @@ def MembershipInference(
     tuples: InputArtifact[WordTuples],
     model: InputArtifact[PretrainedModel],
     report: OutputArtifact[MembershipReport],
+    membership_config: Parameter[str],
     code_version: Parameter[str],
     baseline_model: InputArtifact[PretrainedModel] = None,
-    seed: Parameter[int] = 0,
-    max_samples: Parameter[int] = 2000,
 ):
     """S-BBA, A-BBA, P-BBA, S-AWBA, S-GWBA on the DP model (and the non-private baseline)."""
-    holdout = holdout_of(model)
-    # "dp" is the DP model; a non-private main model (training.non_private) is reported as "non_dp".
-    model_uris = {"non_dp" if get_property(model, "non_private") else "dp": model.uri}
-    if baseline_model is not None:
-        if holdout_of(baseline_model) != holdout:
-            raise ValueError("the DP model and the non-private baseline were trained on different patient "
-                             "splits; their attacks would not be comparable")
-        if "non_dp" in model_uris or not get_property(baseline_model, "non_private"):
-            raise ValueError("baseline_model must be the non-private baseline of a DP model")
-        model_uris["non_dp"] = baseline_model.uri
-    out = evaluate_models(tuples.uri, model_uris, holdout["fraction"], holdout["seed"], seed, max_samples)
-    results = out["results"]
-    os.makedirs(report.uri, exist_ok=True)
-    with open(os.path.join(report.uri, ROC_FILE), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1, sort_keys=True)
-    set_properties(report, {
-        "attacks": {label: {name: {"advantage": r["advantage"], "auc": r["auc"]} for name, r in attacks.items()}
-                    for label, attacks in results.items()},
-        "roc_curves": _coarse(results, PROPERTY_ROC_POINTS),
-        "roc_file": ROC_FILE,
-        "n_members": out["n_members"],
-        "n_non_members": out["n_non_members"],
-        "holdout_patient_fraction": holdout["fraction"],
-        "holdout_seed": holdout["seed"],
-        "seed": int(seed),
-        "max_samples": int(max_samples),
-        "private": 0,
-        "code_version": code_version,
-    })
+    from dpbert.stages.membership import membership_inference
+
+    result = membership_inference(tuples.uri, report.uri, _trained_model(model),
+                                  section_from_json(MembershipConfig, membership_config),
+                                  baseline=None if baseline_model is None else _trained_model(baseline_model))
+    set_properties(report, {**result.properties, "code_version": code_version})

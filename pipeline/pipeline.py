@@ -1,19 +1,13 @@
 """The dpbert DAG: one ``create_pipeline(config, ...)`` factory used by every runner."""
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 from typing import List, Optional
 
 from tfx import v1 as tfx
 
-from dpbert.config import Config
+from dpbert.config import Config, MembershipConfig, section_to_json
 from pipeline.code_version import component_code_version
-
-
-def _section_json(section) -> str:
-    return json.dumps(dataclasses.asdict(section), sort_keys=True)
 
 
 def _core_version(module: str) -> str:
@@ -32,7 +26,7 @@ def create_components(config: Config) -> List:
     from components.vocabulary import DPVocabularyGen
 
     ingest = CorpusIngest(
-        corpus_config=_section_json(config.corpus),
+        corpus_config=section_to_json(config.corpus),
         tuple_words=config.privacy.tuple_words,
         code_version=_core_version("components.ingest"),
     )
@@ -43,27 +37,26 @@ def create_components(config: Config) -> List:
         # the vocabulary, the canaries and the trainers read the privatized tuples.
         from components.privatizer import TextPrivatizer
 
-        lp = config.local_privacy
         privatizer = TextPrivatizer(
             tuples=tuples,
-            eta=float(lp.eta),
-            seed=-1 if lp.seed is None else int(lp.seed),
-            embeddings_dir=lp.embeddings_dir or "",
+            local_privacy_config=section_to_json(config.local_privacy),
             code_version=_core_version("components.privatizer"),
         )
         tuples = privatizer.outputs["privatized_tuples"]
     vocabulary = DPVocabularyGen(
         tuples=tuples,
-        vocab_config=_section_json(config.vocab),
-        privacy_config=_section_json(config.privacy),
+        vocab_config=section_to_json(config.vocab),
+        privacy_config=section_to_json(config.privacy),
         code_version=_core_version("components.vocabulary"),
     )
     trainer_args = dict(
         tuples=tuples,
         vocabulary=vocabulary.outputs["vocabulary"],
-        model_config=_section_json(config.model),
-        training_config=_section_json(config.training),
-        privacy_config=_section_json(config.privacy),
+        model_config=section_to_json(config.model),
+        training_config=section_to_json(config.training),
+        privacy_config=section_to_json(config.privacy),
+        # Only the patient split: the evaluation's seed and sample count must not re-train.
+        membership_config=section_to_json(config.membership, MembershipConfig.HOLDOUT_FIELDS),
         code_version=_core_version("components.trainer"),
     )
     canaries = None
@@ -71,7 +64,7 @@ def create_components(config: Config) -> List:
         canaries = CanaryGen(
             tuples=tuples,
             vocabulary=vocabulary.outputs["vocabulary"],
-            canary_config=_section_json(config.canary),
+            canary_config=section_to_json(config.canary),
             code_version=_core_version("components.canary"),
         )
         trainer_args["canaries"] = canaries.outputs["canaries"]
@@ -79,8 +72,8 @@ def create_components(config: Config) -> List:
     accountant = PrivacyAccountant(
         vocabulary=vocabulary.outputs["vocabulary"],
         model=trainer.outputs["model"],
+        privacy_config=section_to_json(config.privacy),
         training_delta=config.training.delta,
-        epsilon_budget=-1.0 if config.privacy.epsilon_budget is None else config.privacy.epsilon_budget,
         code_version=_core_version("components.accountant"),
     )
     components = [ingest] + ([privatizer] if privatizer else []) + [vocabulary] + \
@@ -100,19 +93,19 @@ def create_components(config: Config) -> List:
             code_version=_core_version("components.canary"),
             **baseline_input,
         ))
-    if config.training.holdout_patient_fraction > 0:
+    if config.membership.holdout_patient_fraction > 0:
         # Members: the trained-on patients' tuples; non-members: the held-out patients'.
         components.append(MembershipInference(
             tuples=ingest.outputs["tuples"],
             model=trainer.outputs["model"],
-            seed=config.training.seed,
+            membership_config=section_to_json(config.membership),
             code_version=_core_version("components.membership"),
             **baseline_input,
         ))
     if config.ner.enabled:
         components.append(NerEvaluator(
             model=trainer.outputs["model"],
-            ner_config=_section_json(config.ner),
+            ner_config=section_to_json(config.ner),
             tuple_words=config.privacy.tuple_words,
             code_version=_core_version("components.ner"),
             **baseline_input,

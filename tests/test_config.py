@@ -27,6 +27,8 @@ def test_defaults_and_presets_validate():
     ("vocab.sigma=abc", "vocab.sigma"),
     ("training.steps=1.5", "training.steps"),
     ("vocab.colour=red", "vocab.colour"),
+    ("membership.holdout_patient_fraction=1", "membership.holdout_patient_fraction"),
+    ("training.holdout_patient_fraction=0.3", "training.holdout_patient_fraction"),  # moved to membership
 ])
 def test_invalid_values_name_the_field(override, field):
     overrides = [override]
@@ -60,3 +62,22 @@ def test_file_errors_name_the_file(tmp_path):
 def test_non_private_baseline_refused_with_a_budget():
     with pytest.raises(ConfigError, match="vocab.non_private"):
         load_config(overrides=["vocab.non_private=true", "privacy.epsilon_budget=8"])
+
+
+def test_sections_reach_components_as_validated_json():
+    """section_to_json / section_from_json: the one path of configuration into a component."""
+    from dpbert.config import (MembershipConfig, TrainingConfig, section_from_json, section_name,
+                               section_to_json)
+
+    demo = load_config(preset="demo")
+    assert demo.membership.holdout_patient_fraction == 0.3
+    assert section_from_json(TrainingConfig, section_to_json(demo.training)) == demo.training
+    holdout = section_from_json(MembershipConfig, section_to_json(demo.membership, MembershipConfig.HOLDOUT_FIELDS))
+    assert holdout == MembershipConfig(holdout_patient_fraction=0.3)  # the other fields at their defaults
+    assert section_name(MembershipConfig) == "membership"
+    with pytest.raises(ConfigError, match="training.batch_size must be >= 1"):
+        section_from_json(TrainingConfig, '{"batch_size": 0}')
+    with pytest.raises(ConfigError, match="training.colour is not a configuration field"):
+        section_from_json(TrainingConfig, '{"colour": 1}')
+    with pytest.raises(ConfigError, match="training: not valid JSON"):
+        section_from_json(TrainingConfig, "{")

@@ -504,12 +504,12 @@ def test_exposure_of_canaries_inserted_in_text_is_measured_in_context():
 
 
 def test_canary_exposure_component_queries_inserted_canaries_in_context(tmp_path, monkeypatch):
-    """components.canary._exposure_for (what CanaryExposure reports) must query the canaries the
+    """dpbert.stages.canary._exposure_for (what CanaryExposure reports) must query the canaries the
     trainers inserted into text in context; with the old standalone query this test fails."""
     from collections import Counter
     from types import SimpleNamespace
 
-    import components.canary as component
+    import dpbert.stages.canary as component
     import dpbert.model.bert as bert_lib
     from dpbert.data.synthetic import generate_notes
     from dpbert.data.tuples import corpus_tuples

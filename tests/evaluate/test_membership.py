@@ -1,4 +1,4 @@
-"""Membership-inference attacks (dpbert.evaluate.membership): split, metrics, features, attacks."""
+"""Membership-inference attacks (dpbert.evaluate.membership): samples, metrics, features, attacks."""
 import json
 import math
 
@@ -6,43 +6,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dpbert.data.splits import split_patients
 from dpbert.evaluate import membership as mi
 
 # --------------------------------------------------------------------------------------------
-# Patient split and sample selection
+# Sample selection (the patient split: tests/data/test_splits.py)
 # --------------------------------------------------------------------------------------------
-
-
-def test_split_patients_is_deterministic_70_30_and_order_free():
-    patients = [f"patient-{i}" for i in range(1000)]
-    per_tuple = [p for p in patients for _ in range(3)]  # one entry per tuple
-    split = mi.split_patients(per_tuple, seed=11)
-    assert (len(split.train), len(split.oot)) == (700, 300)
-    assert split.train | split.oot == set(patients) and not split.train & split.oot
-    shuffled = list(np.random.default_rng(0).permutation(per_tuple))
-    assert mi.split_patients(shuffled, 0.7, seed=11) == split
-    assert mi.split_patients(patients, 0.7, seed=12).train != split.train
-    # round(0.7 · 7) = 5 training patients
-    assert len(mi.split_patients(patients[:7], 0.7, seed=0).train) == 5
-    mask = split.is_train(per_tuple)
-    assert mask.sum() == 2100 and all(mask[i] == (per_tuple[i] in split.train) for i in range(0, 3000, 97))
-    with pytest.raises(KeyError):
-        split.is_train(["someone else"])
-    with pytest.raises(ValueError):
-        mi.split_patients(["a", None])
-    with pytest.raises(ValueError):
-        mi.split_patients(["a"], train_fraction=0.0)
-
-
-def test_patient_and_admission_keys():
-    from dpbert.data.tuples import WordTuple
-
-    t = WordTuple(doc_id="d1", index=0, words=("x",), patient_id="p1", admission_id="a1")
-    bare = WordTuple(doc_id="d2", index=0, words=("x",))
-    assert mi.patient_key(t) == "p1" and mi.patient_key(bare) == "doc:d2"
-    assert mi.admission_key(bare) is None
-    other = WordTuple(doc_id="d3", index=0, words=("x",), patient_id="p2", admission_id="a1")
-    assert mi.admission_key(t) != mi.admission_key(other)  # admission ids need not be unique
 
 
 def test_select_samples_takes_whole_patients_up_to_half_each():
@@ -399,7 +368,7 @@ def test_run_attacks_end_to_end_on_a_tiny_bert():
     patients = [f"p{i // 4}" for i in range(n)]
     admissions = [f"a{(i // 2) % 2}" for i in range(n)]  # "a0"/"a1" in every patient: keyed per patient
     admissions[0] = None  # a tuple without admission takes no part in A-BBA
-    split = mi.split_patients(patients, 0.5, seed=3)
+    split = split_patients(patients, 0.5, seed=3)
     member = split.is_train(patients)
     # Over-fit the members (non-private, eager: a few seconds).
     optimizer = tf_keras.optimizers.Adam(1e-2)

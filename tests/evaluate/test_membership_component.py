@@ -1,5 +1,6 @@
-"""The MembershipInference component (components/membership.py), run through its function on
-artifacts written by the real helpers: tuples, a WordPiece vocabulary, tiny saved BERTs."""
+"""The MembershipInference component (components/membership.py over dpbert.stages.membership),
+run through its function on artifacts written by the real helpers: tuples, a WordPiece
+vocabulary, tiny saved BERTs."""
 import json
 import os
 import shutil
@@ -8,6 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from dpbert.config import MembershipConfig, section_to_json
+from dpbert.data import splits
 from dpbert.evaluate import membership as mi
 
 HOLDOUT = {"holdout_patient_fraction": 0.3, "holdout_seed": 5}
@@ -75,17 +78,19 @@ def test_component_signature_baseline_is_optional():
     assert spec.INPUTS["baseline_model"].optional and not spec.INPUTS["model"].optional
     assert spec.OUTPUTS["report"].type is MembershipReport
     assert MembershipReport.TYPE_NAME == "components.MembershipReport"
-    assert {"seed", "max_samples", "code_version"} <= set(spec.PARAMETERS)
+    assert {"membership_config", "code_version"} <= set(spec.PARAMETERS)
 
 
 def test_membership_component_dp_and_non_dp(world):
-    from components.membership import ROC_FILE, MembershipInference
+    from components.membership import MembershipInference
+    from dpbert.stages.membership import ROC_FILE
 
     report = _report(world["root"], "report")
     MembershipInference.test_call(tuples=world["tuples"], model=world["dp"], baseline_model=world["non_dp"],
-                                  report=report, code_version="test", seed=0, max_samples=80)
+                                  report=report, code_version="test",
+                                  membership_config=section_to_json(MembershipConfig(seed=0, max_samples=80)))
     props = _props(report)
-    attacks = json.loads(props["attacks"])
+    attacks = props["attacks"]  # decoded by dpbert.schema
     assert set(attacks) == {"dp", "non_dp"}
     for label in ("dp", "non_dp"):
         assert sorted(attacks[label]) == sorted(mi.ATTACKS)
@@ -95,7 +100,7 @@ def test_membership_component_dp_and_non_dp(world):
     assert attacks["dp"]["S-BBA"]["auc"] is not None and attacks["dp"]["S-GWBA"]["auc"] is not None
     assert props["n_members"] == 40 and props["n_non_members"] == 40 and props["private"] == 0
     assert props["holdout_seed"] == 5 and props["roc_file"] == ROC_FILE
-    coarse = json.loads(props["roc_curves"])
+    coarse = props["roc_curves"]
     assert all(len(c["fpr"]) <= 50 for label in coarse.values() for c in label.values())
     with open(os.path.join(report.uri, ROC_FILE), encoding="utf-8") as f:
         text = f.read()
@@ -109,23 +114,25 @@ def test_membership_component_dp_and_non_dp(world):
         {t.doc_id for t in world["raw"]} | {" ".join(t.words[i:i + 3]) for t in world["raw"] for i in (0, 5) if len(t.words) >= i + 3}
     assert not [s for s in secrets if s and len(s) >= 6 and s in everything]
     # Members are exactly the training side of split_patients over patient_key: the trainer's split.
-    split = mi.split_patients([mi.patient_key(t) for t in world["raw"]], 0.7, seed=5)
+    split = splits.split_patients([splits.patient_key(t) for t in world["raw"]], 0.7, seed=5)
     assert len(split.oot) >= 2 and len(split.train) >= 2
 
 
 def test_membership_component_refuses_a_model_without_holdout(world):
-    from components.membership import MembershipInference, NoHoldoutError
+    from components.membership import MembershipInference
+    from dpbert.stages.membership import NoHoldoutError
 
+    config = section_to_json(MembershipConfig())
     with pytest.raises(NoHoldoutError, match="holdout_patient_fraction"):
         MembershipInference.test_call(tuples=world["tuples"], model=world["no_holdout"],
-                                      report=_report(world["root"], "r1"), code_version="t")
+                                      report=_report(world["root"], "r1"), code_version="t", membership_config=config)
     with pytest.raises(ValueError, match="different patient splits"):
         MembershipInference.test_call(tuples=world["tuples"], model=world["dp"], baseline_model=world["other_split"],
-                                      report=_report(world["root"], "r2"), code_version="t")
+                                      report=_report(world["root"], "r2"), code_version="t", membership_config=config)
 
 
 def test_evaluate_models_same_samples_and_masks_for_every_model(world):
-    from components.membership import evaluate_models
+    from dpbert.stages.membership import evaluate_models
 
     uri = world["dp"].uri
     out = evaluate_models(world["tuples"].uri, {"a": uri, "b": uri}, 0.3, 5, seed=1, max_samples=40)

@@ -24,24 +24,22 @@ def test_compiled_features_equal_eager_features():
 
 
 def test_trainer_holds_out_the_split_the_membership_component_uses(tmp_path):
-    """With training.holdout_patient_fraction (the proposed trainer/config patch), the trainer
-    trains on exactly the training patients' tuples and records the split on the model."""
+    """With membership.holdout_patient_fraction, the trainer component trains on exactly the
+    training patients' tuples and records the split on the model (what MembershipInference reads)."""
     import dataclasses
     import json
     from collections import Counter
 
     from components.artifacts import DPVocabulary, PretrainedModel, WordTuples
     from components.common import get_property
-    from components.membership import holdout_of
-    from dpbert.config import ModelConfig, PrivacyConfig, TrainingConfig
+    from components.trainer import MLMPretrainer
+    from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig, section_to_json
+    from dpbert.data import splits
     from dpbert.data.synthetic import generate_notes
     from dpbert.data.tfrecord import write_tuples
     from dpbert.data.tuples import corpus_tuples
+    from dpbert.stages.membership import TrainedModel, holdout_of
     from dpbert.vocab.wordpiece import save_vocabulary, train_wordpiece
-
-    if "holdout_patient_fraction" not in {f.name for f in dataclasses.fields(TrainingConfig)}:
-        pytest.skip("training.holdout_patient_fraction not in dpbert/config.py yet")
-    from components.trainer import MLMPretrainer
 
     tuples = list(corpus_tuples(generate_notes(patients=10, admissions_per_patient=1, notes_per_admission=1,
                                                seed=4), tuple_words=24))
@@ -51,15 +49,21 @@ def test_trainer_holds_out_the_split_the_membership_component_uses(tmp_path):
     t_art, v_art, m_art = WordTuples(), DPVocabulary(), PretrainedModel()
     t_art.uri, v_art.uri = str(tmp_path / "tuples"), str(tmp_path / "vocab")
     m_art.uri = str(tmp_path / "root" / "MLMPretrainer" / "model" / "1")
-    tc = TrainingConfig(batch_size=4, steps=1, non_private=True, holdout_patient_fraction=0.3, holdout_seed=9,
-                        warmup_steps=0)
+    tc = TrainingConfig(batch_size=4, steps=1, non_private=True, warmup_steps=0)
     mc = ModelConfig(preset="custom", hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                      max_seq_length=16)
+    membership = MembershipConfig(holdout_patient_fraction=0.3, holdout_seed=9)
     MLMPretrainer.test_call(tuples=t_art, vocabulary=v_art, model=m_art,
                             model_config=json.dumps(dataclasses.asdict(mc)),
                             training_config=json.dumps(dataclasses.asdict(tc)),
-                            privacy_config=json.dumps(dataclasses.asdict(PrivacyConfig())), code_version="t")
-    assert holdout_of(m_art) == {"fraction": 0.3, "seed": 9}
-    split = mi.split_patients([mi.patient_key(t) for t in tuples], 0.7, seed=9)
-    assert get_property(m_art, "dataset_size") == sum(mi.patient_key(t) in split.train for t in tuples)
+                            privacy_config=json.dumps(dataclasses.asdict(PrivacyConfig())),
+                            membership_config=section_to_json(membership, MembershipConfig.HOLDOUT_FIELDS),
+                            code_version="t")
+    recorded = TrainedModel(m_art.uri, get_property(m_art, "holdout_patient_fraction"),
+                            get_property(m_art, "holdout_seed"), bool(get_property(m_art, "non_private")))
+    assert holdout_of(recorded) == {"fraction": 0.3, "seed": 9}
+    split = splits.split_patients([splits.patient_key(t) for t in tuples], 0.7, seed=9)
+    assert get_property(m_art, "dataset_size") == sum(splits.patient_key(t) in split.train for t in tuples)
     assert len(split.oot) == 3
+    # The state directory is under the pipeline root (<root>/<node>/<output>/<execution>).
+    assert (tmp_path / "root" / "_trainer_state").is_dir()

@@ -114,7 +114,7 @@ OPTIONAL_BRANCHES = [
     Branch(on=("canary.enabled=true",), adds=("CanaryGen", "CanaryExposure")),
     Branch(on=("ner.enabled=true",), adds=("NerEvaluator",)),
     Branch(on=("local_privacy.enabled=true",), adds=("TextPrivatizer",)),
-    Branch(on=("training.holdout_patient_fraction=0.3",), adds=("MembershipInference",)),
+    Branch(on=("membership.holdout_patient_fraction=0.3",), adds=("MembershipInference",)),
     Branch(on=("model.init=minilm",)),
     Branch(on=("corpus.path=/gcs/my-bucket/notes.jsonl",)),
     Branch(on=("pipeline.enable_cache=false",), check=_no_cache),

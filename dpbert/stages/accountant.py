@@ -1,0 +1,78 @@
+"""PrivacyAccountant's stage: the run's ε ledger, at the end of the DAG.
+
+It recomputes every ε from the DP events recorded on the vocabulary and model artifacts
+(``dpbert.privacy.accountant.ledger``), never from numbers a component printed, and fails the
+run (``failure``: :class:`BudgetExceededError`, after the report is written) when the total
+exceeds ``privacy.epsilon_budget``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Mapping, Union
+
+from dpbert import schema
+from dpbert.config import PrivacyConfig
+from dpbert.stages.result import StageResult
+
+log = logging.getLogger("dpbert.accountant")
+
+REPORT_FILE = "privacy_report.json"
+STATEMENT_FILE = "privacy_statement.txt"
+#: The ledger fields stored as properties of the PrivacyReport (when not None).
+LEDGER_PROPERTIES = (
+    "epsilon_vocab", schema.EPSILON_TRAIN, "epsilon_train_rdp", "epsilon_total_basic", "epsilon_total_pld",
+    "epsilon_total_rdp", "delta", "delta_vocab", schema.DELTA_TRAIN, "delta_threshold", "unit", "steps",
+    "sampling", "sampling_probability", "noise_multiplier", "epsilon_budget", "within_budget",
+    "non_private", "max_contributions")
+#: The model's properties copied into the ledger: ledger key -> model property.
+_FROM_MODEL = {"sampling": "sampling_mode", "sampling_probability": "sampling_rate",
+               "noise_multiplier": "noise_multiplier", "steps_planned": schema.STEPS_PLANNED}
+
+
+class BudgetExceededError(RuntimeError):
+    pass
+
+
+def _records(value: Union[str, bytes, Any]):
+    from dpbert.privacy import events
+
+    return events.from_json(value) if isinstance(value, (str, bytes)) else value
+
+
+def account(report_dir: str, vocab_event, train_events, training_delta: float, privacy_config: PrivacyConfig,
+            model_properties: Mapping[str, Any]) -> StageResult:
+    """Compose ε_V and ε_T (basic, RDP, PLD) at δ = δ_V + δ_T; write JSON + a statement.
+
+    ``vocab_event`` / ``train_events``: the records on the DPVocabulary (``dp_event``) and the
+    PretrainedModel (``dp_events``), as JSON text or decoded. ``model_properties``: the model's
+    ``sampling_mode``, ``sampling_rate``, ``noise_multiplier`` and ``steps_planned``.
+    """
+    from dpbert.privacy import accountant, events, statement
+
+    vocab_record, train_records = _records(vocab_event), _records(train_events)
+    delta_vocab = vocab_record.get("delta", 0.0) if vocab_record.get("mechanism") == "dp_histogram" else 0.0
+    ledger = accountant.ledger(vocab_record, train_records, delta_vocab + training_delta)
+    budget = privacy_config.epsilon_budget
+    ledger.update({
+        "epsilon_budget": budget,
+        "within_budget": budget is None or ledger["epsilon_total_pld"] <= budget,
+        **{key: model_properties.get(name) for key, name in _FROM_MODEL.items()},
+        "vocab_event": vocab_record,
+        "train_events": train_records,
+    })
+    text = statement.ledger_statement(ledger)
+    os.makedirs(report_dir, exist_ok=True)
+    with open(os.path.join(report_dir, REPORT_FILE), "w", encoding="utf-8") as f:
+        f.write(events.to_json(ledger, indent=2, sort_keys=True))
+    with open(os.path.join(report_dir, STATEMENT_FILE), "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    log.info("accountant:\n%s", text)
+    properties = {k: ledger[k] for k in LEDGER_PROPERTIES if ledger.get(k) is not None}
+    properties["statement"] = text
+    failure = None
+    if not ledger["within_budget"]:
+        failure = BudgetExceededError(
+            f"ε_total = {ledger['epsilon_total_pld']:.4g} exceeds privacy.epsilon_budget = {budget}: "
+            f"the run is refused (the report is at {report_dir})")
+    return StageResult(properties=properties, failure=failure)

@@ -1,0 +1,240 @@
+"""Canaries: CanaryGen's stage (before training), their insertion (the trainers) and
+CanaryExposure's stage (after), with the one-run audit.
+
+:func:`generate_canaries` draws the canaries from the DP vocabulary with the OS CSPRNG and writes
+them, with a secret insertion seed, to a PRIVATE directory (never printed, logged or served). The
+trainers read it (:func:`apply_canaries`) and insert the same canaries at the same places (the
+seed), so the DP and the non-private model see the same canaried data. :func:`exposure_report`
+computes exposure per group and the one-run audit's ε lower bound, and reports a failure if that
+lower bound exceeds the accountant's ε.
+
+Each canary is queried the way training saw it: the canaries inserted into training examples in
+context — inserted, like in training, into held-out carrier rows (public synthetic notes from a
+seed no training run uses, as NerEvaluator's held-out text) — and the audit canaries, trained as
+examples of their own, standalone (``[CLS] canary [SEP]``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import secrets
+from typing import Dict, List, Optional
+
+from dpbert import schema
+from dpbert.config import CanaryConfig
+from dpbert.stages.result import StageResult
+
+log = logging.getLogger("dpbert.canary")
+
+#: Public held-out carrier text for the in-context exposure query (NerEvaluator uses 987654321).
+CARRIER_SEED = 20240611
+CARRIER_PATIENTS = 10
+CONTEXTS_PER_CANARY = 16
+MAX_REFERENCE = 5000
+CANARIES_FILE = "canaries.json"
+AUDIT_FILE = "audit_canaries.json"
+SEED_FILE = "insertion_seed.json"
+EXPOSURE_FILE = "exposure.json"
+AUDIT_FIELDS = ("epsilon_lower_bound", "r", "v", "m", "k_plus", "k_minus", "beta_total")
+
+
+# --------------------------------------------------------------------------- CanaryGen
+def generate_canaries(vocabulary_dir: str, canaries_dir: str, config: CanaryConfig, num_tuples: int) -> StageResult:
+    """Write the canaries, the audit canaries and a secret insertion seed into ``canaries_dir``.
+    ``num_tuples``: n, which bounds the occurrence groups when ``canary.occurrences`` is empty."""
+    from dpbert.evaluate.canary import candidate_ids, make_audit_canaries, make_canary_set, occurrence_groups
+    from dpbert.vocab.wordpiece import VOCAB_FILE
+
+    vocab_path = os.path.join(vocabulary_dir, VOCAB_FILE)
+    candidates = candidate_ids(vocab_path)
+    with open(vocab_path, encoding="utf-8") as f:
+        vocab_size = sum(1 for _ in f)
+    occurrences = list(config.occurrences) or occurrence_groups(int(num_tuples),
+                                                                max_fraction=config.max_occurrence_fraction)
+    canary_set = make_canary_set(candidates, vocab_size, occurrences=occurrences,
+                                 canaries_per_group=config.canaries_per_group)
+    os.makedirs(canaries_dir, exist_ok=True)
+    canary_set.save(os.path.join(canaries_dir, CANARIES_FILE))
+    audit = make_audit_canaries(candidates, vocab_size, config.audit_canaries) if config.audit_canaries else None
+    if audit is not None:
+        audit.save(os.path.join(canaries_dir, AUDIT_FILE))
+    seed_path = os.path.join(canaries_dir, SEED_FILE)
+    with open(seed_path, "w", encoding="utf-8") as f:
+        json.dump({"insertion_seed": secrets.randbits(63)}, f)
+    os.chmod(seed_path, 0o600)
+    num_audit = 0 if audit is None else len(audit)
+    log.info("canaries: %d in %d occurrence groups, %d audit canaries (secrets in the private artifact)",
+             len(canary_set), len(occurrences), num_audit)
+    return StageResult(properties={
+        schema.PRIVATE: 1, "num_canaries": len(canary_set), "groups": [str(o) for o in occurrences],
+        "num_audit_canaries": num_audit})
+
+
+def load_canaries(canaries_dir: str):
+    """(CanarySet, audit CanarySet or None, insertion seed) from a CanaryList directory."""
+    from dpbert.evaluate.canary import CanarySet
+
+    canary_set = CanarySet.load(os.path.join(canaries_dir, CANARIES_FILE))
+    audit_path = os.path.join(canaries_dir, AUDIT_FILE)
+    audit = CanarySet.load(audit_path) if os.path.exists(audit_path) else None
+    with open(os.path.join(canaries_dir, SEED_FILE), encoding="utf-8") as f:
+        seed = json.load(f)["insertion_seed"]
+    return canary_set, audit, seed
+
+
+# --------------------------------------------------------------------------- the trainers
+def apply_canaries(token_ids, canaries_dir: str, max_seq_length: int):
+    """Insert the canaries into the training examples (same places for every trainer) and append
+    the included audit canaries as examples of their own (one privacy unit each).
+
+    Returns (token ids, insertion counts per canary id). The counts are not secret.
+    """
+    import numpy as np
+
+    from dpbert.evaluate.canary import canary_examples, insert_canaries
+
+    canary_set, audit, seed = load_canaries(canaries_dir)
+    rng = np.random.default_rng(seed)
+    token_ids, counts = insert_canaries(token_ids, canary_set, rng)
+    if audit is not None:
+        included = [c for c in audit.canaries if c.included]
+        if included:
+            extra, _ = canary_examples(included, max_seq_length)
+            token_ids = np.concatenate([token_ids, extra.astype(token_ids.dtype)])
+    return token_ids, {str(c.canary_id): int(k) for c, k in zip(canary_set.canaries, counts)}
+
+
+# --------------------------------------------------------------------------- CanaryExposure
+def carrier_rows(tokenizer_dir: str, max_seq_length: int, tuple_words: Optional[int] = None):
+    """Held-out carrier rows ``[N, max_seq_length]`` for the in-context exposure query: public
+    synthetic notes (``CARRIER_SEED``), cut into tuples and tokenized like the training data."""
+    from dpbert.data.synthetic import generate_notes
+    from dpbert.data.tuples import DEFAULT_TUPLE_WORDS, corpus_tuples
+    from dpbert.vocab.wordpiece import load_tokenizer, tokenize_tuples
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    tuples = corpus_tuples(generate_notes(patients=CARRIER_PATIENTS, seed=CARRIER_SEED),
+                           tuple_words or DEFAULT_TUPLE_WORDS)
+    return tokenize_tuples(tokenizer, (t.words for t in tuples), int(max_seq_length))
+
+
+def _exposure_for(model_dir: str, canary_set, counts):
+    """Exposure of the canaries inserted into training text: queried in context (carriers).
+    Returns (exposure report, the model's score function, the models)."""
+    from dpbert.evaluate.canary import evaluate_exposure, mlm_score_fn
+    from dpbert.model.bert import load_bert
+
+    models = load_bert(os.path.join(model_dir, schema.MODEL_DIR))
+    score_fn = mlm_score_fn(models.mlm, models.spec.max_predictions)
+    contexts = carrier_rows(os.path.join(model_dir, schema.TOKENIZER_DIR), models.spec.max_seq_length)
+    return evaluate_exposure(canary_set, score_fn, models.spec.max_seq_length, counts=counts,
+                             max_reference=MAX_REFERENCE, contexts=contexts,
+                             contexts_per_canary=CONTEXTS_PER_CANARY), score_fn, models
+
+
+def _plot(groups, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label, marker in (("exposure_dp", "DP-SGD", "o"), ("exposure_non_dp", "non-private", "s")):
+        pts = [(g["occurrences"], g[key]) for g in groups if g.get(key) is not None and g.get("occurrences")]
+        if pts:
+            xs, ys = zip(*sorted(pts))
+            ax.plot(xs, ys, marker=marker, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("canary occurrences in the training data")
+    ax.set_ylabel("exposure (bits, mean over canaries)")
+    ax.set_title("Secret-sharer exposure")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _counts(model_dir: str, canary_set) -> List[int]:
+    """How many training rows of that model carried each canary (``canary_counts.json``)."""
+    with open(os.path.join(model_dir, schema.CANARY_COUNTS_FILE), encoding="utf-8") as f:
+        counts = json.load(f)
+    return [counts.get(str(c.canary_id), 0) for c in canary_set.canaries]
+
+
+def _group_rows(dp: Dict, non_dp: Optional[Dict]) -> List[Dict]:
+    """One row per group (pattern "all", DP vs non-DP) followed by its per-pattern rows (DP)."""
+    rows = []
+    for g in dp["groups"]:
+        row = {"group": g["group"], "pattern": "all", "occurrences": g["occurrences"],
+               "exposure_dp": g["exposure"]["mean"], "exposure_dp_std": g["exposure"]["std"],
+               "n": g["exposure"]["n"]}
+        if non_dp is not None:
+            other = next((h for h in non_dp["groups"] if h["group"] == g["group"]), None)
+            if other:
+                row.update({"exposure_non_dp": other["exposure"]["mean"],
+                            "exposure_non_dp_std": other["exposure"]["std"]})
+        rows.append(row)
+        for pattern, stats in sorted((g.get("by_pattern") or {}).items()):
+            rows.append({"group": g["group"], "pattern": pattern, "occurrences": g["occurrences"],
+                         "exposure_dp": stats["mean"], "n": stats["n"]})
+    return rows
+
+
+@dataclasses.dataclass
+class ExposureResult(StageResult):
+    report: Optional[Dict] = None   # what exposure.json holds
+
+
+def exposure_report(canaries_dir: str, model_dir: str, report_dir: str, *, audit_beta: float,
+                    max_seq_length: int, epsilon_train: Optional[float], delta_train: Optional[float],
+                    baseline_model_dir: Optional[str] = None) -> ExposureResult:
+    """Exposure (DP vs non-DP) per occurrence group; the audit ε lower bound vs the accountant's
+    ``epsilon_train`` (at ``delta_train``). Writes ``exposure.json`` and the plot into
+    ``report_dir``. ``max_seq_length``: the model's (the standalone audit query's length).
+    ``failure``: an ``AuditInconsistencyError`` when the lower bound exceeds ``epsilon_train``."""
+    from dpbert.evaluate.audit import AuditInconsistencyError, assert_audit_consistent, audit_best_of
+    from dpbert.evaluate.canary import evaluate_exposure
+
+    canary_set, audit, _ = load_canaries(canaries_dir)
+    dp, score_fn, _ = _exposure_for(model_dir, canary_set, _counts(model_dir, canary_set))
+    non_dp = _exposure_for(baseline_model_dir, canary_set, _counts(baseline_model_dir, canary_set))[0] \
+        if baseline_model_dir else None
+    groups = _group_rows(dp, non_dp)
+    out = {"log2_reference_size": dp["log2_reference_size"], "query": dp["query"], "groups": groups}
+    if audit is not None and len(audit):
+        # Standalone query: the audit canaries were trained as examples of their own.
+        audit_exposure = evaluate_exposure(audit, score_fn, int(max_seq_length), max_reference=MAX_REFERENCE)
+        out["audit_query"] = audit_exposure["query"]
+        scores = [row["exposure_extrapolated"] for row in audit_exposure["canaries"]]
+        included = [c.included for c in audit.canaries]
+        result = audit_best_of(scores, included, beta=audit_beta, delta=float(delta_train or 0.0))
+        out["audit"] = {k: result[k] for k in AUDIT_FIELDS}
+        out["audit_epsilon_lower_bound"] = result["epsilon_lower_bound"]
+        out["audit_epsilon_upper_bound"] = epsilon_train
+    os.makedirs(report_dir, exist_ok=True)
+    with open(os.path.join(report_dir, EXPOSURE_FILE), "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2, default=float)
+    overall = [g for g in groups if g["pattern"] == "all"]
+    _plot(overall, os.path.join(report_dir, "exposure.png"))
+    _plot(overall, os.path.join(report_dir, "exposure.svg"))
+    failure = None
+    if "audit_epsilon_lower_bound" in out and epsilon_train is not None:
+        # A lower bound above the accountant's upper bound means the accounting or the DP-SGD
+        # implementation is wrong: the run fails (after the evidence is recorded).
+        try:
+            assert_audit_consistent(out["audit_epsilon_lower_bound"], float(epsilon_train))
+        except AuditInconsistencyError as err:  # raised by the adapter after recording
+            failure = err
+    log.info("canary: exposure per group %s; audit ε ≥ %s (accountant ε_T = %s)",
+             [(g["occurrences"], round(g["exposure_dp"], 2)) for g in overall],
+             out.get("audit_epsilon_lower_bound"), epsilon_train)
+    return ExposureResult(properties={
+        "groups": [g for g in overall if g["group"] != "held_out"],
+        "groups_by_pattern": [g for g in groups if g["pattern"] != "all"],
+        "audit_epsilon_lower_bound": out.get("audit_epsilon_lower_bound"),
+        "audit_epsilon_upper_bound": epsilon_train,
+        "audit": out.get("audit"),
+        "log2_reference_size": dp["log2_reference_size"],
+    }, failure=failure, report=out)

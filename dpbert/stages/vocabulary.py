@@ -1,0 +1,90 @@
+"""DPVocabularyGen's stage: tuples → DP word histogram (Beam) → WordPiece vocabulary.
+
+The threshold and (ε, δ) come from ``dpbert.privacy.histogram``, the Beam job from
+``beam_jobs.dp_histogram``, the WordPiece trainer from ``dpbert.vocab.wordpiece``. Only the
+noised, thresholded histogram is written (``histogram.jsonl``); the exact counts exist only
+inside the Beam job.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+from dpbert import schema
+from dpbert.config import PrivacyConfig, VocabConfig
+from dpbert.stages.result import StageResult
+
+log = logging.getLogger("dpbert.vocabulary")
+
+HISTOGRAM_FILE = "histogram.jsonl"
+DP_EVENT_FILE = "dp_event.json"
+
+
+def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_config: VocabConfig,
+                  privacy_config: PrivacyConfig, tuple_words: Optional[int] = None) -> StageResult:
+    """Count each distinct word once per tuple, add N(0, σ²), keep counts ≥ C, learn WordPiece.
+
+    ``beam_pipeline``: the Beam pipeline the histogram job runs on (TFX's
+    ``BeamComponentParameter``). ``tuple_words``: N recorded on the tuples (must equal
+    ``privacy.tuple_words``; None = not recorded).
+    """
+    from beam_jobs.dp_histogram import run_histogram_job
+    from dpbert.privacy import events, histogram
+    from dpbert.vocab import histogram_file, wordpiece
+
+    vocab_cfg, privacy_cfg = vocab_config, privacy_config
+    n_words = privacy_cfg.tuple_words
+    if tuple_words not in (None, n_words):
+        raise ValueError(f"privacy.tuple_words = {n_words} but the tuples artifact was cut with N = {tuple_words}")
+    k = privacy_cfg.max_tuples_per_patient if privacy_cfg.unit == "patient" else None
+    os.makedirs(vocabulary_dir, exist_ok=True)
+    histogram_path = os.path.join(vocabulary_dir, HISTOGRAM_FILE)
+
+    if vocab_cfg.non_private:
+        report = None
+        record = events.non_private_event("vocab")
+        log.warning("vocabulary: NON-PRIVATE baseline from exact counts (ε = ∞), as configured")
+    else:
+        report = histogram.histogram_report(vocab_cfg.sigma, vocab_cfg.delta, n_words, vocab_cfg.threshold_mode,
+                                            k or 1, unit=privacy_cfg.unit)
+        record = events.histogram_event(report)
+        if report.get("warning"):
+            log.warning("vocabulary: %s", report["warning"])
+        log.info("vocabulary: σ = %g, C = %.1f, ε = %.4g at δ = %.3g", vocab_cfg.sigma, report["threshold"],
+                 report["epsilon"], report["delta"])
+
+    run_histogram_job(beam_pipeline, tuples_dir, histogram_path,
+                      sigma=None if report is None else vocab_cfg.sigma,
+                      threshold=None if report is None else report["threshold"],
+                      noise_seed=vocab_cfg.noise_seed, max_tuples_per_patient=k)
+    kept = histogram_file.read_histogram(histogram_path)
+    if not kept:
+        raise ValueError(f"vocabulary: no word passed the threshold C = {report['threshold']:.1f} "
+                         f"(vocab.sigma = {vocab_cfg.sigma}, vocab.delta = {vocab_cfg.delta}); the "
+                         f"corpus is too small for this noise: lower vocab.sigma or add data")
+    log.info("vocabulary: %d words released; training WordPiece (target size %d)", len(kept), vocab_cfg.size)
+    tokenizer = wordpiece.train_wordpiece(kept, vocab_size=vocab_cfg.size, min_frequency=vocab_cfg.min_frequency)
+    wordpiece.save_vocabulary(tokenizer, vocabulary_dir)
+    with open(os.path.join(vocabulary_dir, DP_EVENT_FILE), "w", encoding="utf-8") as f:
+        f.write(events.to_json(record))
+
+    props = {
+        "vocab_size": tokenizer.get_vocab_size(),
+        "words_kept": len(kept),
+        schema.TUPLE_WORDS: n_words,
+        "unit": privacy_cfg.unit,
+        schema.NON_PRIVATE: vocab_cfg.non_private,
+        "noise_seed": vocab_cfg.noise_seed,  # recorded: a fixed seed is for tests only
+        schema.DP_EVENT: events.to_json(record),
+    }
+    if report is None:
+        props.update({"epsilon": float("inf"), "epsilon_classic": float("inf")})
+    else:
+        props.update({
+            "epsilon": report["epsilon"], "epsilon_classic": report["epsilon_classic"],
+            "delta": report["delta"], "delta_threshold": report["delta_threshold"],
+            "sigma": vocab_cfg.sigma, "threshold": report["threshold"],
+            "threshold_mode": vocab_cfg.threshold_mode, "max_contributions": report["max_contributions"],
+        })
+    return StageResult(properties=props)

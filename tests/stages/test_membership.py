@@ -1,0 +1,55 @@
+"""dpbert.stages.membership without TFX: the recorded split, the refusals, the report."""
+import json
+import shutil
+
+import pytest
+
+from dpbert import schema
+from dpbert.config import MembershipConfig
+from dpbert.stages import membership as stage
+from dpbert.stages.membership import NoHoldoutError, TrainedModel
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, vocabulary_dir):
+    from dpbert.model.bert import BertSpec, build_bert, save_bert
+    from dpbert.vocab.wordpiece import load_tokenizer
+
+    root = tmp_path_factory.mktemp("membership")
+    spec = BertSpec(vocab_size=load_tokenizer(vocabulary_dir).get_vocab_size(), hidden_size=16, num_layers=1,
+                    num_heads=2, intermediate_size=32, max_seq_length=32, max_predictions=5)
+    save_bert(build_bert(spec, seed=1), root / "dp" / schema.MODEL_DIR)
+    shutil.copytree(vocabulary_dir, root / "dp" / schema.TOKENIZER_DIR)
+    return str(root / "dp")
+
+
+def test_holdout_of():
+    assert stage.holdout_of(TrainedModel("u", 0.3, 5, False)) == {"fraction": 0.3, "seed": 5}
+    for fraction, seed in ((None, None), (0.0, 1), (0.3, None)):
+        with pytest.raises(NoHoldoutError, match="membership.holdout_patient_fraction"):
+            stage.holdout_of(TrainedModel("u", fraction, seed, False))
+
+
+def test_refuses_a_baseline_on_another_split_or_a_private_baseline(tmp_path):
+    dp = TrainedModel("dp", 0.3, 5, False)
+    with pytest.raises(ValueError, match="different patient splits"):
+        stage.membership_inference("t", str(tmp_path), dp, MembershipConfig(), TrainedModel("b", 0.3, 6, True))
+    with pytest.raises(ValueError, match="non-private baseline"):
+        stage.membership_inference("t", str(tmp_path), dp, MembershipConfig(), TrainedModel("b", 0.3, 5, False))
+
+
+def test_membership_inference_report(tmp_path, tuples_dir, model_dir):
+    from dpbert.evaluate.membership import ATTACKS
+
+    config = MembershipConfig(seed=0, max_samples=20)
+    result = stage.membership_inference(tuples_dir, str(tmp_path / "report"), TrainedModel(model_dir, 0.3, 9, True),
+                                        config)
+    props = result.properties
+    assert set(props["attacks"]) == {"non_dp"}  # a non-private main model is reported as non_dp
+    assert sorted(props["attacks"]["non_dp"]) == sorted(ATTACKS)
+    assert props[schema.HOLDOUT_FRACTION] == 0.3 and props["holdout_seed"] == 9 and props[schema.PRIVATE] == 0
+    assert (props["seed"], props["max_samples"]) == (0, 20)
+    assert props["n_members"] + props["n_non_members"] <= 20
+    curves = json.loads((tmp_path / "report" / stage.ROC_FILE).read_text())
+    assert set(curves["non_dp"]) == set(ATTACKS)
+    assert all(len(c["fpr"]) <= stage.PROPERTY_ROC_POINTS for c in props["roc_curves"]["non_dp"].values())

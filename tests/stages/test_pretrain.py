@@ -1,0 +1,140 @@
+"""dpbert.stages.pretrain without TFX: the plan (planned steps == executed steps), the holdout,
+the state directory and resume, the artifact files and properties."""
+import json
+import os
+import random
+
+import pytest
+
+from dpbert import schema
+from dpbert.config import MembershipConfig, PrivacyConfig
+from dpbert.stages import pretrain as stage
+
+from .conftest import tiny_model_config, tiny_training_config
+
+
+def _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, membership=None, name="model", **kwargs):
+    root = tmp_path / "root"
+    model_dir = root / "MLMPretrainer" / "model" / name
+    return stage.pretrain(tuples_dir, vocabulary_dir, str(model_dir), model_config=tiny_model_config(),
+                          training_config=tc, privacy_config=PrivacyConfig(tuple_words=24),
+                          membership_config=membership or MembershipConfig(), pipeline_root=str(root),
+                          export_saved_model=False, **kwargs), model_dir
+
+
+#: The issue's case: the guard planned 11 steps, the trainer used to run 12.
+FIRST_DRAW = ({"epochs": 1.1, "steps": None}, 5, 50)
+
+
+def _draws(count, seed=13):
+    """Random (steps | epochs, B, n) with at most ~12 planned steps; the issue's case first."""
+    rng = random.Random(seed)
+    yield FIRST_DRAW
+    for _ in range(count):
+        B = rng.choice([2, 3, 4, 5, 8])
+        n = rng.randint(B, 60)
+        if rng.random() < 0.3:
+            yield {"steps": rng.randint(1, 12), "epochs": None}, B, n
+        else:
+            max_epochs = 12 * B / n
+            yield {"epochs": round(rng.uniform(0.05, max_epochs), rng.choice([1, 2, 3])) or 0.1, "steps": None}, B, n
+
+
+@pytest.mark.parametrize("draw", list(_draws(2)), ids=lambda d: f"{d[0]}-B{d[1]}-n{d[2]}")
+def test_planned_steps_equal_executed_steps(tmp_path, tuples_dir, vocabulary_dir, draw):
+    """The budget guard's plan and the trainer stage agree on the number of steps (one TrainingPlan)."""
+    from dpbert.config import load_config
+    from dpbert.privacy.accountant import planned_ledger
+    from pipeline import guard
+
+    length, B, n = draw
+    length_args = [f"training.{k}={'null' if v is None else v}" for k, v in length.items()]
+    config = load_config(overrides=length_args + [f"training.batch_size={B}", "training.warmup_steps=0",
+                                                  "vocab.sigma=2", "privacy.tuple_words=24"])
+    planned_steps = guard.planned(config, dataset_size=n)["steps"]
+    assert planned_steps == planned_ledger(config, n)["steps"] <= 13
+    # DP or not, the run takes the plan's steps; the DP path is cheaper to skip in a loop of draws.
+    result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tiny_training_config(
+        batch_size=B, steps=config.training.steps, epochs=config.training.epochs), num_tuples=n,
+        non_private=draw != FIRST_DRAW)
+    assert result.plan.steps == planned_steps
+    assert result.train.steps_this_run == planned_steps == result.properties[schema.STEPS_TAKEN_TOTAL]
+    assert result.properties[schema.STEPS_PLANNED] == planned_steps
+    assert result.properties["planned_dataset_size"] == n
+    if draw == FIRST_DRAW:
+        assert planned_steps == 11 and result.dp_event["steps"] == 11
+
+
+def test_artifact_files_properties_and_dp_event(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
+    from dpbert.privacy import accountant, events
+
+    tc = tiny_training_config(steps=2)
+    result, model_dir = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc)
+    for name in (schema.MODEL_DIR, schema.TOKENIZER_DIR, schema.DP_EVENTS_FILE, schema.TRAIN_RESULT_FILE,
+                 schema.RUN_CONFIG_FILE, schema.DP_LEDGER_FILE):
+        assert (model_dir / name).exists(), name
+    assert not (model_dir / schema.CANARY_COUNTS_FILE).exists()
+    assert sorted(os.listdir(model_dir / schema.TOKENIZER_DIR)) == ["tokenizer.json", "vocab.txt"]
+    props = result.properties
+    n = len(raw_tuples)
+    # Without training.dataset_size or num_tuples, n is the number of training rows.
+    assert props["dataset_size"] == props["planned_dataset_size"] == n
+    assert props["sampling_rate"] == pytest.approx(4 / n) == result.plan.sampling_probability
+    assert props[schema.NON_PRIVATE] is False and props[schema.PRIVATE] == 0
+    assert props[schema.HOLDOUT_FRACTION] is None and props["holdout_seed"] is None
+    assert props[schema.MAX_SEQ_LENGTH] == 16 and props["model_preset"] == "custom"
+    record = events.from_json(props[schema.DP_EVENTS])[0]
+    assert record == json.loads((model_dir / schema.DP_EVENTS_FILE).read_text())[0]
+    assert props["epsilon_train"] == pytest.approx(accountant.dpsgd_epsilon(
+        record["noise_multiplier"], record["sampling_probability"], 2, tc.delta, "poisson"))
+    # The state lives under the pipeline root, keyed by the inputs: stable across executions.
+    assert os.path.dirname(result.state_dir) == str(tmp_path / "root" / stage.STATE_ROOT)
+
+
+def test_non_private_baseline_and_patient_unit(tmp_path, tuples_dir, vocabulary_dir):
+    result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tiny_training_config(steps=1), non_private=True)
+    assert result.properties[schema.NON_PRIVATE] is True and result.properties[schema.PRIVATE] == 1
+    assert result.epsilon == float("inf") and result.dp_event["mechanism"] == "non_private"
+    with pytest.raises(ValueError, match="privacy.unit = patient"):
+        stage.pretrain(tuples_dir, "unused", str(tmp_path / "m"), model_config=tiny_model_config(),
+                       training_config=tiny_training_config(), privacy_config=PrivacyConfig(unit="patient"),
+                       membership_config=MembershipConfig(), pipeline_root=str(tmp_path))
+
+
+def test_holdout_trains_on_the_split_membership_recomputes(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
+    from dpbert.data.splits import patient_key, split_patients
+
+    membership = MembershipConfig(holdout_patient_fraction=0.3, holdout_seed=9)
+    result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tiny_training_config(steps=1), membership,
+                          non_private=True, num_tuples=len(raw_tuples))
+    split = split_patients([patient_key(t) for t in raw_tuples], 0.7, seed=9)
+    assert len(split.oot) == 3
+    props = result.properties
+    assert props[schema.HOLDOUT_FRACTION] == 0.3 and props["holdout_seed"] == 9
+    assert props["dataset_size"] == sum(patient_key(t) in split.train for t in raw_tuples)
+    assert props["planned_dataset_size"] == len(raw_tuples)  # q stays planned from every tuple
+    assert stage.training_patients(tuples_dir, MembershipConfig()) is None
+
+
+def test_a_crashed_run_resumes_from_the_state_directory(tmp_path, tuples_dir, vocabulary_dir, monkeypatch):
+    from dpbert.model.train import SimulatedCrash
+
+    tc = tiny_training_config(steps=2, checkpoint_every=1)
+    monkeypatch.setenv(stage.CRASH_AFTER_STEPS_ENV, "1")
+    assert stage.crash_after_steps_from_env() == 1
+    with pytest.raises(SimulatedCrash):
+        _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, name="1", stop_after_steps=stage.crash_after_steps_from_env())
+    monkeypatch.delenv(stage.CRASH_AFTER_STEPS_ENV)
+    assert stage.crash_after_steps_from_env() is None
+    # A new execution (another output directory) of the same inputs finds the same state.
+    result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, name="2")
+    assert result.properties["resumed_from_step"] == 1 and result.properties["steps_this_run"] == 1
+    assert result.properties[schema.STEPS_TAKEN_TOTAL] == 2 == result.dp_event["steps"]
+
+
+def test_state_dir_and_loss_curve():
+    assert stage.state_dir("/r", "k") == stage.state_dir("/r", "k") != stage.state_dir("/r", "k2")
+    assert stage.state_dir("/r", "k").startswith("/r/_trainer_state/")
+    assert stage.loss_curve([1.0, 2.0]) == [1.0, 2.0]
+    curve = stage.loss_curve(list(range(1000)), points=10)
+    assert len(curve) == 11 and curve[-1] == 999.0
