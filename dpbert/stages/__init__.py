@@ -14,4 +14,7 @@ artifact. Nothing here imports TFX, so every stage is unit-tested in ``tests/sta
 * ``accountant`` — PrivacyAccountant: the ε ledger from the recorded DP events.
 * ``ner``        — NerEvaluator: NER F1 and held-out MLM loss.
 * ``membership`` — MembershipInference: the attacks on the held-out split.
+
+This ``__init__`` imports none of the modules: a component's ``code_version`` (a hash of what it
+imports, ``pipeline/code_version.py``) then covers only the stage it calls.
 """
