@@ -12,7 +12,7 @@ from components.artifacts import (CanaryList, CanaryReport, DPVocabulary, Pretra
                                   WordTuples)
 from components.common import get_property, set_properties
 from dpbert import schema
-from dpbert.config import CanaryConfig, section_from_json
+from dpbert.config import CanaryConfig, TrainingConfig, section_from_json
 
 
 @component
@@ -21,12 +21,14 @@ def CanaryGen(
     vocabulary: InputArtifact[DPVocabulary],
     canaries: OutputArtifact[CanaryList],
     canary_config: Parameter[str],
+    training_config: Parameter[str],
     code_version: Parameter[str],
 ):
     from dpbert.stages.canary import generate_canaries
 
+    # The occurrence groups come from the PUBLIC training.dataset_size, never the tuples' exact count.
     result = generate_canaries(vocabulary.uri, canaries.uri, section_from_json(CanaryConfig, canary_config),
-                               num_tuples=int(get_property(tuples, schema.NUM_TUPLES)))
+                               public_rows=section_from_json(TrainingConfig, training_config).dataset_size)
     set_properties(canaries, {**result.properties, "code_version": code_version})
 
 

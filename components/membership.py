@@ -2,7 +2,8 @@
 
 Adapter over ``dpbert.stages.membership``: members are the tuples of the patients the trainer
 trained on, non-members those of the patients it held out; the split is recomputed from the
-``holdout_patient_fraction`` / ``holdout_seed`` recorded on the model artifact(s).
+``holdout_patient_fraction`` / ``holdout_key_id`` recorded on the model artifact(s) and the secret
+key in the WordTuples artifact.
 """
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
@@ -14,10 +15,10 @@ from dpbert.config import MembershipConfig, section_from_json
 
 
 def _trained_model(artifact):
-    from dpbert.stages.membership import HOLDOUT_SEED, TrainedModel
+    from dpbert.stages.membership import HOLDOUT_KEY_ID, TrainedModel
 
     return TrainedModel(uri=artifact.uri, holdout_patient_fraction=get_property(artifact, schema.HOLDOUT_FRACTION),
-                        holdout_seed=get_property(artifact, HOLDOUT_SEED),
+                        holdout_key_id=get_property(artifact, HOLDOUT_KEY_ID),
                         non_private=bool(get_property(artifact, schema.NON_PRIVATE)))
 
 

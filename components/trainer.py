@@ -41,7 +41,6 @@ def MLMPretrainer(
         privacy_config=section_from_json(PrivacyConfig, privacy_config),
         membership_config=section_from_json(MembershipConfig, membership_config),
         pipeline_root=pipeline_root_of(model.uri),
-        num_tuples=get_property(tuples, schema.NUM_TUPLES),
         canaries_dir=None if canaries is None else canaries.uri,
         non_private=bool(non_private),
         stop_after_steps=crash_after_steps_from_env())

@@ -142,10 +142,21 @@ class TrainingConfig:
     replicas: int = 1
     #: poisson (each example in with probability q = B/n) | shuffle (fixed-size, no amplification).
     sampling: str = "poisson"
-    #: n used to plan q = B/n and steps from epochs before any private data is read. A public
-    #: lower bound on the number of tuples; null = counted from the corpus by the budget guard.
-    #: The trainer samples with the planned q whatever the actual n, so the ε holds either way.
+    #: PUBLIC n used to plan q = B/n and steps from epochs before any private data is read (a
+    #: public figure or lower bound on the number of tuples, held-out patients included). Required
+    #: with privacy.epsilon_budget; null without a budget = the trainer plans from a DP count of
+    #: its rows (Gaussian, ``count_noise_multiplier``, charged in the ledger). Never the exact count.
     dataset_size: Optional[int] = None
+    #: Noise multiplier of the DP count used when dataset_size is null (``dpbert.privacy.count``).
+    count_noise_multiplier: float = 20.0
+    #: Release the per-step loss, accuracy, clipped fraction and batch size as DP estimates
+    #: (``dpbert.privacy.diagnostics``; charged with the gradient as one σ_eff). False: nothing
+    #: about the batches is released (the exact values stay in the private state directory).
+    dp_diagnostics: bool = True
+    #: Noise multiplier of each diagnostic, in units of noise_multiplier.
+    diagnostics_noise_ratio: float = 8.0
+    #: Per-example MLM loss clipped to [0, this] nats before its noisy sum (its sensitivity).
+    diagnostics_loss_bound: float = 12.0
     #: tpu | mirrored | multi_worker_mirrored | default.
     strategy: str = "default"
     learning_rate: float = 1e-3
@@ -175,6 +186,12 @@ class TrainingConfig:
         _check(self.epochs is None or self.epochs > 0, f"{prefix}.epochs", "must be > 0", self.epochs)
         _check(self.dataset_size is None or self.dataset_size >= 1, f"{prefix}.dataset_size",
                "must be >= 1", self.dataset_size)
+        _check(self.count_noise_multiplier > 0, f"{prefix}.count_noise_multiplier", "must be > 0",
+               self.count_noise_multiplier)
+        _check(self.diagnostics_noise_ratio > 0, f"{prefix}.diagnostics_noise_ratio", "must be > 0",
+               self.diagnostics_noise_ratio)
+        _check(self.diagnostics_loss_bound > 0, f"{prefix}.diagnostics_loss_bound", "must be > 0",
+               self.diagnostics_loss_bound)
         _check(self.accumulation_steps >= 1, f"{prefix}.accumulation_steps", "must be >= 1",
                self.accumulation_steps)
         _check(self.replicas >= 1, f"{prefix}.replicas", "must be >= 1", self.replicas)
@@ -244,20 +261,18 @@ class MembershipConfig:
     """Membership inference (Jagannatha et al. 2021): patients held out of pre-training are the
     non-members of the attacks (``MembershipInference``), which run when the fraction is > 0."""
 
-    #: Fraction of the PATIENTS held out of pre-training (both trainers), chosen by
-    #: ``dpbert.data.splits.split_patients`` from ``holdout_seed``. 0 = train on every patient.
-    #: Sampling keeps the q planned from all tuples (the budget guard's plan), so the expected
-    #: batch is about (1 − fraction)·B.
+    #: Fraction of the PATIENTS held out of pre-training (both trainers): each patient is held out
+    #: independently by a keyed PRF (``dpbert.data.splits``) whose secret key the ingestion draws
+    #: from OS entropy and keeps in the private WordTuples artifact. 0 = train on every patient.
+    #: The plan uses the public n·(1 − fraction) (``dpbert.privacy.plan``).
     holdout_patient_fraction: float = 0.0
-    #: Seed of that split. Whoever knows it and the patient ids knows who was trained on.
-    holdout_seed: int = 0
     #: Seed of the evaluated samples and of their MLM masks (the same for every model).
     seed: int = 0
     #: At most this many evaluated tuples, half members, half non-members.
     max_samples: int = 2000
 
     #: The fields the trainers need (the split); the others only change the evaluation.
-    HOLDOUT_FIELDS = ("holdout_patient_fraction", "holdout_seed")
+    HOLDOUT_FIELDS = ("holdout_patient_fraction",)
 
     def validate(self, prefix: str):
         _check(0 <= self.holdout_patient_fraction < 1, f"{prefix}.holdout_patient_fraction",
@@ -342,6 +357,18 @@ class Config:
         if self.training.non_private and self.privacy.epsilon_budget is not None:
             raise ConfigError("training.non_private is refused when privacy.epsilon_budget is set "
                               "(a non-private model has ε = ∞)")
+        if self.privacy.epsilon_budget is not None:
+            for field, value in (("vocab.noise_seed", self.vocab.noise_seed),
+                                 ("training.noise_seed", self.training.noise_seed)):
+                if value is not None:
+                    # A fixed seed makes every noise draw predictable: the mechanism is not DP.
+                    raise ConfigError(f"{field} is for tests only and is refused when privacy.epsilon_budget "
+                                      f"is set: a fixed noise seed makes the noise predictable (ε = ∞)")
+            if self.training.dataset_size is None and not self.training.non_private:
+                raise ConfigError("training.dataset_size must be set when privacy.epsilon_budget is set: "
+                                  "a PUBLIC number of tuples (held-out patients included) to plan q and the "
+                                  "steps with before any private data is read; without a budget the trainer "
+                                  "plans from a DP count instead")
         return self
 
     def to_dict(self) -> Dict[str, Any]:

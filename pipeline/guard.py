@@ -2,8 +2,11 @@
 
 If it exceeds ``privacy.epsilon_budget`` the run stops (exit 3) and nothing is written: the
 guard runs in the CLI process before the DAG is built, and reads the corpus only to check it
-opens and, when ``training.dataset_size`` is not set, to count its tuples (n fixes the sampling
-rate q = B/n the trainer will use).
+opens. n (which fixes q = B/n and the steps) is the PUBLIC ``training.dataset_size`` (required
+with a budget, ``dpbert.config``) or ``dpbert budget --examples N``: the guard never counts the
+private corpus (an exact count is a data-dependent choice and would reach the terminal). Without
+a budget and without a public n there is nothing to check before the run: the trainer plans from
+a DP count and the accountant charges it.
 """
 from __future__ import annotations
 
@@ -21,14 +24,19 @@ def preflight_corpus(config: Config):
     next(iter(iter_documents(config.corpus)))
 
 
-def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> int:
-    """n to plan with: ``dataset_size`` if given, else ``training.dataset_size``, else the tuples
-    counted from the corpus."""
-    if dataset_size or config.training.dataset_size:
-        return dataset_size or config.training.dataset_size
-    from dpbert.data.corpus import count_tuples
+def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> Optional[int]:
+    """The public n to plan with: ``dataset_size`` if given, else ``training.dataset_size``, else
+    None (never a count of the private corpus)."""
+    return dataset_size or config.training.dataset_size or None
 
-    return count_tuples(config.corpus, config.privacy.tuple_words)
+
+def _require_public_n(config: Config, dataset_size: Optional[int]) -> int:
+    n = public_dataset_size(config, dataset_size)
+    if n is None:
+        raise ConfigError("training.dataset_size is not set: give a public number of tuples to plan with "
+                          "(--examples N, or --set training.dataset_size=N); the pipeline itself plans from "
+                          "a DP count when it is unset and no budget is set")
+    return n
 
 
 def training_plan(config: Config, dataset_size: Optional[int] = None):
@@ -36,7 +44,8 @@ def training_plan(config: Config, dataset_size: Optional[int] = None):
     ``public_dataset_size(config, dataset_size)``."""
     from dpbert.privacy.plan import plan_training
 
-    return plan_training(config.training, public_dataset_size(config, dataset_size))
+    return plan_training(config.training, _require_public_n(config, dataset_size),
+                         config.membership.holdout_patient_fraction)
 
 
 def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
@@ -44,16 +53,19 @@ def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
     ``TrainingPlan``) for ``config`` over ``public_dataset_size(config, dataset_size)``."""
     from dpbert.privacy.accountant import planned_ledger
 
-    n = public_dataset_size(config, dataset_size)
+    n = _require_public_n(config, dataset_size)
     if n < config.training.batch_size:
         raise ConfigError(f"training.batch_size must be <= the number of tuples n = {n}, "
                           f"got {config.training.batch_size}")
     return planned_ledger(config, n)
 
 
-def check_budget(config: Config) -> dict:
-    """Preflight the corpus, then compute the planned ledger."""
+def check_budget(config: Config) -> Optional[dict]:
+    """Preflight the corpus, then compute the planned ledger; None when there is no public n
+    (then there is no budget either: ``Config.validate`` requires one with a budget)."""
     preflight_corpus(config)
+    if public_dataset_size(config) is None:
+        return None
     return planned(config)
 
 

@@ -65,6 +65,7 @@ def create_components(config: Config) -> List:
             tuples=tuples,
             vocabulary=vocabulary.outputs["vocabulary"],
             canary_config=section_to_json(config.canary),
+            training_config=section_to_json(config.training),
             code_version=_core_version("components.canary"),
         )
         trainer_args["canaries"] = canaries.outputs["canaries"]

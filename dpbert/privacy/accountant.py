@@ -354,7 +354,8 @@ def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]
         vocab_record = _events.histogram_event(report)
         delta_vocab = report["delta"]
 
-    plan = plan_training(train_cfg, n)
+    plan = plan_training(train_cfg, n, config.membership.holdout_patient_fraction)
+    n = plan.dataset_size
     steps = plan.steps
     if train_cfg.non_private:
         train_record = _events.non_private_event("train")

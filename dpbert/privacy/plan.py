@@ -68,9 +68,18 @@ class TrainingPlan:
         return out
 
 
-def plan_training(training_config, dataset_size: int) -> TrainingPlan:
-    """The plan of ``training_config`` (``dpbert.config.TrainingConfig``) over a public n."""
+def plan_training(training_config, dataset_size: int, holdout_fraction: float = 0.0) -> TrainingPlan:
+    """The plan of ``training_config`` (``dpbert.config.TrainingConfig``) over a public n.
+
+    ``holdout_fraction`` f: patients held out of training (``dpbert.data.splits``, each
+    independently); the plan's n is the public n·(1 − f), rounded — the expected number of
+    trained-on units, so q·n is the expected batch. A DP count of the trained-on rows is passed
+    with f = 0 (it already counts members only).
+    """
     n = _checks.integer("dataset_size", dataset_size, 1)
+    if not 0.0 <= float(holdout_fraction) < 1.0:
+        raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction!r}")
+    n = max(1, int(math.floor(n * (1.0 - float(holdout_fraction)) + 0.5)))
     tc = training_config
     B = _checks.integer("training.batch_size", tc.batch_size, 1)
     _checks.choice("training.sampling", tc.sampling, SAMPLING_MODES)

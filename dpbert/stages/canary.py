@@ -41,9 +41,15 @@ AUDIT_FIELDS = ("epsilon_lower_bound", "r", "v", "m", "k_plus", "k_minus", "beta
 
 
 # --------------------------------------------------------------------------- CanaryGen
-def generate_canaries(vocabulary_dir: str, canaries_dir: str, config: CanaryConfig, num_tuples: int) -> StageResult:
-    """Write the canaries, the audit canaries and a secret insertion seed into ``canaries_dir``.
-    ``num_tuples``: n, which bounds the occurrence groups when ``canary.occurrences`` is empty."""
+#: Occurrence groups without ``canary.occurrences`` and without a public n.
+DEFAULT_OCCURRENCES = (1, 10, 100)
+
+
+def generate_canaries(vocabulary_dir: str, canaries_dir: str, config: CanaryConfig,
+                      public_rows: Optional[int] = None) -> StageResult:
+    """Write the canaries, the audit canaries and a secret insertion key into ``canaries_dir``.
+    ``public_rows``: a PUBLIC n (``training.dataset_size``), which bounds the occurrence groups when
+    ``canary.occurrences`` is empty; without one, ``DEFAULT_OCCURRENCES``. Never the exact count."""
     from dpbert.evaluate.canary import candidate_ids, make_audit_canaries, make_canary_set, occurrence_groups
     from dpbert.vocab.wordpiece import VOCAB_FILE
 
@@ -51,8 +57,9 @@ def generate_canaries(vocabulary_dir: str, canaries_dir: str, config: CanaryConf
     candidates = candidate_ids(vocab_path)
     with open(vocab_path, encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)
-    occurrences = list(config.occurrences) or occurrence_groups(int(num_tuples),
-                                                                max_fraction=config.max_occurrence_fraction)
+    occurrences = list(config.occurrences) or (
+        occurrence_groups(int(public_rows), max_fraction=config.max_occurrence_fraction) if public_rows
+        else list(DEFAULT_OCCURRENCES))
     canary_set = make_canary_set(candidates, vocab_size, occurrences=occurrences,
                                  canaries_per_group=config.canaries_per_group)
     os.makedirs(canaries_dir, exist_ok=True)
@@ -85,25 +92,32 @@ def load_canaries(canaries_dir: str):
 
 
 # --------------------------------------------------------------------------- the trainers
-def apply_canaries(token_ids, canaries_dir: str, max_seq_length: int):
-    """Insert the canaries into the training examples (same places for every trainer) and append
-    the included audit canaries as examples of their own (one privacy unit each).
+def apply_canaries(token_ids, row_ids, canaries_dir: str, max_seq_length: int, rows_planned: int):
+    """Insert the canaries into the training examples and append the included audit canaries as
+    examples of their own (one privacy unit each).
 
-    Returns (token ids, insertion counts per canary id). The counts are not secret.
+    Insertion is decided row by row from (the secret insertion key, the row's own record id)
+    (``dpbert.evaluate.canary.insert_canaries``): the same rows get the same canaries in every
+    trainer, and adding or removing a row changes no other row's canaries. ``rows_planned``: the
+    plan's public (or DP-counted) n, so a group of c occurrences is inserted with probability
+    c / n per row. Returns (token ids, record ids, insertion counts per canary id) — the counts
+    are operator-only (they are Binomial draws over the private rows).
     """
     import numpy as np
 
+    from dpbert.data.tuples import record_id
     from dpbert.evaluate.canary import canary_examples, insert_canaries
 
-    canary_set, audit, seed = load_canaries(canaries_dir)
-    rng = np.random.default_rng(seed)
-    token_ids, counts = insert_canaries(token_ids, canary_set, rng)
+    canary_set, audit, key = load_canaries(canaries_dir)
+    token_ids, counts = insert_canaries(token_ids, canary_set, key, row_ids=row_ids, rows_planned=rows_planned)
+    row_ids = np.asarray(row_ids, dtype=np.int64)
     if audit is not None:
         included = [c for c in audit.canaries if c.included]
         if included:
             extra, _ = canary_examples(included, max_seq_length)
             token_ids = np.concatenate([token_ids, extra.astype(token_ids.dtype)])
-    return token_ids, {str(c.canary_id): int(k) for c, k in zip(canary_set.canaries, counts)}
+            row_ids = np.concatenate([row_ids, [record_id(f"audit-canary/{c.canary_id}") for c in included]])
+    return token_ids, row_ids, {str(c.canary_id): int(k) for c, k in zip(canary_set.canaries, counts)}
 
 
 # --------------------------------------------------------------------------- CanaryExposure
@@ -237,4 +251,7 @@ def exposure_report(canaries_dir: str, model_dir: str, report_dir: str, *, audit
         "audit_epsilon_upper_bound": epsilon_train,
         "audit": out.get("audit"),
         "log2_reference_size": dp["log2_reference_size"],
+        # The non-private baseline's exposures are computed on a model trained without noise:
+        # operator-only. (dpbert.release copies only the DP model's audit fields from here.)
+        schema.PRIVATE: int(baseline_model_dir is not None),
     }, failure=failure, report=out)

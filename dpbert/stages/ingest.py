@@ -16,17 +16,19 @@ def _with_progress(tuples, stats, every: int = 5000):
     for t in tuples:
         yield t
         if stats.tuples % every == 0:
-            log.info("ingest: %d tuples, %d documents, %.0f words/s", stats.tuples, stats.documents,
-                     stats.words / max(time.time() - start, 1e-9))
+            # Progress without counts: exact corpus counts never go to a log line.
+            log.info("ingest: reading, %.0f words/s", stats.words / max(time.time() - start, 1e-9))
 
 
 def ingest(config: CorpusConfig, tuples_dir: str, tuple_words: int, num_shards: int = 4) -> StageResult:
     """Stream the corpus, cut each document into tuples of ``tuple_words`` words, write them.
 
-    The properties are counts of units (documents, tuples, patients), which the accountant treats
-    as public (n sets the sampling rate); no word count is recorded.
+    The properties are EXACT counts of units (documents, tuples, patients): they stay on this
+    private artifact; planning uses a public ``training.dataset_size`` or a DP count
+    (``dpbert.privacy.count``), never these.
     """
     from dpbert.data.corpus import PartitionStats, corpus_description, iter_tuples
+    from dpbert.data.splits import write_holdout_key
     from dpbert.data.tfrecord import write_tuples
 
     log.info("ingest: reading %s, N = %d", corpus_description(config), tuple_words)
@@ -34,7 +36,11 @@ def ingest(config: CorpusConfig, tuples_dir: str, tuple_words: int, num_shards: 
     n = write_tuples(_with_progress(iter_tuples(config, tuple_words, stats), stats), tuples_dir, num_shards)
     if stats.replaced_bytes:
         log.warning("ingest: %d undecodable bytes were replaced by U+FFFD", stats.replaced_bytes)
-    log.info("ingest: wrote %d tuples from %d documents to %s", n, stats.documents, tuples_dir)
+    # The secret key of the per-patient holdout (dpbert.data.splits), drawn without looking at the
+    # data and kept only in this private artifact.
+    write_holdout_key(tuples_dir)
+    # Exact counts go to this private artifact's properties only, never to a log line.
+    log.info("ingest: wrote the tuples to %s (exact counts on the private WordTuples artifact)", tuples_dir)
     return StageResult(properties={
         schema.NUM_TUPLES: n,
         "num_documents": stats.documents,

@@ -2,10 +2,10 @@
 (Jagannatha et al. 2021; ``dpbert.evaluate.membership``).
 
 Members are the tuples of the patients the trainer trained on, non-members those of the patients
-it held out. The trainer holds out a seeded fraction of the patients when
-``membership.holdout_patient_fraction > 0`` and records ``holdout_patient_fraction`` and
-``holdout_seed`` on the model artifact; this stage recomputes the SAME split
-(``dpbert.data.splits.split_patients`` over ``patient_key``) from those two values. A model
+it held out. The trainer holds each patient out independently (keyed PRF, ``dpbert.data.splits``)
+when ``membership.holdout_patient_fraction > 0`` and records ``holdout_patient_fraction`` and the
+key's fingerprint ``holdout_key_id`` on the model artifact; this stage recomputes the SAME split
+from the fraction and the secret key kept in the private WordTuples artifact. A model
 trained on every patient has no non-member to test against: :func:`holdout_of` refuses it rather
 than report attacks on a split that does not exist. The DP model and the non-private baseline
 must carry the same split.
@@ -39,7 +39,7 @@ log = logging.getLogger("dpbert.membership")
 ROC_FILE = "roc_curves.json"
 PROPERTY_ROC_POINTS = 50
 MIN_PATIENTS_PER_CLASS = 10
-HOLDOUT_SEED = "holdout_seed"
+HOLDOUT_KEY_ID = "holdout_key_id"
 
 
 class NoHoldoutError(ValueError):
@@ -52,19 +52,19 @@ class TrainedModel:
 
     uri: str
     holdout_patient_fraction: Optional[float]
-    holdout_seed: Optional[int]
+    holdout_key_id: Optional[str]
     non_private: bool
 
 
 def holdout_of(model: TrainedModel) -> Dict[str, float]:
-    """``{"fraction", "seed"}`` recorded on a model; NoHoldoutError if none."""
-    fraction, seed = model.holdout_patient_fraction, model.holdout_seed
-    if fraction is None or float(fraction) <= 0 or seed is None:
+    """``{"fraction", "key_id"}`` recorded on a model; NoHoldoutError if none."""
+    fraction, key_id = model.holdout_patient_fraction, model.holdout_key_id
+    if fraction is None or float(fraction) <= 0 or not key_id:
         raise NoHoldoutError(
             f"the model {model.uri} was trained on every patient (no {schema.HOLDOUT_FRACTION} recorded): "
             "membership inference needs out-of-training patients; set membership.holdout_patient_fraction "
             "(e.g. 0.3) and re-train")
-    return {"fraction": float(fraction), "seed": int(seed)}
+    return {"fraction": float(fraction), "key_id": str(key_id)}
 
 
 def _mask_probability(model_dir: str) -> float:
@@ -75,14 +75,14 @@ def _mask_probability(model_dir: str) -> float:
     return 0.15
 
 
-def evaluate_models(tuples_dir: str, model_dirs: Dict[str, str], holdout_fraction: float, holdout_seed: int,
+def evaluate_models(tuples_dir: str, model_dirs: Dict[str, str], holdout_fraction: float, holdout_key_id: str,
                     seed: int = 0, max_samples: int = 2000) -> Dict:
     """The attacks for each ``{label: PretrainedModel directory}`` (``model/`` and ``tokenizer/``
     in it) on the same samples and masks. Returns ``{"results": {label: run_attacks(...)},
     "n_members": int, "n_non_members": int}``."""
     import numpy as np
 
-    from dpbert.data.splits import admission_key, patient_key, split_patients
+    from dpbert.data.splits import admission_key, patient_key, read_holdout_key, split_patients
     from dpbert.data.tfrecord import read_tuples
     from dpbert.evaluate import membership
     from dpbert.model.bert import load_bert
@@ -93,7 +93,10 @@ def evaluate_models(tuples_dir: str, model_dirs: Dict[str, str], holdout_fractio
     for t in read_tuples(tuples_dir):
         patients.append(patient_key(t))
         admissions.append(admission_key(t))
-    split = split_patients(patients, 1.0 - holdout_fraction, holdout_seed)
+    split = split_patients(patients, 1.0 - holdout_fraction, read_holdout_key(tuples_dir))
+    if split.key_id != holdout_key_id:
+        raise ValueError("the tuples' holdout key is not the one the model was trained with "
+                         "(a different ingestion?): the membership split cannot be recomputed")
     is_member = split.is_train(patients)
     # Each class's quota spread over >= MIN_PATIENTS_PER_CLASS patients when it has them: the
     # white-box attacks split by patient and need several on each side.
@@ -107,8 +110,7 @@ def evaluate_models(tuples_dir: str, model_dirs: Dict[str, str], holdout_fractio
     sample_patients = [patients[i] for i in chosen]
     sample_admissions = [admissions[i] for i in chosen]
     sample_members = is_member[chosen]
-    log.info("membership: %d member and %d non-member samples (holdout fraction %.3g, seed %d)",
-             int(sample_members.sum()), int((~sample_members).sum()), holdout_fraction, holdout_seed)
+    log.info("membership: member and non-member samples drawn (holdout fraction %.3g)", holdout_fraction)
 
     results = {}
     for label, uri in model_dirs.items():
@@ -155,7 +157,7 @@ def membership_inference(tuples_dir: str, report_dir: str, model: TrainedModel, 
         if "non_dp" in model_dirs or not baseline.non_private:
             raise ValueError("baseline_model must be the non-private baseline of a DP model")
         model_dirs["non_dp"] = baseline.uri
-    out = evaluate_models(tuples_dir, model_dirs, holdout["fraction"], holdout["seed"], config.seed,
+    out = evaluate_models(tuples_dir, model_dirs, holdout["fraction"], holdout["key_id"], config.seed,
                           config.max_samples)
     results = out["results"]
     os.makedirs(report_dir, exist_ok=True)
@@ -169,8 +171,9 @@ def membership_inference(tuples_dir: str, report_dir: str, model: TrainedModel, 
         "n_members": out["n_members"],
         "n_non_members": out["n_non_members"],
         schema.HOLDOUT_FRACTION: holdout["fraction"],
-        HOLDOUT_SEED: holdout["seed"],
+        HOLDOUT_KEY_ID: holdout["key_id"],
         "seed": int(config.seed),
         "max_samples": int(config.max_samples),
-        schema.PRIVATE: 0,
+        # Attack scores on private rows, exact member counts: operator-only (not DP).
+        schema.PRIVATE: 1,
     })

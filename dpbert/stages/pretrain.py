@@ -2,13 +2,16 @@
 
 :func:`pretrain` does, in order:
 
-1. holds the seeded fraction of the patients out (``membership.holdout_patient_fraction``;
-   ``dpbert.data.splits``), the non-members MembershipInference recomputes from the recorded seed;
-2. tokenizes the remaining tuples with the DP vocabulary (one tuple = one example) and inserts the
-   canaries (``dpbert.stages.canary.apply_canaries``);
-3. builds the ONE ``TrainingPlan`` (``dpbert.privacy.plan``) over the public n — ``training.dataset_size``,
-   else the ``num_tuples`` the ingestion recorded (what the budget guard planned with) — and hands
-   it to ``train_mlm``: nothing else here computes n, q or the number of steps;
+1. holds patients out (``membership.holdout_patient_fraction``), each independently by a keyed PRF
+   whose secret key is in the private WordTuples artifact (``dpbert.data.splits``), the
+   non-members MembershipInference recomputes with the same key;
+2. tokenizes the remaining tuples with the DP vocabulary (one tuple = one example, keyed by its
+   own record id);
+3. builds the ONE ``TrainingPlan`` (``dpbert.privacy.plan``) over the PUBLIC n —
+   ``training.dataset_size`` · (1 − holdout), what the budget guard planned with — or, without
+   one, over a DP count of the trained-on rows (``dpbert.privacy.count``, charged in the ledger),
+   never the exact count; inserts the canaries row by row (``apply_canaries``) and hands the plan
+   to ``train_mlm``: nothing else here computes n, q or the number of steps;
 4. trains in a *stable* state directory ``<pipeline_root>/_trainer_state/<key>`` keyed by the inputs
    and the configuration (:func:`state_dir`), not in the execution's output directory, so a re-run
    after a crash or preemption resumes from the last checkpoint and the write-ahead ledger keeps
@@ -40,7 +43,11 @@ STATE_ROOT = "_trainer_state"
 #: :func:`crash_after_steps_from_env`, which the MLMPretrainer adapter calls.
 CRASH_AFTER_STEPS_ENV = "DPBERT_TEST_CRASH_AFTER_STEPS"
 #: Files of the state directory copied into the model artifact (the ledger stays for resumes).
-_RECORD_FILES = (schema.TRAIN_RESULT_FILE, schema.DP_LEDGER_FILE, schema.RUN_CONFIG_FILE)
+#: ``train_result.json`` is NOT copied: it holds the exact (un-noised) training curves.
+_RECORD_FILES = (schema.DP_LEDGER_FILE, schema.RUN_CONFIG_FILE)
+#: Marks the trainers' state root as operator-only (exact curves, checkpoints of the non-private
+#: baseline, keys): nothing under it is ever released.
+PRIVATE_MARKER = "PRIVATE-operator-only.txt"
 
 
 def crash_after_steps_from_env() -> Optional[int]:
@@ -63,31 +70,62 @@ def loss_curve(losses, points: int = 200) -> List[float]:
     return [round(float(losses[int(i * stride)]), 5) for i in range(points)] + [round(float(losses[-1]), 5)]
 
 
-def training_patients(tuples_dir: str, membership: MembershipConfig) -> Optional[frozenset]:
-    """The patient keys trained on, or None without a holdout (every patient)."""
+def training_patients(tuples_dir: str, membership: MembershipConfig):
+    """(patient keys trained on, key fingerprint), or (None, None) without a holdout."""
     if membership.holdout_patient_fraction <= 0:
-        return None
-    from dpbert.data.splits import patient_key, split_patients
+        return None, None
+    from dpbert.data.splits import patient_key, read_holdout_key, split_patients
     from dpbert.data.tfrecord import read_tuples
 
     # First pass over the tuples: the patient keys only.
-    return split_patients([patient_key(t) for t in read_tuples(tuples_dir)],
-                          train_fraction=1.0 - membership.holdout_patient_fraction,
-                          seed=membership.holdout_seed).train
+    split = split_patients([patient_key(t) for t in read_tuples(tuples_dir)],
+                           1.0 - membership.holdout_patient_fraction, read_holdout_key(tuples_dir))
+    return split.train, split.key_id
 
 
-def training_token_ids(tokenizer, tuples_dir: str, train_patients: Optional[frozenset], max_seq_length: int):
-    """``[n, max_seq_length]`` token ids of the trained-on tuples, in file order."""
+def training_rows(tokenizer, tuples_dir: str, train_patients: Optional[frozenset], max_seq_length: int):
+    """(``[n, max_seq_length]`` token ids, ``[n]`` record ids) of the trained-on tuples, in file order."""
+    import numpy as np
+
     from dpbert.data.splits import patient_key
     from dpbert.data.tfrecord import read_tuples
     from dpbert.vocab.wordpiece import tokenize_tuples
 
-    token_ids = tokenize_tuples(tokenizer, (t.words for t in read_tuples(tuples_dir)
-                                            if train_patients is None or patient_key(t) in train_patients),
-                                max_seq_length)
-    if token_ids.shape[0] == 0:
+    kept = [t for t in read_tuples(tuples_dir) if train_patients is None or patient_key(t) in train_patients]
+    if not kept:
         raise ValueError("no training tuple left after holding patients out")
-    return token_ids
+    token_ids = tokenize_tuples(tokenizer, (t.words for t in kept), max_seq_length)
+    return token_ids, np.array([t.record_id for t in kept], dtype=np.int64)
+
+
+DP_COUNT_FILE = "dp_count.json"
+
+
+def plan_for(tc: TrainingConfig, membership: MembershipConfig, rows: int, state: str, unit_cap: int = 1):
+    """(TrainingPlan, count record or None): over the public ``training.dataset_size`` with the
+    holdout fraction, else over a DP count of the ``rows`` trained on (``dpbert.privacy.count``).
+
+    The DP count is drawn ONCE per state directory and kept there (private): a resumed run plans
+    with the same released n̂ (same q, so the checkpoint resumes) and the count is charged once.
+    """
+    from dpbert.privacy import count
+    from dpbert.privacy.plan import plan_training
+
+    if tc.dataset_size is not None:
+        return plan_training(tc, tc.dataset_size, membership.holdout_patient_fraction), None
+    path = os.path.join(state, DP_COUNT_FILE)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            n_hat = int(json.load(f)["released"])
+    else:
+        import numpy as np
+
+        rng = None if tc.noise_seed is None else np.random.default_rng([int(tc.noise_seed), 0xC0DE])
+        n_hat = count.dp_count(rows, tc.count_noise_multiplier, unit_cap, rng=rng)
+        os.makedirs(state, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"released": n_hat}, f)
+    return plan_training(tc, n_hat), count.count_event(tc.count_noise_multiplier, n_hat)
 
 
 @dataclasses.dataclass
@@ -101,18 +139,16 @@ class PretrainResult(StageResult):
 
 def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_config: ModelConfig,
              training_config: TrainingConfig, privacy_config: PrivacyConfig,
-             membership_config: MembershipConfig, pipeline_root: str, num_tuples: Optional[int] = None,
+             membership_config: MembershipConfig, pipeline_root: str,
              canaries_dir: Optional[str] = None, non_private: bool = False,
              stop_after_steps: Optional[int] = None, export_saved_model: bool = True) -> PretrainResult:
     """Pre-train on the tuples under ``tuples_dir``; write the model artifact into ``model_dir``.
 
-    ``num_tuples``: the ingestion's recorded count (the public n when ``training.dataset_size``
-    is unset). ``non_private``: the baseline (no clipping, no noise, ε = ∞) whatever
+    ``non_private``: the baseline (no clipping, no noise, ε = ∞) whatever
     ``training.non_private`` says. ``stop_after_steps``: tests (see ``CRASH_AFTER_STEPS_ENV``).
     """
     from dpbert.model.train import train_mlm
     from dpbert.privacy import events
-    from dpbert.privacy.plan import plan_training
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
 
     mc, pc, membership = model_config, privacy_config, membership_config
@@ -124,39 +160,48 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
                          "DP-SGD pre-training needs privacy.unit = tuple")
 
     tokenizer = load_tokenizer(vocabulary_dir)
-    train_patients = training_patients(tuples_dir, membership)
-    token_ids = training_token_ids(tokenizer, tuples_dir, train_patients, mc.max_seq_length)
+    train_patients, holdout_key_id = training_patients(tuples_dir, membership)
+    token_ids, row_ids = training_rows(tokenizer, tuples_dir, train_patients, mc.max_seq_length)
+    state = state_dir(pipeline_root, json.dumps(
+        [tuples_dir, vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
+         dataclasses.asdict(membership), int(tc.non_private), canaries_dir], sort_keys=True))
+    plan, count_record = plan_for(tc, membership, int(token_ids.shape[0]), state)
+    if plan.batch_size > plan.dataset_size:
+        raise ValueError(f"training.batch_size {plan.batch_size} exceeds the planned number of trained-on "
+                         f"tuples {plan.dataset_size} ({'training.dataset_size × (1 − holdout)' if count_record is None else 'a DP count'})")
     canary_counts = None
     if canaries_dir is not None:
         from dpbert.stages.canary import apply_canaries
 
-        # Canaries are public-by-construction test data; they enlarge n but not the planned q.
-        token_ids, canary_counts = apply_canaries(token_ids, canaries_dir, mc.max_seq_length)
+        # Canaries are test data inserted per row; they do not change the planned q.
+        token_ids, row_ids, canary_counts = apply_canaries(token_ids, row_ids, canaries_dir, mc.max_seq_length,
+                                                           rows_planned=plan.dataset_size)
     n = int(token_ids.shape[0])
-    # With held-out patients too, n stays the planned count of every tuple (the budget guard's).
-    n_planned = tc.dataset_size or int(num_tuples if num_tuples is not None else n)
-    plan = plan_training(tc, n_planned)
     specials = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    log.info("trainer: %d examples of %d tokens, vocabulary %d, %s", n, mc.max_seq_length,
-             tokenizer.get_vocab_size(), "NON-PRIVATE baseline" if tc.non_private else
+    # No exact count in a log line: the plan's n is public (or a DP count).
+    log.info("trainer: planned n = %d (%s), %d tokens, vocabulary %d, %s", plan.dataset_size,
+             "public" if count_record is None else "DP count", mc.max_seq_length, tokenizer.get_vocab_size(),
+             "NON-PRIVATE baseline" if tc.non_private else
              f"DP-SGD σ = {tc.noise_multiplier}, C = {tc.clip_norm}, q = {plan.sampling_probability:.4g}")
 
-    state = state_dir(pipeline_root, json.dumps(
-        [tuples_dir, vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
-         dataclasses.asdict(membership), int(tc.non_private), canaries_dir], sort_keys=True))
     vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())] \
         if mc.init == "minilm" else None
+    _mark_state_root_private(pipeline_root)
     result = train_mlm(token_ids, specials, tokenizer.get_vocab_size(), mc, tc, state, plan=plan, resume=True,
                        progress=True, vocab_tokens=vocab_tokens, stop_after_steps=stop_after_steps,
-                       export_saved_model=export_saved_model)
+                       export_saved_model=export_saved_model, example_ids=row_ids)
     _copy_artifact_files(state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
 
-    if tc.non_private:
+    seeded = tc.noise_seed is not None and not tc.non_private
+    if tc.non_private or seeded:
+        # A fixed noise seed (tests only; refused with a budget) makes the noise predictable: ε = ∞.
         record = events.non_private_event("train")
+        if seeded:
+            record["reason"] = "training.noise_seed is set: the noise is predictable"
         epsilon = float("inf")
     else:
         # Charged for every step executed on private data, resumed runs and lost steps included,
-        # with the σ actually applied (σ√(P·T) only in the paper-compatible noise mode).
+        # with the σ actually applied and the DP diagnostics released with it (σ_eff).
         from dpbert.privacy.accountant import dpsgd_epsilon
 
         sigma = result.effective_noise_multiplier
@@ -165,17 +210,22 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
                                     result.steps_taken_total, plan.sampling)
         epsilon = dpsgd_epsilon(sigma, record["sampling_probability"], result.steps_taken_total,
                                 tc.delta, plan.sampling)
+    records = ([count_record] if count_record is not None and not (tc.non_private or seeded) else []) + [record]
+    if count_record is not None and not (tc.non_private or seeded):
+        from dpbert.privacy.accountant import ledger
+
+        epsilon = ledger(None, records, tc.delta)["epsilon_train"]
     if canary_counts is not None:
         with open(os.path.join(model_dir, schema.CANARY_COUNTS_FILE), "w", encoding="utf-8") as f:
             json.dump(canary_counts, f)
     with open(os.path.join(model_dir, schema.DP_EVENTS_FILE), "w", encoding="utf-8") as f:
-        f.write(events.to_json([record]))
-    losses = list(result.losses)
-    holdout = train_patients is not None
+        f.write(events.to_json(records))
+    shown = result.released_diagnostics  # noisy for a DP run; exact only for the private baseline
+    private = tc.non_private or seeded
     properties = {
-        schema.NON_PRIVATE: tc.non_private,
-        # The baseline is trained without privacy on private data: never to be released.
-        schema.PRIVATE: int(tc.non_private),
+        schema.NON_PRIVATE: private,
+        # The baseline (or a run with predictable noise) is not DP: never to be released.
+        schema.PRIVATE: int(private),
         "noise_multiplier": 0.0 if tc.non_private else tc.noise_multiplier,
         "effective_noise_multiplier": result.effective_noise_multiplier,
         "clip_norm": tc.clip_norm,
@@ -188,26 +238,49 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
         "steps_this_run": result.steps_this_run,
         "resumed_from_step": result.resumed_from_step,
         schema.STEPS_PLANNED: result.steps_planned,
-        "dataset_size": n,
+        # The plan's n: public (training.dataset_size·(1 − holdout)) or a DP count — never exact.
         "planned_dataset_size": plan.dataset_size,
+        "dataset_size_source": "public" if count_record is None else "dp_count",
         "delta": tc.delta,
         "epsilon_train": epsilon,
-        schema.DP_EVENTS: events.to_json([record]),
-        "final_mlm_loss": result.final_mlm_loss,
-        "final_mlm_accuracy": result.final_mlm_accuracy,
-        "initial_mlm_loss": float(sum(losses[:5]) / max(1, len(losses[:5]))) if losses else None,
-        "loss_curve": loss_curve(losses),
-        "clipped_fraction": result.clipped_fraction,
+        schema.DP_EVENTS: events.to_json(records),
+        # Diagnostics as released: DP estimates (dpbert.privacy.diagnostics) for a DP run.
+        "diagnostics": "dp" if result.diagnostics_noise_std else ("exact (private)" if private else "none"),
+        "diagnostics_noise_std": result.diagnostics_noise_std or None,
+        "final_mlm_loss": _tail_mean(shown.get("loss", [])),
+        "final_mlm_accuracy": _tail_mean(shown.get("accuracy", [])),
+        "initial_mlm_loss": _head_mean(shown.get("loss", [])),
+        "loss_curve": loss_curve(shown.get("loss", [])),
+        "clipped_fraction": _tail_mean(shown.get("clipped_fraction", []), len(shown.get("clipped_fraction", []))),
         "clipping_path": result.clipping_path,
-        schema.HOLDOUT_FRACTION: membership.holdout_patient_fraction if holdout else None,
-        "holdout_seed": membership.holdout_seed if holdout else None,
+        schema.HOLDOUT_FRACTION: membership.holdout_patient_fraction if train_patients is not None else None,
+        "holdout_key_id": holdout_key_id,
         "model_preset": mc.preset,
         schema.MAX_SEQ_LENGTH: mc.max_seq_length,
     }
-    log.info("trainer: %d steps in total (%d this run), final MLM loss %.4f", result.steps_taken_total,
-             result.steps_this_run, result.final_mlm_loss)
+    log.info("trainer: %d steps in total (%d this run), final MLM loss %s (%s)", result.steps_taken_total,
+             result.steps_this_run, properties["final_mlm_loss"], properties["diagnostics"])
     return PretrainResult(properties=properties, train=result, plan=plan, dp_event=record, epsilon=epsilon,
                           state_dir=state)
+
+
+def _tail_mean(values, k: int = 5):
+    return float(sum(values[-k:]) / len(values[-k:])) if values else None
+
+
+def _head_mean(values, k: int = 5):
+    return float(sum(values[:k]) / len(values[:k])) if values else None
+
+
+def _mark_state_root_private(pipeline_root: str):
+    root = os.path.join(pipeline_root, STATE_ROOT)
+    os.makedirs(root, exist_ok=True)
+    marker = os.path.join(root, PRIVATE_MARKER)
+    if not os.path.exists(marker):
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write("Operator-only: trainer state computed on private data without noise (checkpoints, exact\n"
+                    "training curves, the write-ahead DP ledger, sampling keys). Never release anything here;\n"
+                    "`dpbert release` writes the released set (dpbert/release.py).\n")
 
 
 def _copy_artifact_files(state: str, vocabulary_dir: str, model_dir: str, *tokenizer_files: str):

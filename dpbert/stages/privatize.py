@@ -123,6 +123,9 @@ def privatize(tuples_dir: str, out_dir: str, config: LocalPrivacyConfig, input_p
         failure = RuntimeError(f"privatized {stats['tuples']} tuples but the input records {expected}")
     if fixed_seed:
         log.warning("privatizer: fixed noise seed %d (tests only)", config.seed)
-    log.info("privatizer: %d tuples → %s (%d cut to N words)", stats["tuples"], os.path.basename(out_dir),
-             stats["truncated_tuples"])
+    # The holdout key travels with the tuples (the trainers read the privatized artifact).
+    from dpbert.data.splits import read_holdout_key, write_holdout_key
+
+    write_holdout_key(out_dir, read_holdout_key(tuples_dir))
+    log.info("privatizer: tuples → %s (exact counts on the private artifact)", os.path.basename(out_dir))
     return StageResult(properties=properties, failure=failure)

@@ -41,6 +41,7 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
     os.makedirs(vocabulary_dir, exist_ok=True)
     histogram_path = os.path.join(vocabulary_dir, HISTOGRAM_FILE)
 
+    seeded = vocab_cfg.noise_seed is not None and not vocab_cfg.non_private
     if vocab_cfg.non_private:
         report = None
         record = events.non_private_event("vocab")
@@ -49,6 +50,11 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
         report = histogram.histogram_report(vocab_cfg.sigma, vocab_cfg.delta, n_words, vocab_cfg.threshold_mode,
                                             k or 1, unit=privacy_cfg.unit)
         record = events.histogram_event(report)
+        if seeded:
+            # Tests only (refused with a budget): every word's noise can be recomputed from the
+            # seed, giving its exact count: not DP. The seed itself is never recorded.
+            record = events.non_private_event("vocab")
+            record["reason"] = "vocab.noise_seed is set: the noise is predictable"
         if report.get("warning"):
             log.warning("vocabulary: %s", report["warning"])
         log.info("vocabulary: σ = %g, C = %.1f, ε = %.4g at δ = %.3g", vocab_cfg.sigma, report["threshold"],
@@ -74,8 +80,9 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
         "words_kept": len(kept),
         schema.TUPLE_WORDS: n_words,
         "unit": privacy_cfg.unit,
-        schema.NON_PRIVATE: vocab_cfg.non_private,
-        "noise_seed": vocab_cfg.noise_seed,  # recorded: a fixed seed is for tests only
+        schema.NON_PRIVATE: vocab_cfg.non_private or seeded,
+        # Exact counts (non-private) or predictable noise (a test seed): operator-only.
+        schema.PRIVATE: int(vocab_cfg.non_private or seeded),
         schema.DP_EVENT: events.to_json(record),
     }
     if report is None:
@@ -87,4 +94,6 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
             "sigma": vocab_cfg.sigma, "threshold": report["threshold"],
             "threshold_mode": vocab_cfg.threshold_mode, "max_contributions": report["max_contributions"],
         })
+        if seeded:  # the mechanism ran, but its noise is predictable
+            props.update({"epsilon": float("inf"), "epsilon_classic": float("inf")})
     return StageResult(properties=props)

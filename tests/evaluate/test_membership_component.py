@@ -13,7 +13,8 @@ from dpbert.config import MembershipConfig, section_to_json
 from dpbert.data import splits
 from dpbert.evaluate import membership as mi
 
-HOLDOUT = {"holdout_patient_fraction": 0.3, "holdout_seed": 5}
+KEY = bytes(range(32))
+HOLDOUT = {"holdout_patient_fraction": 0.3, "holdout_key_id": splits.key_fingerprint(KEY)}
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,7 @@ def world(tmp_path_factory):
     tuples = list(corpus_tuples(generate_notes(patients=14, admissions_per_patient=2, notes_per_admission=1,
                                                seed=3), tuple_words=24))
     write_tuples(tuples, str(root / "tuples"), num_shards=2)
+    splits.write_holdout_key(str(root / "tuples"), KEY)
     words = Counter(w for t in tuples for w in t.words)
     tokenizer = train_wordpiece(words.items(), vocab_size=120)
     save_vocabulary(tokenizer, root / "vocab")
@@ -51,7 +53,7 @@ def world(tmp_path_factory):
         "dp": model_artifact("dp", 1, dict(HOLDOUT, non_private=False)),
         "non_dp": model_artifact("non_dp", 2, dict(HOLDOUT, non_private=True)),
         "no_holdout": model_artifact("no_holdout", 3, {"non_private": False}),
-        "other_split": model_artifact("other_split", 4, {"holdout_patient_fraction": 0.3, "holdout_seed": 6}),
+        "other_split": model_artifact("other_split", 4, {"holdout_patient_fraction": 0.3, "holdout_key_id": "other"}),
     }
 
 
@@ -98,8 +100,8 @@ def test_membership_component_dp_and_non_dp(world):
             assert set(r) == {"advantage", "auc"}, name
             assert r["auc"] is None or 0 <= r["auc"] <= 1
     assert attacks["dp"]["S-BBA"]["auc"] is not None and attacks["dp"]["S-GWBA"]["auc"] is not None
-    assert props["n_members"] == 40 and props["n_non_members"] == 40 and props["private"] == 0
-    assert props["holdout_seed"] == 5 and props["roc_file"] == ROC_FILE
+    assert props["n_members"] == 40 and props["n_non_members"] == 40 and props["private"] == 1
+    assert props["holdout_key_id"] == HOLDOUT["holdout_key_id"] and props["roc_file"] == ROC_FILE
     coarse = props["roc_curves"]
     assert all(len(c["fpr"]) <= 50 for label in coarse.values() for c in label.values())
     with open(os.path.join(report.uri, ROC_FILE), encoding="utf-8") as f:
@@ -114,7 +116,7 @@ def test_membership_component_dp_and_non_dp(world):
         {t.doc_id for t in world["raw"]} | {" ".join(t.words[i:i + 3]) for t in world["raw"] for i in (0, 5) if len(t.words) >= i + 3}
     assert not [s for s in secrets if s and len(s) >= 6 and s in everything]
     # Members are exactly the training side of split_patients over patient_key: the trainer's split.
-    split = splits.split_patients([splits.patient_key(t) for t in world["raw"]], 0.7, seed=5)
+    split = splits.split_patients([splits.patient_key(t) for t in world["raw"]], 0.7, KEY)
     assert len(split.oot) >= 2 and len(split.train) >= 2
 
 
@@ -135,9 +137,10 @@ def test_evaluate_models_same_samples_and_masks_for_every_model(world):
     from dpbert.stages.membership import evaluate_models
 
     uri = world["dp"].uri
-    out = evaluate_models(world["tuples"].uri, {"a": uri, "b": uri}, 0.3, 5, seed=1, max_samples=40)
+    out = evaluate_models(world["tuples"].uri, {"a": uri, "b": uri}, 0.3, HOLDOUT["holdout_key_id"], seed=1,
+                          max_samples=40)
     assert out["results"]["a"] == out["results"]["b"]  # same model, same samples, same masks
     assert out["n_members"] == out["n_non_members"] == 20
-    again = evaluate_models(world["tuples"].uri, {"a": uri}, 0.3, 5, seed=1, max_samples=40)
+    again = evaluate_models(world["tuples"].uri, {"a": uri}, 0.3, HOLDOUT["holdout_key_id"], seed=1, max_samples=40)
     assert again["results"]["a"] == out["results"]["a"]
     assert np.isfinite(out["results"]["a"]["S-BBA"]["auc"])

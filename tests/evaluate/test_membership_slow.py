@@ -44,6 +44,7 @@ def test_trainer_holds_out_the_split_the_membership_component_uses(tmp_path):
     tuples = list(corpus_tuples(generate_notes(patients=10, admissions_per_patient=1, notes_per_admission=1,
                                                seed=4), tuple_words=24))
     write_tuples(tuples, str(tmp_path / "tuples"), num_shards=1)
+    key = splits.write_holdout_key(str(tmp_path / "tuples"))
     save_vocabulary(train_wordpiece(Counter(w for t in tuples for w in t.words).items(), vocab_size=100),
                     tmp_path / "vocab")
     t_art, v_art, m_art = WordTuples(), DPVocabulary(), PretrainedModel()
@@ -52,7 +53,7 @@ def test_trainer_holds_out_the_split_the_membership_component_uses(tmp_path):
     tc = TrainingConfig(batch_size=4, steps=1, non_private=True, warmup_steps=0)
     mc = ModelConfig(preset="custom", hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                      max_seq_length=16)
-    membership = MembershipConfig(holdout_patient_fraction=0.3, holdout_seed=9)
+    membership = MembershipConfig(holdout_patient_fraction=0.3)
     MLMPretrainer.test_call(tuples=t_art, vocabulary=v_art, model=m_art,
                             model_config=json.dumps(dataclasses.asdict(mc)),
                             training_config=json.dumps(dataclasses.asdict(tc)),
@@ -60,10 +61,9 @@ def test_trainer_holds_out_the_split_the_membership_component_uses(tmp_path):
                             membership_config=section_to_json(membership, MembershipConfig.HOLDOUT_FIELDS),
                             code_version="t")
     recorded = TrainedModel(m_art.uri, get_property(m_art, "holdout_patient_fraction"),
-                            get_property(m_art, "holdout_seed"), bool(get_property(m_art, "non_private")))
-    assert holdout_of(recorded) == {"fraction": 0.3, "seed": 9}
-    split = splits.split_patients([splits.patient_key(t) for t in tuples], 0.7, seed=9)
-    assert get_property(m_art, "dataset_size") == sum(splits.patient_key(t) in split.train for t in tuples)
-    assert len(split.oot) == 3
+                            get_property(m_art, "holdout_key_id"), bool(get_property(m_art, "non_private")))
+    assert holdout_of(recorded) == {"fraction": 0.3, "key_id": splits.key_fingerprint(key)}
+    split = splits.split_patients([splits.patient_key(t) for t in tuples], 0.7, key)
+    assert split.oot and split.train
     # The state directory is under the pipeline root (<root>/<node>/<output>/<execution>).
     assert (tmp_path / "root" / "_trainer_state").is_dir()

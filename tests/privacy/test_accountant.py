@@ -251,18 +251,32 @@ def test_planned_ledger_round_trip():
 def test_planned_ledger_budget_and_epochs():
     base = ("training.steps=null", "training.epochs=2", "training.batch_size=100",
             "training.noise_multiplier=2.0")
-    plan = A.planned_ledger(_config(*base, "privacy.epsilon_budget=100"), 5000)
+    public = "training.dataset_size=5000"  # a budget needs a public n (dpbert.config)
+    plan = A.planned_ledger(_config(*base, public, "privacy.epsilon_budget=100"))
     assert plan["steps"] == 100                                   # ceil(2 · 5000 / 100)
     assert plan["within_budget"] is True
-    tight = A.planned_ledger(_config(*base, f"privacy.epsilon_budget={plan['epsilon_total_pld'] * 0.99}"),
-                             5000)
+    tight = A.planned_ledger(_config(*base, public, f"privacy.epsilon_budget={plan['epsilon_total_pld'] * 0.99}"))
     assert tight["within_budget"] is False
-    exact = A.planned_ledger(_config(*base, f"privacy.epsilon_budget={plan['epsilon_total_pld']}"), 5000)
+    exact = A.planned_ledger(_config(*base, public, f"privacy.epsilon_budget={plan['epsilon_total_pld']}"))
     assert exact["within_budget"] is True
-    from_config = A.planned_ledger(_config(*base, "training.dataset_size=5000"))
-    assert from_config["epsilon_total_pld"] == pytest.approx(plan["epsilon_total_pld"])
+    given = A.planned_ledger(_config(*base), 5000)
+    assert given["epsilon_total_pld"] == pytest.approx(plan["epsilon_total_pld"])
     with pytest.raises(ValueError, match="dataset_size must be given"):
         A.planned_ledger(_config(*base))
+    from dpbert.config import ConfigError
+
+    with pytest.raises(ConfigError, match="training.dataset_size must be set"):
+        _config(*base, "privacy.epsilon_budget=100")
+    with pytest.raises(ConfigError, match="training.noise_seed is for tests only"):
+        _config(*base, public, "privacy.epsilon_budget=100", "training.noise_seed=3")
+    with pytest.raises(ConfigError, match="vocab.noise_seed is for tests only"):
+        _config(*base, public, "privacy.epsilon_budget=100", "vocab.noise_seed=3")
+
+
+def test_planned_ledger_holdout_plans_with_the_public_n_times_one_minus_f():
+    config = _config("training.steps=10", "training.batch_size=50", "membership.holdout_patient_fraction=0.3")
+    plan = A.planned_ledger(config, 1000)
+    assert plan["dataset_size"] == 700 and plan["sampling_probability"] == pytest.approx(50 / 700)
 
 
 def test_planned_ledger_patient_unit_and_non_private():

@@ -6,6 +6,7 @@ import pytest
 
 TUPLE_WORDS = 24
 PATIENTS = 10
+HOLDOUT_KEY = bytes(range(32))
 
 
 @pytest.fixture(scope="session")
@@ -21,8 +22,11 @@ def raw_tuples():
 def tuples_dir(tmp_path_factory, raw_tuples):
     from dpbert.data.tfrecord import write_tuples
 
+    from dpbert.data.splits import write_holdout_key
+
     path = tmp_path_factory.mktemp("stages") / "tuples"
     write_tuples(raw_tuples, str(path), num_shards=2)
+    write_holdout_key(str(path), HOLDOUT_KEY)  # what the ingestion writes (a fixed key for the tests)
     return str(path)
 
 
@@ -45,7 +49,8 @@ def tiny_model_config(max_seq_length=16):
 def tiny_training_config(**overrides):
     from dpbert.config import TrainingConfig
 
+    # No noise seed: a seeded run is recorded as ε = ∞ (predictable noise).
     params = dict(batch_size=4, steps=2, warmup_steps=0, clip_norm=1.0, noise_multiplier=1.0, checkpoint_every=50,
-                  noise_seed=1, delta=1e-5)
+                  delta=1e-5)
     params.update(overrides)
     return TrainingConfig(**params)

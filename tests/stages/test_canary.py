@@ -16,16 +16,18 @@ from dpbert.stages import canary as stage
 def canaries_dir(tmp_path_factory, vocabulary_dir):
     path = tmp_path_factory.mktemp("canaries") / "list"
     result = stage.generate_canaries(vocabulary_dir, str(path), CanaryConfig(canaries_per_group=1, audit_canaries=6),
-                                     num_tuples=40)
+                                     public_rows=40)
     return str(path), result
 
 
-def test_generate_canaries_writes_a_private_list(canaries_dir):
+def test_generate_canaries_writes_a_private_list(canaries_dir, vocabulary_dir):
     path, result = canaries_dir
     assert sorted(os.listdir(path)) == sorted([stage.CANARIES_FILE, stage.AUDIT_FILE, stage.SEED_FILE])
     assert stat.S_IMODE(os.stat(os.path.join(path, stage.SEED_FILE)).st_mode) == 0o600
     props = result.properties
-    assert props[schema.PRIVATE] == 1 and props["groups"] == ["1", "4"]  # ≤ 10% of n = 40
+    assert props[schema.PRIVATE] == 1 and props["groups"] == ["1", "4"]  # ≤ 10% of the public n = 40
+    no_public_n = stage.generate_canaries(vocabulary_dir, str(path) + "-default", CanaryConfig(audit_canaries=0))
+    assert no_public_n.properties["groups"] == [str(o) for o in stage.DEFAULT_OCCURRENCES]
     canary_set, audit, seed = stage.load_canaries(path)
     assert props["num_canaries"] == len(canary_set) and props["num_audit_canaries"] == len(audit) == 6
     assert isinstance(seed, int)
@@ -37,10 +39,12 @@ def test_apply_canaries_is_the_same_for_every_trainer(canaries_dir):
     rng = np.random.default_rng(0)
     token_ids = np.zeros((40, 16), np.int32)
     token_ids[:, 0], token_ids[:, 1:14], token_ids[:, 14] = 2, rng.integers(5, 100, (40, 13)), 3
-    first, counts = stage.apply_canaries(token_ids, path, 16)
-    again, counts_again = stage.apply_canaries(token_ids, path, 16)
+    row_ids = np.arange(1000, 1040)
+    first, ids, counts = stage.apply_canaries(token_ids, row_ids, path, 16, rows_planned=40)
+    again, ids_again, counts_again = stage.apply_canaries(token_ids, row_ids, path, 16, rows_planned=40)
     np.testing.assert_array_equal(first, again)
-    assert counts == counts_again
+    np.testing.assert_array_equal(ids, ids_again)
+    assert counts == counts_again and ids.shape == (first.shape[0],) and len(set(ids.tolist())) == len(ids)
     canary_set, audit, _ = stage.load_canaries(path)
     assert set(counts) == {str(c.canary_id) for c in canary_set}
     # The included audit canaries are appended as examples of their own.

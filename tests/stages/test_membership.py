@@ -24,30 +24,37 @@ def model_dir(tmp_path_factory, vocabulary_dir):
 
 
 def test_holdout_of():
-    assert stage.holdout_of(TrainedModel("u", 0.3, 5, False)) == {"fraction": 0.3, "seed": 5}
-    for fraction, seed in ((None, None), (0.0, 1), (0.3, None)):
+    assert stage.holdout_of(TrainedModel("u", 0.3, "k5", False)) == {"fraction": 0.3, "key_id": "k5"}
+    for fraction, key_id in ((None, None), (0.0, "k1"), (0.3, None)):
         with pytest.raises(NoHoldoutError, match="membership.holdout_patient_fraction"):
-            stage.holdout_of(TrainedModel("u", fraction, seed, False))
+            stage.holdout_of(TrainedModel("u", fraction, key_id, False))
 
 
 def test_refuses_a_baseline_on_another_split_or_a_private_baseline(tmp_path):
-    dp = TrainedModel("dp", 0.3, 5, False)
+    dp = TrainedModel("dp", 0.3, "k5", False)
     with pytest.raises(ValueError, match="different patient splits"):
-        stage.membership_inference("t", str(tmp_path), dp, MembershipConfig(), TrainedModel("b", 0.3, 6, True))
+        stage.membership_inference("t", str(tmp_path), dp, MembershipConfig(), TrainedModel("b", 0.3, "k6", True))
     with pytest.raises(ValueError, match="non-private baseline"):
-        stage.membership_inference("t", str(tmp_path), dp, MembershipConfig(), TrainedModel("b", 0.3, 5, False))
+        stage.membership_inference("t", str(tmp_path), dp, MembershipConfig(), TrainedModel("b", 0.3, "k5", False))
 
 
 def test_membership_inference_report(tmp_path, tuples_dir, model_dir):
+    from dpbert.data.splits import key_fingerprint
     from dpbert.evaluate.membership import ATTACKS
 
+    from .conftest import HOLDOUT_KEY
+
     config = MembershipConfig(seed=0, max_samples=20)
-    result = stage.membership_inference(tuples_dir, str(tmp_path / "report"), TrainedModel(model_dir, 0.3, 9, True),
-                                        config)
+    key_id = key_fingerprint(HOLDOUT_KEY)
+    with pytest.raises(ValueError, match="holdout key is not the one"):
+        stage.membership_inference(tuples_dir, str(tmp_path / "r0"), TrainedModel(model_dir, 0.3, "other", True), config)
+    result = stage.membership_inference(tuples_dir, str(tmp_path / "report"),
+                                        TrainedModel(model_dir, 0.3, key_id, True), config)
     props = result.properties
     assert set(props["attacks"]) == {"non_dp"}  # a non-private main model is reported as non_dp
     assert sorted(props["attacks"]["non_dp"]) == sorted(ATTACKS)
-    assert props[schema.HOLDOUT_FRACTION] == 0.3 and props["holdout_seed"] == 9 and props[schema.PRIVATE] == 0
+    # Attack scores on private rows: operator-only.
+    assert props[schema.HOLDOUT_FRACTION] == 0.3 and props["holdout_key_id"] == key_id and props[schema.PRIVATE] == 1
     assert (props["seed"], props["max_samples"]) == (0, 20)
     assert props["n_members"] + props["n_non_members"] <= 20
     curves = json.loads((tmp_path / "report" / stage.ROC_FILE).read_text())

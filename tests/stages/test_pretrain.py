@@ -55,7 +55,7 @@ def test_planned_steps_equal_executed_steps(tmp_path, tuples_dir, vocabulary_dir
     assert planned_steps == planned_ledger(config, n)["steps"] <= 13
     # DP or not, the run takes the plan's steps; the DP path is cheaper to skip in a loop of draws.
     result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tiny_training_config(
-        batch_size=B, steps=config.training.steps, epochs=config.training.epochs), num_tuples=n,
+        batch_size=B, steps=config.training.steps, epochs=config.training.epochs, dataset_size=n),
         non_private=draw != FIRST_DRAW)
     assert result.plan.steps == planned_steps
     assert result.train.steps_this_run == planned_steps == result.properties[schema.STEPS_TAKEN_TOTAL]
@@ -70,23 +70,32 @@ def test_artifact_files_properties_and_dp_event(tmp_path, tuples_dir, vocabulary
 
     tc = tiny_training_config(steps=2)
     result, model_dir = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc)
-    for name in (schema.MODEL_DIR, schema.TOKENIZER_DIR, schema.DP_EVENTS_FILE, schema.TRAIN_RESULT_FILE,
-                 schema.RUN_CONFIG_FILE, schema.DP_LEDGER_FILE):
+    for name in (schema.MODEL_DIR, schema.TOKENIZER_DIR, schema.DP_EVENTS_FILE, schema.RUN_CONFIG_FILE,
+                 schema.DP_LEDGER_FILE):
         assert (model_dir / name).exists(), name
+    # The exact training curves stay in the private state directory.
+    assert not (model_dir / schema.TRAIN_RESULT_FILE).exists()
+    assert (tmp_path / "root" / stage.STATE_ROOT / stage.PRIVATE_MARKER).exists()
     assert not (model_dir / schema.CANARY_COUNTS_FILE).exists()
     assert sorted(os.listdir(model_dir / schema.TOKENIZER_DIR)) == ["tokenizer.json", "vocab.txt"]
     props = result.properties
     n = len(raw_tuples)
-    # Without training.dataset_size or num_tuples, n is the number of training rows.
-    assert props["dataset_size"] == props["planned_dataset_size"] == n
-    assert props["sampling_rate"] == pytest.approx(4 / n) == result.plan.sampling_probability
+    # Without training.dataset_size the plan's n is a DP count (charged), never the exact n.
+    assert "dataset_size" not in props and props["dataset_size_source"] == "dp_count"
+    n_hat = props["planned_dataset_size"]
+    assert abs(n_hat - n) < 6 * 20.0 and props["sampling_rate"] == pytest.approx(4 / n_hat)
     assert props[schema.NON_PRIVATE] is False and props[schema.PRIVATE] == 0
-    assert props[schema.HOLDOUT_FRACTION] is None and props["holdout_seed"] is None
+    assert props[schema.HOLDOUT_FRACTION] is None and props["holdout_key_id"] is None
+    assert props["diagnostics"] == "dp" and len(props["loss_curve"]) == 2
     assert props[schema.MAX_SEQ_LENGTH] == 16 and props["model_preset"] == "custom"
-    record = events.from_json(props[schema.DP_EVENTS])[0]
-    assert record == json.loads((model_dir / schema.DP_EVENTS_FILE).read_text())[0]
-    assert props["epsilon_train"] == pytest.approx(accountant.dpsgd_epsilon(
-        record["noise_multiplier"], record["sampling_probability"], 2, tc.delta, "poisson"))
+    count_record, record = events.from_json(props[schema.DP_EVENTS])
+    assert [count_record, record] == json.loads((model_dir / schema.DP_EVENTS_FILE).read_text())
+    assert count_record["mechanism"] == "dp_count" and count_record["released"] == n_hat
+    # ε_T charges the DP count and the steps together (one ledger).
+    assert props["epsilon_train"] == pytest.approx(accountant.ledger(None, [count_record, record], tc.delta)[
+        "epsilon_train"])
+    assert props["epsilon_train"] > accountant.dpsgd_epsilon(
+        record["noise_multiplier"], record["sampling_probability"], 2, tc.delta, "poisson")
     # The state lives under the pipeline root, keyed by the inputs: stable across executions.
     assert os.path.dirname(result.state_dir) == str(tmp_path / "root" / stage.STATE_ROOT)
 
@@ -102,18 +111,22 @@ def test_non_private_baseline_and_patient_unit(tmp_path, tuples_dir, vocabulary_
 
 
 def test_holdout_trains_on_the_split_membership_recomputes(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
-    from dpbert.data.splits import patient_key, split_patients
+    from dpbert.data.splits import key_fingerprint, patient_key, split_patients
 
-    membership = MembershipConfig(holdout_patient_fraction=0.3, holdout_seed=9)
-    result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tiny_training_config(steps=1), membership,
-                          non_private=True, num_tuples=len(raw_tuples))
-    split = split_patients([patient_key(t) for t in raw_tuples], 0.7, seed=9)
-    assert len(split.oot) == 3
+    from .conftest import HOLDOUT_KEY
+
+    membership = MembershipConfig(holdout_patient_fraction=0.3)
+    result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir,
+                          tiny_training_config(steps=1, dataset_size=len(raw_tuples)), membership, non_private=True)
+    split = split_patients([patient_key(t) for t in raw_tuples], 0.7, HOLDOUT_KEY)
+    assert split.oot and split.train
     props = result.properties
-    assert props[schema.HOLDOUT_FRACTION] == 0.3 and props["holdout_seed"] == 9
-    assert props["dataset_size"] == sum(patient_key(t) in split.train for t in raw_tuples)
-    assert props["planned_dataset_size"] == len(raw_tuples)  # q stays planned from every tuple
-    assert stage.training_patients(tuples_dir, MembershipConfig()) is None
+    assert props[schema.HOLDOUT_FRACTION] == 0.3 and props["holdout_key_id"] == key_fingerprint(HOLDOUT_KEY)
+    train_patients, _ = stage.training_patients(tuples_dir, membership)
+    assert train_patients == split.train
+    # q is planned from the public n·(1 − f), never from the trained rows' exact count.
+    assert props["planned_dataset_size"] == round(len(raw_tuples) * 0.7)
+    assert stage.training_patients(tuples_dir, MembershipConfig()) == (None, None)
 
 
 def test_a_crashed_run_resumes_from_the_state_directory(tmp_path, tuples_dir, vocabulary_dir, monkeypatch):

@@ -37,7 +37,10 @@ def test_privatize_stage_properties_and_refusals(tmp_path, toy_embeddings):  # n
     from dpbert.data.tfrecord import write_tuples
     from dpbert.local_privacy.embeddings import write_hf_checkpoint
 
+    from dpbert.data.splits import read_holdout_key, write_holdout_key
+
     write_tuples(_tuples(), str(tmp_path / "in"), num_shards=1)
+    key = write_holdout_key(str(tmp_path / "in"))  # the ingestion's
     public = str(write_hf_checkpoint(toy_embeddings, tmp_path / "public"))
     config = LocalPrivacyConfig(enabled=True, eta=2.0, seed=0, embeddings_dir=public)
     inputs = {schema.NUM_TUPLES: 30, schema.TUPLE_WORDS: 5, "corpus": "toy", "num_patients": 30}
@@ -47,6 +50,7 @@ def test_privatize_stage_properties_and_refusals(tmp_path, toy_embeddings):  # n
     assert props[schema.NUM_TUPLES] == 30 and props[schema.TUPLE_WORDS] == 5 and props["corpus"] == "toy"
     assert props["eta"] == 2.0 and props["local_privacy"] == "dchi" and props[schema.PRIVATE] == 1
     assert props["noise_seed_fixed"] == 1 and props["num_documents"] is None
+    assert read_holdout_key(str(tmp_path / "out")) == key  # the holdout key travels with the tuples
 
     miscounted = stage.privatize(str(tmp_path / "in"), str(tmp_path / "out2"), config, dict(inputs, num_tuples=31))
     assert isinstance(miscounted.failure, RuntimeError) and "31" in str(miscounted.failure)
