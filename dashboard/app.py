@@ -3,8 +3,12 @@
 Pages (Jinja2, autoescape on):  ``/`` the runs; ``/runs/{run_id}`` one run (DAG, artifacts,
 privacy ledger, plots). Charts: ``/runs/{run_id}/plots/{name}.svg`` (matplotlib, server-side).
 JSON: ``/api/runs`` (the runs), ``/api/runs/{run_id}`` (exactly ``dpbert.report.build_report``
-as strict JSON, ``dpbert.schema.encode``: infinities as the string ``"inf"``),
-``/api/runs/{run_id}/dag`` (the DAG and the artifacts as the page shows them).
+as strict JSON, ``dpbert.schema.encode``: infinities as the string ``"inf"``; the operator's
+report), ``/api/runs/{run_id}/released`` (``dpbert.release.released_view`` of it: what leaves
+the trust boundary), ``/api/runs/{run_id}/dag`` (the DAG and the artifacts as the page shows them).
+
+The run page marks every section computed on private data without noise "operator-only" and the
+released DP values "released (DP)" (``dashboard.views.run_page``).
 
 Read-only by construction: the ML Metadata store is opened READONLY for each request, only GET
 (and HEAD) is routed, and no artifact file is ever opened. Every response carries a
@@ -32,6 +36,7 @@ from starlette.templating import Jinja2Templates
 
 from dashboard import views
 from dpbert import metadata, schema
+from dpbert.release import released_view
 from dpbert.report import build_report
 
 log = logging.getLogger("dpbert.dashboard")
@@ -39,7 +44,7 @@ log = logging.getLogger("dpbert.dashboard")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-PLOTS = ("dag", "budget", "loss", "exposure", "roc")
+PLOTS = ("dag", "budget", "loss", "loss_comparison", "exposure", "roc")
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'none'; img-src 'self'; style-src 'self'; "
                                  b"base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
@@ -138,7 +143,9 @@ def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = N
         elif name == "budget":
             bars = views.ledger_bars(run)
             args = (bars["bars"], bars["budget"])
-        elif name == "loss":
+        elif name == "loss":  # released: the DP model's curve only
+            args = (views.released_loss_curve(report), None)
+        elif name == "loss_comparison":  # operator-only: with the non-private baseline's
             args = (views.loss_curves(run, report),
                     views.number(report["pretraining"].get("non_dp_final_mlm_loss")))
         elif name == "exposure":
@@ -161,6 +168,9 @@ def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = N
 
     def api_run(request: Request) -> Response:
         return JSONResponse(schema.encode(build_report(find_run(request.path_params["run_id"]))))
+
+    def api_released(request: Request) -> Response:
+        return JSONResponse(schema.encode(released_view(build_report(find_run(request.path_params["run_id"])))))
 
     def api_dag(request: Request) -> Response:
         d = views.dag(find_run(request.path_params["run_id"]))
@@ -190,6 +200,7 @@ def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = N
         Route("/runs/{run_id:path}", run_detail, methods=["GET"], name="run"),
         Route("/api/runs", api_runs, methods=["GET"], name="api_runs"),
         Route("/api/runs/{run_id:path}/dag", api_dag, methods=["GET"], name="api_dag"),
+        Route("/api/runs/{run_id:path}/released", api_released, methods=["GET"], name="api_released"),
         Route("/api/runs/{run_id:path}", api_run, methods=["GET"], name="api_run"),
         Mount("/static", app=StaticFiles(packages=[("dashboard", "static")]), name="static"),
     ]

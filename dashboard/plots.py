@@ -130,6 +130,11 @@ def loss_svg(curves: Dict[str, List[float]], non_dp_final: Optional[float] = Non
     return _render(draw, (6.0, 3.4))
 
 
+def loss_comparison_svg(curves: Dict[str, List[float]], non_dp_final: Optional[float] = None) -> bytes:
+    """The DP curve with the non-private baseline's (operator-only)."""
+    return loss_svg(curves, non_dp_final)
+
+
 def exposure_svg(groups: Sequence[Dict[str, Any]]) -> bytes:
     """Canary exposure against occurrences in the training data, DP vs non-DP model."""
     placed = [g for g in groups if g["occurrences"] is not None]

@@ -7,8 +7,13 @@ the templates say "not in this run".
 Privacy rules applied here (the templates only escape and lay out):
 - an artifact is private when its ``private`` custom property is set, or its type is a known
   private type; of a private artifact only the type, the output key, the URI and the counts of
-  units (numeric ``num_*`` properties) are shown;
-- no artifact file is ever opened: everything comes from ML Metadata custom properties.
+  units (numeric ``num_*`` properties) are shown in the artifact list;
+- no artifact file is ever opened: everything comes from ML Metadata custom properties;
+- the release boundary (``dpbert.release``): every value shown is either released (DP: the ledger,
+  the DP vocabulary, the DP model's diagnostics and NER F1, the audit bound) or marked
+  operator-only (computed on private data without noise: the non-private model's losses and NER
+  rows, canary exposures, membership inference, values of a ``private = 1`` report, the raw
+  artifact properties). ``run_page`` says which (``*_operator_only`` flags, separate sections).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ LEDGER_ROWS = (
     (schema.DELTA_VOCAB, "δ_V"),
     (schema.DELTA_TRAIN, "δ_T"),
     (schema.UNIT, "unit of privacy"),
+    ("adjacency", "adjacency"),
     (schema.SAMPLING, "sampling mode"),
     (schema.STEPS, "training steps"),
     (schema.EPSILON_BUDGET, "ε budget (configured)"),
@@ -46,8 +52,10 @@ LEDGER_BARS = ((schema.EPSILON_VOCAB, "ε_V"), (schema.EPSILON_TRAIN, "ε_T"),
 VOCAB_ROWS = (("size", "vocabulary size"), ("words_kept", "words kept"), ("sigma", "σ (noise per count)"),
               ("threshold", "threshold C"), ("epsilon", "ε_V"), ("non_private", "non-private baseline"))
 PRETRAINING_ROWS = (("steps", "steps taken"), ("initial_mlm_loss", "initial MLM loss"),
-                    ("final_mlm_loss", "final MLM loss (DP)"),
-                    ("non_dp_final_mlm_loss", "final MLM loss (non-DP)"))
+                    ("final_mlm_loss", "final MLM loss (DP)"), ("final_mlm_accuracy", "final MLM accuracy (DP)"),
+                    ("clipped_fraction", "clipped fraction (DP)"), ("diagnostics", "diagnostics released as"))
+#: Operator-only: the non-private baseline, trained on the private data without noise.
+BASELINE_ROWS = (("non_dp_final_mlm_loss", "final MLM loss (non-DP baseline)"),)
 
 
 # --- values ---------------------------------------------------------------------------------
@@ -240,24 +248,29 @@ def _rows(section: Dict[str, Any], spec) -> List[Dict[str, str]]:
             if section.get(key) is not None]
 
 
-def loss_curves(run: RunInfo, report: Dict[str, Any]) -> Dict[str, List[float]]:
-    """``{"DP": [...], "non-DP": [...]}`` with only the curves that exist (finite points kept)."""
-    def points(curve) -> List[float]:
-        if not isinstance(curve, list):
-            return []
-        out = []
-        for p in curve:
-            v = number(p.get("loss") if isinstance(p, dict) else p)
-            out.append(v if v is not None and math.isfinite(v) else math.nan)
-        return out if any(not math.isnan(v) for v in out) else []
+def _points(curve) -> List[float]:
+    if not isinstance(curve, list):
+        return []
+    out = []
+    for p in curve:
+        v = number(p.get("loss") if isinstance(p, dict) else p)
+        out.append(v if v is not None and math.isfinite(v) else math.nan)
+    return out if any(not math.isnan(v) for v in out) else []
 
-    curves = {}
-    dp = points((report.get("pretraining") or {}).get("loss_curve"))
-    if dp:
-        curves["DP"] = dp
+
+def released_loss_curve(report: Dict[str, Any]) -> Dict[str, List[float]]:
+    """``{"DP": [...]}``: the DP model's loss curve as reported (released), or ``{}``."""
+    dp = _points((report.get("pretraining") or {}).get("loss_curve"))
+    return {"DP": dp} if dp else {}
+
+
+def loss_curves(run: RunInfo, report: Dict[str, Any]) -> Dict[str, List[float]]:
+    """``{"DP": [...], "non-DP": [...]}`` with only the curves that exist (finite points kept).
+    The non-DP curve is the baseline's (``private = 1``: trained without noise): operator-only."""
+    curves = released_loss_curve(report)
     for artifact in run.artifacts(schema.type_name(schema.PRETRAINED_MODEL)):
-        if not is_private(artifact) and _bool_flag(artifact.properties.get(schema.NON_PRIVATE)):
-            non_dp = points(artifact.properties.get(schema.LOSS_CURVE))
+        if _bool_flag(artifact.properties.get(schema.NON_PRIVATE)):
+            non_dp = _points(artifact.properties.get(schema.LOSS_CURVE))
             if non_dp:
                 curves["non-DP"] = non_dp
             break
@@ -366,12 +379,32 @@ def pretraining_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
     return _rows(report.get("pretraining") or {}, PRETRAINING_ROWS)
 
 
+def baseline_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
+    """Operator-only: the non-private baseline's values."""
+    return _rows(report.get("pretraining") or {}, BASELINE_ROWS)
+
+
+def marked_private(run: RunInfo, short: str) -> bool:
+    """Whether the run's artifact of that type (the one the report reads) is marked private."""
+    artifacts = [a for a in run.artifacts(schema.type_name(short))
+                 if short != schema.PRETRAINED_MODEL or not _bool_flag(a.properties.get(schema.NON_PRIVATE))]
+    return bool(artifacts) and is_private(artifacts[0])
+
+
+def vocab_operator_only(run: RunInfo, report: Dict[str, Any]) -> bool:
+    """The vocabulary is operator-only when it is the non-private baseline (exact counts) or its
+    artifact is marked private."""
+    return bool(_bool_flag((report.get("vocab") or {}).get("non_private"))) or marked_private(run, schema.DP_VOCABULARY)
+
+
 def plots_available(run: RunInfo, report: Dict[str, Any]) -> Dict[str, bool]:
     groups = exposure_groups(report)
     return {
         "dag": bool(run.components),
         "budget": ledger_bars(run) is not None,
-        "loss": bool(loss_curves(run, report)),
+        "loss": bool(released_loss_curve(report)),
+        "loss_comparison": "non-DP" in loss_curves(run, report)
+        or number((report.get("pretraining") or {}).get("non_dp_final_mlm_loss")) is not None,
         "exposure": any(g["dp"] is not None or g["non_dp"] is not None for g in groups),
         "roc": any(a["fpr"] for a in membership_attacks(report)),
     }
@@ -385,9 +418,15 @@ def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
         "dag": dag(run),
         "ledger": ledger(run),
         "vocab": vocab_rows(report),
+        "vocab_operator_only": vocab_operator_only(run, report),
         "pretraining": pretraining_rows(report),
+        "baseline": baseline_rows(report),
         "loss_curves": sorted(loss_curves(run, report)),
         "ner": ner_view(report),
+        # NER's "dp" row is the main model's: operator-only when that model is not DP.
+        "ner_operator_only": marked_private(run, schema.NER_REPORT) or not any(
+            not _bool_flag(a.properties.get(schema.NON_PRIVATE))
+            for a in run.artifacts(schema.type_name(schema.PRETRAINED_MODEL))),
         "canary_groups": exposure_groups(report),
         "audit_epsilon": fmt(canary.get("audit_epsilon_lower_bound"))
         if canary.get("audit_epsilon_lower_bound") is not None else None,

@@ -18,23 +18,32 @@ operator-only (``private = 1`` on the artifact, never in a bundle): WordTuples (
 (canary secrets and insertion key), the non-private baseline model, MembershipReport (attack
 scores on private rows), NerReport rows of the non-private model, the trainer's state directory
 (exact training curves, checkpoints, keys), and any file of a released artifact not in the list
-(``train_result.json``: exact diagnostics; ``run_config.json``).
+(``train_result.json``: exact diagnostics; ``canary_counts.json``: insertions per canary;
+``run_config.json``; the CanaryReport's ``exposure.json`` with the non-private exposures).
 
 ``write_bundle`` copies the released files of one run into a directory with ``manifest.json``:
 for every file its path, size, sha256 and the ε, δ, unit and adjacency that cover it — the ε of
-the run's PrivacyReport (the accountant's), never a recomputed or planned value.
+the run's PrivacyReport (the accountant's), never a recomputed or planned value. It writes into a
+temporary directory next to the target and renames it at the end: on any error nothing is left.
+
+``released_view`` is the same boundary for the run report (``dpbert report --released``): an
+allow-list of the report's DP values; everything computed on private data without noise (the
+non-private model's losses and NER rows, exposures, membership inference, timings) is dropped.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import shutil
+import tempfile
 from typing import Any, Dict, List, Optional
 
 from dpbert import schema
 
 MANIFEST_FILE = "manifest.json"
+AUDIT_FILE = "audit/audit.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,22 +52,31 @@ class ReleasedPart:
     paths: tuple             # files or directories inside the artifact
     covered_by: str          # "epsilon_vocab" | "epsilon_total"
     bundle_dir: str          # where it goes in the bundle
+    required: tuple = ()     # of ``paths``: a bundle without them is refused
 
 
 #: The one list of what is released.
 RELEASED = (
     ReleasedPart(schema.DP_VOCABULARY, ("vocab.txt", "tokenizer.json", "histogram.jsonl", "dp_event.json"),
-                 "epsilon_vocab", "vocabulary"),
+                 "epsilon_vocab", "vocabulary", required=("vocab.txt",)),
     ReleasedPart(schema.PRETRAINED_MODEL, (schema.MODEL_DIR, schema.TOKENIZER_DIR, schema.TENSORBOARD_DIR,
-                                           schema.DP_EVENTS_FILE), "epsilon_total", "model"),
+                                           schema.DP_EVENTS_FILE), "epsilon_total", "model",
+                 required=(schema.MODEL_DIR,)),
     ReleasedPart(schema.PRIVACY_REPORT, ("privacy_report.json", "privacy_statement.txt"), "epsilon_total",
-                 "privacy"),
+                 "privacy", required=("privacy_report.json",)),
 )
+#: The CanaryReport properties copied to ``audit/audit.json`` (read even when the report is marked
+#: private: it also holds the non-private baseline's exposures, which are never copied).
 AUDIT_FIELDS = ("audit", "audit_epsilon_lower_bound", "audit_epsilon_upper_bound")
+#: The keys of the ``audit`` record kept (``dpbert.stages.canary.AUDIT_FIELDS``: tested equal).
+AUDIT_RESULT_KEYS = ("epsilon_lower_bound", "r", "v", "m", "k_plus", "k_minus", "beta_total")
+#: ``events.ADJACENCY`` for a ledger that does not name its adjacency (Poisson is add/remove).
+_POISSON_ADJACENCY = "add_or_remove_one"
 
 
 class ReleaseError(RuntimeError):
-    """The run cannot be released (incomplete, non-private, or over budget)."""
+    """The run cannot be released (incomplete, non-private, over budget) or the bundle directory
+    cannot be written; the message names the run or the path."""
 
 
 def _sha256(path: str) -> str:
@@ -70,88 +88,249 @@ def _sha256(path: str) -> str:
 
 
 def _released_artifact(run, short_type: str):
+    """The run's artifact of that type that may be released: not private, not non-private."""
     for artifact in run.artifacts(schema.type_name(short_type)):
         if not artifact.private and not artifact.properties.get(schema.NON_PRIVATE):
             return artifact
     return None
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _adjacency(run, report) -> str:
+    """The ledger's neighbouring relation: its property, else its ``privacy_report.json``; a ledger
+    naming none is add/remove only for Poisson sampling (older runs)."""
+    adjacency = report.properties.get("adjacency")
+    if adjacency is None:
+        path = os.path.join(report.uri, "privacy_report.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                recorded = schema.loads(f.read())
+            adjacency = recorded.get("adjacency") if isinstance(recorded, dict) else None
+        except (OSError, ValueError):
+            adjacency = None
+    if adjacency is None and report.properties.get(schema.SAMPLING) == "poisson":
+        adjacency = _POISSON_ADJACENCY
+    if not isinstance(adjacency, str):
+        raise ReleaseError(f"run {run.run_id}: its privacy report names no adjacency (neighbouring relation); "
+                           "re-run the accountant with this dpbert")
+    return adjacency
+
+
+def audit_record(run) -> Optional[Dict[str, Any]]:
+    """What ``audit/audit.json`` holds: ``AUDIT_FIELDS`` of the run's CanaryReport (private or not),
+    the ``audit`` record cut to ``AUDIT_RESULT_KEYS``; numbers only (anything else becomes None);
+    None when the run has no audit."""
+    def numeric(value):
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    for artifact in run.artifacts(schema.type_name(schema.CANARY_REPORT)):
+        props = artifact.properties
+        if props.get("audit") is None and props.get(schema.AUDIT_EPSILON_LOWER_BOUND) is None:
+            continue
+        out = {k: numeric(props.get(k)) for k in AUDIT_FIELDS if k != "audit"}
+        audit = props.get("audit")
+        out["audit"] = {k: numeric(audit.get(k)) for k in AUDIT_RESULT_KEYS if k in audit} \
+            if isinstance(audit, dict) else None
+        return out
+    return None
+
+
+def _check_target(bundle_dir: str):
+    if os.path.lexists(bundle_dir) and not os.path.isdir(bundle_dir):
+        raise ReleaseError(f"{bundle_dir} exists and is not a directory; choose a new bundle directory")
+    if os.path.isdir(bundle_dir) and os.listdir(bundle_dir):
+        raise ReleaseError(f"{bundle_dir} exists and is not empty; choose a new bundle directory")
+
+
+def _plan(run, report) -> List[tuple]:
+    """(source file, bundle path, covered_by) for every released file; ReleaseError when a part
+    or a required file is missing, or a released path is a symbolic link."""
+    copies = []
+    for part in RELEASED:
+        artifact = report if part.artifact_type == schema.PRIVACY_REPORT else \
+            _released_artifact(run, part.artifact_type)
+        if artifact is None:
+            raise ReleaseError(f"run {run.run_id} has no released {part.artifact_type} "
+                               "(not private, not non-private): nothing can be released")
+        for rel in part.required:
+            if not os.path.exists(os.path.join(artifact.uri, rel)):
+                raise ReleaseError(f"run {run.run_id}: {os.path.join(artifact.uri, rel)} does not exist "
+                                   f"(the {part.artifact_type} artifact's files are missing)")
+        for rel in part.paths:
+            source = os.path.join(artifact.uri, rel)
+            if os.path.islink(source):
+                raise ReleaseError(f"{source} is a symbolic link: refused")
+            if os.path.isfile(source):
+                copies.append((source, f"{part.bundle_dir}/{rel}", part.covered_by))
+            elif os.path.isdir(source):
+                for root, dirs, names in os.walk(source):
+                    dirs.sort()
+                    for name in sorted(dirs + names):
+                        path = os.path.join(root, name)
+                        if os.path.islink(path):
+                            raise ReleaseError(f"{path} is a symbolic link: refused")
+                    for name in sorted(names):
+                        path = os.path.join(root, name)
+                        relative = os.path.relpath(path, artifact.uri).replace(os.sep, "/")
+                        copies.append((path, f"{part.bundle_dir}/{relative}", part.covered_by))
+    return copies
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _remove_empty(directory: str, top: Optional[str]):
+    """Remove the empty directories from ``directory`` up to ``top`` (those this call created)."""
+    while top is not None:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
+        if directory == top:
+            return
+        directory = os.path.dirname(directory)
+
+
 def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
     """Copy the released files of ``run`` (a ``dpbert.metadata.RunInfo``) into ``bundle_dir`` and
-    write the manifest. Returns the manifest. Refuses a run without a privacy report, a
-    non-private run and a run over its budget."""
-    report = _released_artifact(run, schema.PRIVACY_REPORT)
+    write the manifest. Returns the manifest. Refuses (``ReleaseError``, nothing written) a run
+    without a privacy report, a non-private run, a run over its budget, a run whose released files
+    are missing, and a ``bundle_dir`` that exists and is not an empty directory."""
+    # The ledger of a non-private run says so (non_private, ε = ∞): it is found, then refused.
+    report = next((a for a in run.artifacts(schema.type_name(schema.PRIVACY_REPORT)) if not a.private), None)
     if report is None:
         raise ReleaseError(f"run {run.run_id} has no privacy report: nothing can be released")
     ledger = report.properties
-    if ledger.get("non_private") or ledger.get("epsilon_total_pld") in (None, float("inf")):
+    epsilon = ledger.get(schema.EPSILON_TOTAL_PLD)
+    if ledger.get(schema.NON_PRIVATE) or not _finite(epsilon):
         raise ReleaseError(f"run {run.run_id} is not differentially private (ε = ∞): nothing to release")
-    if ledger.get("within_budget") is False:
-        raise ReleaseError(f"run {run.run_id} is over its privacy budget: refused")
+    if ledger.get(schema.WITHIN_BUDGET) in (False, 0):
+        raise ReleaseError(f"run {run.run_id} is over its privacy budget (ε = {epsilon:.4g} > "
+                           f"{ledger.get(schema.EPSILON_BUDGET)}): refused")
+    _check_target(bundle_dir)
     coverage = {
-        "epsilon_vocab": {"epsilon": ledger.get("epsilon_vocab"), "delta": ledger.get("delta_vocab")},
-        "epsilon_total": {"epsilon": ledger.get("epsilon_total_pld"), "delta": ledger.get("delta")},
+        "epsilon_vocab": {"epsilon": ledger.get(schema.EPSILON_VOCAB), "delta": ledger.get(schema.DELTA_VOCAB)},
+        "epsilon_total": {"epsilon": epsilon, "delta": ledger.get(schema.DELTA)},
     }
-    unit, adjacency = ledger.get("unit", "tuple"), ledger.get("adjacency", "add_or_remove_one")
-    if os.path.exists(bundle_dir) and os.listdir(bundle_dir):
-        raise ReleaseError(f"{bundle_dir} exists and is not empty; choose a new bundle directory")
-    os.makedirs(bundle_dir, exist_ok=True)
+    unit = ledger.get(schema.UNIT)
+    if not isinstance(unit, str):
+        raise ReleaseError(f"run {run.run_id}: its privacy report names no unit of privacy")
+    adjacency = _adjacency(run, report)
+    copies = _plan(run, report)
+    audit = audit_record(run)
+
+    target = os.path.abspath(bundle_dir)
+    parent = os.path.dirname(target)
+    created = parent
+    while not os.path.exists(os.path.dirname(created)) and os.path.dirname(created) != created:
+        created = os.path.dirname(created)
+    created = None if os.path.exists(parent) else created  # the first ancestor this call creates
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
+    except OSError as err:
+        raise ReleaseError(f"cannot write the bundle next to {bundle_dir}: {err}") from None
     files: List[Dict[str, Any]] = []
 
-    def add(source: str, relative: str, covered_by: str):
-        target = os.path.join(bundle_dir, relative)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(source, target)
-        files.append({"path": relative, "bytes": os.path.getsize(target), "sha256": _sha256(target),
-                      "covered_by": covered_by, **coverage[covered_by], "unit": unit, "adjacency": adjacency})
+    def entry(relative: str, covered_by: str) -> Dict[str, Any]:
+        path = os.path.join(tmp, *relative.split("/"))
+        return {"path": relative, "bytes": os.path.getsize(path), "sha256": _sha256(path),
+                "covered_by": covered_by, **coverage[covered_by], "unit": unit, "adjacency": adjacency}
 
-    for part in RELEASED:
-        artifact = _released_artifact(run, part.artifact_type)
-        if artifact is None:
-            continue
-        for rel in part.paths:
-            source = os.path.join(artifact.uri, rel)
-            if os.path.isfile(source):
-                add(source, os.path.join(part.bundle_dir, rel), part.covered_by)
-            elif os.path.isdir(source):
-                for root, _, names in os.walk(source):
-                    for name in sorted(names):
-                        path = os.path.join(root, name)
-                        add(path, os.path.join(part.bundle_dir, os.path.relpath(path, artifact.uri)),
-                            part.covered_by)
-    canary = _released_artifact(run, schema.CANARY_REPORT)
-    if canary is not None and canary.properties.get("audit") is not None:
-        audit_path = os.path.join(bundle_dir, "audit", "audit.json")
-        os.makedirs(os.path.dirname(audit_path), exist_ok=True)
-        with open(audit_path, "w", encoding="utf-8") as f:
-            f.write(schema.dumps({k: canary.properties.get(k) for k in AUDIT_FIELDS}, indent=2, sort_keys=True))
-        files.append({"path": "audit/audit.json", "bytes": os.path.getsize(audit_path),
-                      "sha256": _sha256(audit_path), "covered_by": "epsilon_total", **coverage["epsilon_total"],
-                      "unit": unit, "adjacency": adjacency})
-    manifest = {"run_id": run.run_id, "pipeline": run.pipeline, "unit": unit, "adjacency": adjacency,
-                "epsilon": ledger.get("epsilon_total_pld"), "delta": ledger.get("delta"),
-                "epsilon_vocab": ledger.get("epsilon_vocab"), "epsilon_train": ledger.get("epsilon_train"),
-                "files": files}
-    with open(os.path.join(bundle_dir, MANIFEST_FILE), "w", encoding="utf-8") as f:
-        f.write(schema.dumps(manifest, indent=2, sort_keys=True))
+    try:
+        for source, relative, covered_by in copies:
+            destination = os.path.join(tmp, *relative.split("/"))
+            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            shutil.copyfile(source, destination)
+            files.append(entry(relative, covered_by))
+        if audit is not None:
+            path = os.path.join(tmp, *AUDIT_FILE.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(schema.dumps(audit, indent=2, sort_keys=True) + "\n")
+            files.append(entry(AUDIT_FILE, "epsilon_total"))
+        manifest = {"run_id": run.run_id, "pipeline": run.pipeline, "unit": unit, "adjacency": adjacency,
+                    "epsilon": epsilon, "delta": ledger.get(schema.DELTA),
+                    "epsilon_vocab": ledger.get(schema.EPSILON_VOCAB),
+                    "epsilon_train": ledger.get(schema.EPSILON_TRAIN), "files": files}
+        with open(os.path.join(tmp, MANIFEST_FILE), "w", encoding="utf-8") as f:
+            f.write(schema.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        os.chmod(tmp, 0o777 & ~_umask())
+        _check_target(bundle_dir)  # again: another process may have written there meanwhile
+        if os.path.isdir(target):
+            os.rmdir(target)
+        os.rename(tmp, target)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_empty(parent, created)
+        if isinstance(err, OSError):
+            raise ReleaseError(f"cannot write the bundle {bundle_dir}: {err}") from None
+        raise
     return manifest
 
 
+# --------------------------------------------------------------------------- the report's view
+#: Of each section of ``dpbert.report.build_report``, the keys that are released (DP values).
+RELEASED_REPORT = {
+    "privacy": None,  # every ledger key (the ledger is released: privacy_report.json)
+    "vocab": ("size", "words_kept", "sigma", "threshold", "epsilon"),
+    # the DP model's diagnostics as its artifact reports them (DP estimates: dpbert.privacy.diagnostics)
+    "pretraining": ("steps", "initial_mlm_loss", "final_mlm_loss", "loss_curve", "final_mlm_accuracy",
+                    "clipped_fraction", "diagnostics"),
+    "ner": ("f1", "per_type"),
+    "canary": ("audit_epsilon_lower_bound",),
+}
+#: What ``released_view`` leaves out, for the reader of the view.
+OPERATOR_ONLY = ("component timings", "non-private model (losses, NER rows)", "canary exposures",
+                 "membership inference", "corpus counts")
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, str):
+        value = schema.decode(value)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def releasable(report: Dict[str, Any]) -> bool:
+    """Whether the report's run can be released: a finite ε total, within its budget."""
+    privacy = report.get("privacy") or {}
+    epsilon = _number(privacy.get(schema.EPSILON_TOTAL_PLD))
+    return epsilon is not None and math.isfinite(epsilon) and privacy.get(schema.WITHIN_BUDGET) not in (False, 0)
+
+
 def released_view(report: Dict[str, Any]) -> Dict[str, Any]:
-    """``dpbert report --released``: the report without operator-only sections."""
-    out = {k: v for k, v in report.items() if k not in ("membership_inference", "membership_inference_rows")}
-    if "pretraining" in out:
-        out["pretraining"] = {k: v for k, v in out["pretraining"].items() if not k.startswith("non_dp")}
-    if "canary" in out:
-        out["canary"] = {"audit_epsilon_lower_bound": out["canary"].get("audit_epsilon_lower_bound")}
-    if "ner" in out and isinstance(out["ner"], dict):
-        out["ner"] = {k: v for k, v in out["ner"].items() if k != "table"}
+    """``dpbert report --released``: an allow-list of ``build_report``'s DP values — the ε ledger,
+    the DP vocabulary's size and ε, the DP model's (DP) training diagnostics, its NER F1 on public
+    data and the one-run audit's bound. The other sections are computed on private data without
+    noise (``OPERATOR_ONLY``) and are dropped. A run that cannot be released (ε = ∞, over budget)
+    keeps only its ledger."""
+    out: Dict[str, Any] = {"run_id": report.get("run_id"), "pipeline": report.get("pipeline"),
+                           "status": report.get("status"), "view": "released",
+                           "releasable": releasable(report), "operator_only_omitted": list(OPERATOR_ONLY)}
+    out["privacy"] = dict(report.get("privacy") or {})
+    if not out["releasable"]:
+        return out
+    for section, keys in RELEASED_REPORT.items():
+        if section == "privacy":
+            continue
+        values = report.get(section)
+        if not isinstance(values, dict):
+            continue
+        if section == "vocab" and values.get(schema.NON_PRIVATE):
+            continue  # exact counts: operator-only (and the run is not releasable anyway)
+        out[section] = {k: values.get(k) for k in keys}
     return out
 
 
-def bundle_files(bundle_dir: str) -> Optional[List[str]]:
-    """Every file under a bundle (for tests and the CLI's summary)."""
+def bundle_files(bundle_dir: str) -> List[str]:
+    """Every file under a bundle, as ``/``-separated paths (for tests and the CLI's summary)."""
     out = []
     for root, _, names in os.walk(bundle_dir):
-        out.extend(os.path.relpath(os.path.join(root, n), bundle_dir) for n in names)
+        out.extend(os.path.relpath(os.path.join(root, n), bundle_dir).replace(os.sep, "/") for n in names)
     return sorted(out)

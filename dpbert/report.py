@@ -14,8 +14,8 @@ from dpbert.metadata import RunInfo
 #: The ledger properties the report's ``privacy`` section shows (same keys).
 LEDGER_KEYS = (schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC,
                schema.EPSILON_TOTAL_PLD, schema.EPSILON_TOTAL_RDP, schema.DELTA, schema.DELTA_VOCAB,
-               schema.DELTA_TRAIN, schema.UNIT, schema.SAMPLING, schema.STEPS, schema.EPSILON_BUDGET,
-               schema.WITHIN_BUDGET)
+               schema.DELTA_TRAIN, schema.UNIT, "adjacency", schema.SAMPLING, schema.STEPS,
+               schema.EPSILON_BUDGET, schema.WITHIN_BUDGET)
 
 
 def _props(run: RunInfo, short_type: str, key: Optional[str] = None, where=None) -> Dict[str, Any]:
@@ -48,6 +48,9 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
                         "final_mlm_loss": dp_model.get(schema.FINAL_MLM_LOSS),
                         "initial_mlm_loss": dp_model.get(schema.INITIAL_MLM_LOSS),
                         "loss_curve": dp_model.get(schema.LOSS_CURVE),
+                        "final_mlm_accuracy": dp_model.get("final_mlm_accuracy"),
+                        "clipped_fraction": dp_model.get("clipped_fraction"),
+                        "diagnostics": dp_model.get("diagnostics"),
                         "non_dp_final_mlm_loss": non_dp_model.get(schema.FINAL_MLM_LOSS)},
         "ner": {"f1": ner.get(schema.F1), "per_type": ner.get(schema.PER_TYPE), "table": ner.get(schema.TABLE)},
         "canary": {"groups": canary.get(schema.GROUPS, []),
@@ -105,31 +108,49 @@ def membership_rows(attacks, roc_curves=None, ledger: Optional[Dict[str, Any]] =
 
 
 def format_report(report: Dict[str, Any]) -> str:
-    """A readable table of the report."""
+    """A readable table of the report, or of its released view (``dpbert.release.released_view``:
+    sections it dropped are not printed)."""
     def fmt(v):
         if isinstance(v, float):
             return "inf" if v == float("inf") else f"{v:.4g}"
         return "-" if v is None else str(v)
 
-    lines = [f"run {report['run_id']}  ({report['pipeline']}, {report['status']}, {report['duration_s']} s)", ""]
-    lines.append("components:")
-    for c in report["components"]:
-        lines.append(f"  {c['id']:<28} {c['state']:<9} {c['duration_s']:>8.1f} s")
+    released = report.get("view") == "released"
+    head = f"run {report['run_id']}  ({report['pipeline']}, {report['status']}"
+    head += ", released view)" if released else f", {report['duration_s']} s)"
+    lines = [head]
+    if released:
+        lines.append("  operator-only sections omitted: " + ", ".join(report.get("operator_only_omitted") or []))
+        if not report.get("releasable"):
+            lines.append("  NOT RELEASABLE: the run is not differentially private or is over its budget")
+    if "components" in report:
+        lines += ["", "components:"]
+        for c in report["components"]:
+            lines.append(f"  {c['id']:<28} {c['state']:<9} {c['duration_s']:>8.1f} s")
     for section in ("privacy", "vocab", "pretraining"):
+        if not isinstance(report.get(section), dict):
+            continue
         lines += ["", f"{section}:"]
         for k, v in report[section].items():
             if k != "loss_curve" and v is not None:
                 lines.append(f"  {k:<24} {fmt(v)}")
-    if report["ner"].get("f1") is not None:
-        lines += ["", "ner:", f"  {'f1':<24} {fmt(report['ner']['f1'])}"]
-        for t, f1 in (report["ner"].get("per_type") or {}).items():
+    ner = report.get("ner") or {}
+    if ner.get("f1") is not None:
+        lines += ["", "ner:", f"  {'f1':<24} {fmt(ner['f1'])}"]
+        for t, f1 in (ner.get("per_type") or {}).items():
+            if isinstance(f1, dict):
+                f1 = f1.get("f1")
             lines.append(f"  f1[{t}]{'':<{max(0, 19 - len(t))}} {fmt(f1)}")
-    if report["canary"]["groups"]:
+    canary = report.get("canary") or {}
+    if canary.get("groups"):
         lines += ["", "canary exposure:", "  pattern  occurrences  exposure_dp  exposure_non_dp"]
-        for g in report["canary"]["groups"]:
+        for g in canary["groups"]:
             lines.append(f"  {g.get('pattern', ''):<8} {fmt(g.get('occurrences')):>11}  "
                          f"{fmt(g.get('exposure_dp')):>11}  {fmt(g.get('exposure_non_dp')):>15}")
-        lines.append(f"  audit ε lower bound: {fmt(report['canary']['audit_epsilon_lower_bound'])}")
+    if canary.get("groups") or canary.get("audit_epsilon_lower_bound") is not None:
+        if not canary.get("groups"):
+            lines += ["", "canary audit:"]
+        lines.append(f"  audit ε lower bound: {fmt(canary.get('audit_epsilon_lower_bound'))}")
     attacks = report.get("membership_inference_rows")
     if isinstance(attacks, list) and attacks:
         lines += ["", "membership inference:", "  attack                advantage    auc  bound"]

@@ -4,7 +4,7 @@
 (``kubeflow``) and the dashboard (``dashboard``); nothing imports it. Modules:
 
 * ``main`` — the argument parser, logging, the error → exit-code mapping (``dpbert.exit_codes``);
-* ``commands`` — run, synth, report, privacy calculators, budget;
+* ``commands`` — run, synth, report, release, privacy calculators, budget;
 * ``privatize`` — ``dpbert privatize`` (over ``dpbert.local_privacy``);
 * ``dashboard`` — ``dpbert dashboard`` (over ``dashboard.app``, imported only when it runs);
 * ``output`` — the one ``--json`` printer (``dpbert.schema.dumps``).

@@ -1,10 +1,11 @@
-"""The commands of ``dpbert`` over the core and the DAG: run, synth, report, privacy, budget.
+"""The commands of ``dpbert`` over the core and the DAG: run, synth, report, release, privacy, budget.
 
 Each ``cmd_*`` takes the parsed arguments and returns an exit code (``dpbert.exit_codes``);
 configuration and corpus errors propagate to ``dpbert_cli.main``, which maps them to 2.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -49,20 +50,51 @@ def cmd_synth(args) -> int:
     return exit_codes.OK
 
 
+def _run_of(args):
+    """The run of ``--output`` / ``--metadata`` and ``--run`` (the store opened read-only)."""
+    from dpbert import metadata
+
+    path = metadata.metadata_path_for(args.output, args.metadata)
+    return metadata.get_run(metadata.open_store(path), args.run)
+
+
 def cmd_report(args) -> int:
-    from dpbert import metadata, report
+    from dpbert import report
 
     try:
-        path = metadata.metadata_path_for(args.output, args.metadata)
-        run = metadata.get_run(metadata.open_store(path), args.run)
+        run = _run_of(args)
     except (FileNotFoundError, LookupError) as err:
         print_error("report", err)
         return exit_codes.BAD_INPUT
     built = report.build_report(run)
+    if args.released:
+        from dpbert.release import released_view
+
+        built = released_view(built)
     if args.json:
         print_json(built)
     else:
         print(report.format_report(built))
+    return exit_codes.OK
+
+
+def cmd_release(args) -> int:
+    from dpbert import release
+
+    try:
+        run = _run_of(args)
+        manifest = release.write_bundle(run, args.bundle)
+    except (FileNotFoundError, LookupError, release.ReleaseError) as err:
+        print_error("release", err)
+        return exit_codes.BAD_INPUT
+    if args.json:
+        print_json(manifest)
+    else:
+        print(f"released run {manifest['run_id']} ({manifest['pipeline']}): "
+              f"ε = {manifest['epsilon']:.4g}, δ = {manifest['delta'] or 0:.3g}, unit: {manifest['unit']}, "
+              f"adjacency: {manifest['adjacency']}")
+        print(f"{len(manifest['files'])} files in {args.bundle} "
+              f"(manifest: {os.path.join(args.bundle, release.MANIFEST_FILE)})")
     return exit_codes.OK
 
 

@@ -104,7 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metadata", help="path of the ML Metadata sqlite store (instead of --output)")
     p.add_argument("--run", help="pipeline run id (default: the latest)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--released", action="store_true",
+                   help="only what leaves the trust boundary (dpbert.release.released_view): the ε ledger "
+                        "and DP values, without the operator-only sections")
     p.set_defaults(func=commands.cmd_report)
+
+    p = sub.add_parser("release", help="copy a DP run's released files (dpbert.release.RELEASED) into a "
+                                       "bundle with a manifest naming the ε/δ/unit covering each file")
+    p.add_argument("--output", help="the run's output directory (default demo_output)")
+    p.add_argument("--metadata", help="path of the ML Metadata sqlite store (instead of --output)")
+    p.add_argument("--run", help="pipeline run id (default: the latest)")
+    p.add_argument("--to", dest="bundle", required=True, metavar="BUNDLE",
+                   help="the bundle directory to write (must not exist, or be empty)")
+    p.add_argument("--json", action="store_true", help="print the manifest")
+    p.set_defaults(func=commands.cmd_release)
 
     _add_privacy_parser(sub)
 

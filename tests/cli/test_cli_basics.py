@@ -7,7 +7,7 @@ def test_help_and_every_subcommand_help(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
     assert exit_.value.code == 0
-    commands = ["run", "synth", "privacy", "budget", "report", "compile", "dashboard", "privatize"]
+    commands = ["run", "synth", "privacy", "budget", "report", "release", "compile", "dashboard", "privatize"]
     out = capsys.readouterr().out
     assert all(c in out for c in commands)
     for command in commands:

@@ -11,6 +11,10 @@ Runs (newest first as ``list_runs`` returns them):
 - ``ODD_RUN``: a run id with HTML and URL metacharacters, a non-private vocabulary (ε = ∞,
   stored as the string "inf"), a failed evaluator: status FAILED;
 - ``EMPTY_RUN``: a pipeline_run context without executions.
+
+``build_release_store`` writes another store whose artifacts have real files (for ``dpbert
+release``): a DP run, a non-private run and a run over its budget, with a recognizable secret in
+every operator-only file and property.
 """
 from __future__ import annotations
 
@@ -76,6 +80,7 @@ class _Builder:
         self.types = {}
         self.pipeline = self._context("pipeline", PIPELINE)
         self.nodes = {}
+        self.made = 0
 
     def _context(self, kind, name):
         [cid] = self.store.put_contexts([mlmd.Context(type_id=self.ctx_types[kind], name=name)])
@@ -108,8 +113,9 @@ class _Builder:
             pairs.append((artifact, event))
         made = {}
         for key, type_name, props in outputs:
+            self.made += 1  # a distinct URI per artifact, as TFX's <node>/<key>/<execution id>
             artifact = mlmd.Artifact(type_id=self._type(type_name, "artifact"),
-                                     uri=os.path.join(self.root, node_id, key, str(len(self.types) + len(pairs))),
+                                     uri=os.path.join(self.root, node_id, key, str(self.made)),
                                      state=mlmd.Artifact.LIVE)
             _put_props(artifact, props)
             event = mlmd.Event(type=mlmd.Event.OUTPUT)
@@ -163,8 +169,8 @@ def build_store(path: str, artifact_root: str) -> str:
                       "loss_curve": LOSS_CURVE, "non_private": 0, "sampling_mode": "poisson"})])
     n = b.execute(rich, "BaselineTrainer", "COMPLETE",
                   inputs=[("tuples", t["tuples"]), ("vocabulary", v["vocabulary"])],
-                  outputs=[("model", "components.PretrainedModel", {
-                      "private": 0, "steps_taken_total": 6, "final_mlm_loss": 4.8,
+                  outputs=[("model", "components.PretrainedModel", {  # trained without noise: private
+                      "private": 1, "steps_taken_total": 6, "final_mlm_loss": 4.8,
                       "loss_curve": NON_DP_LOSS_CURVE, "non_private": 1})])
     b.execute(rich, "PrivacyAccountant", "COMPLETE",
               inputs=[("vocabulary", v["vocabulary"]), ("model", m["model"])],
@@ -187,7 +193,7 @@ def build_store(path: str, artifact_root: str) -> str:
               outputs=[("report", "components.CanaryReport", {
                   "private": 0, "groups": CANARY_GROUPS, "audit_epsilon_lower_bound": 0.31})])
     b.execute(rich, "MembershipEvaluator", "COMPLETE", inputs=[("model", m["model"])], outputs=[
-        ("report", "components.MembershipReport", {"private": 0, "attacks": ATTACKS})])
+        ("report", "components.MembershipReport", {"private": 1, "attacks": ATTACKS})])
 
     time.sleep(0.002)
     b.run(EMPTY_RUN)
@@ -207,3 +213,111 @@ def build_store(path: str, artifact_root: str) -> str:
                            "WHERE id = ?", (start, start + 1000 * (k + 1) + 200, execution_id))
     db.close()
     return path
+
+
+# --------------------------------------------------------------------------- with artifact files
+#: A recognizable secret planted in every operator-only file and property of ``build_release_store``.
+RELEASE_SECRET = "CANARY-SECRET 4 7 1 1 9 3 mrn-0042"
+RELEASE_RUN = "2026-04-04T08:00:00.000001"
+NON_PRIVATE_RUN = "2026-04-04T07:00:00.000001"
+OVER_BUDGET_RUN = "2026-04-04T06:00:00.000001"
+RELEASE_EPSILON = 9.0882
+
+
+def _write(directory: str, files: dict):
+    for rel, content in files.items():
+        path = os.path.join(directory, *rel.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(content if isinstance(content, bytes) else content.encode("utf-8"))
+
+
+def _release_run(b: _Builder, run_id: str, ledger: dict, files: dict):
+    """One run of the full DAG whose artifacts hold real files (``files``: {uri key: uri}, filled)."""
+    secret = RELEASE_SECRET
+    run = b.run(run_id)
+    t = b.execute(run, "CorpusIngest", "COMPLETE", outputs=[
+        ("tuples", "components.WordTuples", {"private": 1, "num_tuples": 4811, "corpus": secret})])
+    _write(t["tuples"].uri, {"tuples-00000-of-00001.gz": f"patient P0001 note: {secret} exact text"})
+    v = b.execute(run, "DPVocabularyGen", "COMPLETE", inputs=[("tuples", t["tuples"])], outputs=[
+        ("vocabulary", "components.DPVocabulary", {
+            "private": 0, "vocab_size": 5, "words_kept": 3, "sigma": 2.0, "threshold": 9.5, "epsilon": 0.42,
+            "non_private": 0, "unit": "tuple"})])
+    _write(v["vocabulary"].uri, {
+        "vocab.txt": "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\npatient\nfever\n",
+        "tokenizer.json": '{"model": {"type": "WordPiece"}}',
+        "histogram.jsonl": '{"word": "patient", "count": 13.7}\n{"word": "fever", "count": 10.2}\n',
+        "dp_event.json": '{"mechanism": "dp_histogram", "sigma": 2.0}'})
+    c = b.execute(run, "CanaryGen", "COMPLETE", inputs=[("vocabulary", v["vocabulary"])], outputs=[
+        ("canaries", "components.CanaryList", {"private": 1, "num_canaries": 8, "secrets": secret})])
+    _write(c["canaries"].uri, {"canaries.json": json.dumps({"canaries": [secret]}),
+                               "insertion_seed.json": '{"insertion_seed": 1234567}'})
+    m = b.execute(run, "MLMPretrainer", "COMPLETE",
+                  inputs=[("tuples", t["tuples"]), ("vocabulary", v["vocabulary"]), ("canaries", c["canaries"])],
+                  outputs=[("model", "components.PretrainedModel", {
+                      "private": 0, "non_private": 0, "steps_taken_total": 4, "initial_mlm_loss": 8.8,
+                      "final_mlm_loss": 7.9, "loss_curve": [8.8, 8.5, 8.2, 7.9]})])
+    _write(m["model"].uri, {
+        "model/saved_model.pb": b"\x08\x01weights-of-the-dp-model",
+        "model/variables/variables.data-00000-of-00001": b"\x00\x01\x02dp-weights",
+        "tokenizer/vocab.txt": "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\npatient\nfever\n",
+        "tensorboard/events.out.tfevents.1": b"dp-diagnostics (noisy)",
+        "dp_events.json": '[{"mechanism": "dp_sgd", "noise_multiplier": 1.1}]',
+        "train_result.json": json.dumps({"exact_losses": [8.81234567], "batch_sizes": [4811], "note": secret}),
+        "canary_counts.json": json.dumps({"0": 3, "secret": secret}),
+        "run_config.json": json.dumps({"corpus": secret})})
+    n = b.execute(run, "BaselinePretrainer", "COMPLETE",
+                  inputs=[("tuples", t["tuples"]), ("vocabulary", v["vocabulary"])],
+                  outputs=[("model", "components.PretrainedModel", {
+                      "private": 1, "non_private": 1, "steps_taken_total": 4, "final_mlm_loss": 5.1,
+                      "loss_curve": [8.8, 7.0, 6.0, 5.1]})])
+    _write(n["model"].uri, {"model/saved_model.pb": f"non-private weights {secret}",
+                            "tokenizer/vocab.txt": f"baseline {secret}",
+                            "dp_events.json": '[{"mechanism": "non_private"}]'})
+    report_props = {"private": 0, "unit": "tuple", "sampling": "poisson", "steps": 4, "delta": 2e-6,
+                    "delta_vocab": 1e-6, "delta_train": 1e-6, **ledger}
+    r = b.execute(run, "PrivacyAccountant", "COMPLETE",
+                  inputs=[("vocabulary", v["vocabulary"]), ("model", m["model"])],
+                  outputs=[("report", "components.PrivacyReport", report_props)])
+    _write(r["report"].uri, {
+        "privacy_report.json": json.dumps({**{k: (str(x) if x == float("inf") else x) for k, x in ledger.items()},
+                                           "adjacency": "add_or_remove_one"}),
+        "privacy_statement.txt": "DP-BERT privacy statement\n"})
+    e = b.execute(run, "CanaryExposure", "COMPLETE",
+                  inputs=[("model", m["model"]), ("baseline", n["model"]), ("canaries", c["canaries"])],
+                  outputs=[("report", "components.CanaryReport", {
+                      # marked private: it holds the non-private baseline's exposures
+                      "private": 1,
+                      "groups": [{"group": "x10", "pattern": "all", "occurrences": 10, "exposure_dp": 1.3,
+                                  "exposure_non_dp": 11.7, "canary": secret}],
+                      "groups_by_pattern": [{"group": "x10", "pattern": secret, "exposure_dp": 1.3}],
+                      "audit": {"epsilon_lower_bound": 0.25, "r": 9, "v": 10, "m": 40, "k_plus": 5,
+                                "k_minus": 5, "beta_total": 0.05, "canary_text": secret},
+                      "audit_epsilon_lower_bound": 0.25, "audit_epsilon_upper_bound": 8.7,
+                      "log2_reference_size": 16.0})])
+    _write(e["report"].uri, {"exposure.json": json.dumps({"non_dp": 11.7, "canary": secret}),
+                             "exposure.svg": f"<svg>{secret}</svg>"})
+    mi = b.execute(run, "MembershipEvaluator", "COMPLETE", inputs=[("model", m["model"])], outputs=[
+        ("report", "components.MembershipReport", {
+            "private": 1, "attacks": {"dp": {"S-BBA": {"advantage": 0.02, "auc": 0.51}},
+                                      "non_dp": {"S-BBA": {"advantage": 0.4, "auc": 0.83}}}})])
+    _write(mi["report"].uri, {"roc_curves.json": json.dumps({"rows": secret})})
+    files.update({"tuples": t["tuples"].uri, "vocabulary": v["vocabulary"].uri, "canaries": c["canaries"].uri,
+                  "model": m["model"].uri, "baseline": n["model"].uri, "privacy": r["report"].uri,
+                  "exposure": e["report"].uri, "membership": mi["report"].uri})
+
+
+def build_release_store(path: str, artifact_root: str) -> dict:
+    """A store whose artifacts have real files under ``artifact_root``: ``RELEASE_RUN`` (DP, within
+    budget, ε = ``RELEASE_EPSILON``), ``NON_PRIVATE_RUN`` (ε = ∞) and ``OVER_BUDGET_RUN``. Every
+    operator-only file and property holds ``RELEASE_SECRET``. Returns {run id: {key: artifact uri}}."""
+    b = _Builder(path, artifact_root)
+    uris = {run: {} for run in (OVER_BUDGET_RUN, NON_PRIVATE_RUN, RELEASE_RUN)}
+    _release_run(b, OVER_BUDGET_RUN, {"epsilon_vocab": 0.42, "epsilon_train": 11.0, "epsilon_total_pld": 11.2,
+                                      "epsilon_budget": 10.0, "within_budget": 0}, uris[OVER_BUDGET_RUN])
+    _release_run(b, NON_PRIVATE_RUN, {"epsilon_vocab": 0.42, "epsilon_train": float("inf"),
+                                      "epsilon_total_pld": float("inf"), "non_private": 1}, uris[NON_PRIVATE_RUN])
+    _release_run(b, RELEASE_RUN, {"epsilon_vocab": 0.4242, "epsilon_train": 8.7, "epsilon_total_pld": RELEASE_EPSILON,
+                                  "epsilon_budget": 10.0, "within_budget": 1}, uris[RELEASE_RUN])
+    del b
+    return uris

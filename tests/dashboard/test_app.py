@@ -13,6 +13,8 @@ from urllib.parse import quote, unquote, urlsplit
 import pytest
 from dashboard import create_app, serve
 from dpbert import metadata, schema
+from dashboard import views
+from dpbert.release import released_view
 from dpbert.report import build_report
 from tests.dashboard import fakestore
 from dpbert_cli.dashboard import add_dashboard_parser, cmd_dashboard
@@ -74,9 +76,74 @@ def test_run_page_shows_dag_ledger_results_and_artifacts(client):
     assert "One-run audit: ε lower bound = 0.31" in text
     assert "<td>x100</td><td class=\"num\">100</td><td class=\"num\">2</td><td class=\"num\">13.2</td>" in text
     assert "loss threshold" in text and "auc = 0.53" in text
-    for name in ("dag", "budget", "loss", "exposure", "roc"):
+    for name in ("dag", "budget", "loss", "loss_comparison", "exposure", "roc"):
         assert f'src="{RICH}/plots/{name}.svg"' in text
     assert "not in this run" not in text
+
+
+def _section(text, name):
+    start = text.index(f'<section id="{name}">')
+    return text[start:text.index("</section>", start)]
+
+
+def _outside_operator_only(section):
+    """A section's HTML without its operator-only blocks (``<div class="operator-only">``)."""
+    out, rest = [], section
+    while '<div class="operator-only"' in rest:
+        before, _, after = rest.partition('<div class="operator-only"')
+        out.append(before)
+        rest = after.partition("</div>")[2]
+    return "".join(out + [rest])
+
+
+RELEASED_BADGE = '<span class="badge released"'
+OPERATOR_BADGE = '<span class="badge operator-only"'
+
+
+def test_operator_only_sections_are_marked_and_released_values_are_not_mixed_with_them(client):
+    text = client.get(RICH).text
+    # released (DP): the ledger, the DP vocabulary, the DP model's diagnostics, NER F1, the audit bound
+    for name in ("privacy", "vocabulary", "pretraining", "ner"):
+        heading = _section(text, name).split("</h2>")[0]
+        assert RELEASED_BADGE in heading and OPERATOR_BADGE not in heading, name
+    assert "One-run audit: ε lower bound = 0.31 " + RELEASED_BADGE in _section(text, "canaries")
+    # operator-only: the baseline's loss, every exposure, NER rows of every model, membership, raw properties
+    for name, what in (("pretraining", "final MLM loss (non-DP baseline)"), ("canaries", "exposure (non-DP)"),
+                       ("ner", "<td>non-DP</td>"), ("membership", "loss threshold")):
+        section = _section(text, name)
+        assert what in section and what not in _outside_operator_only(section), name
+        assert "operator-only: " in section, name
+    assert OPERATOR_BADGE in _section(text, "membership").split("</h2>")[0]
+    assert OPERATOR_BADGE in _section(text, "artifacts").split("</h2>")[0]
+    assert "private: operator-only</span>" in _section(text, "artifacts")
+    # no non-DP value outside the operator-only blocks of the result sections
+    for name in ("privacy", "vocabulary", "pretraining", "canaries", "ner", "membership"):
+        shown = _outside_operator_only(_section(text, name))
+        for value in ("4.8", "13.2", "7.5", "0.79", "auc = 0.53"):
+            assert value not in shown, (name, value)
+    # the released loss chart is the DP curve alone; the comparison is the operator's
+    assert f'src="{RICH}/plots/loss_comparison.svg"' in _section(text, "pretraining")
+    assert f'src="{RICH}/plots/loss_comparison.svg"' not in _outside_operator_only(_section(text, "pretraining"))
+    run = metadata.get_run(metadata.open_store(client.app.state.metadata_path), fakestore.RICH_RUN)
+    report = build_report(run)
+    assert views.released_loss_curve(report) == {"DP": fakestore.LOSS_CURVE}
+    assert views.loss_curves(run, report)["non-DP"] == fakestore.NON_DP_LOSS_CURVE  # the private baseline's
+
+
+def test_a_non_private_vocabulary_is_operator_only(client):
+    page, _ = page_of(client, fakestore.ODD_RUN)
+    heading = _section(client.get(page).text, "vocabulary").split("</h2>")[0]
+    assert "operator-only: non-private vocabulary (exact counts)" in heading and RELEASED_BADGE not in heading
+
+
+def test_api_released_is_the_released_view(client, fake_store):
+    for run in metadata.list_runs(metadata.open_store(fake_store)):
+        r = client.get("/api/runs/" + quote(run.run_id, safe="/") + "/released")
+        assert r.status_code == 200
+        assert r.json() == json.loads(schema.dumps(released_view(build_report(run))))
+    rich = client.get(f"/api/runs/{fakestore.RICH_RUN}/released").json()
+    assert rich["releasable"] and "membership_inference" not in rich and "components" not in rich
+    assert client.get("/api/runs/" + quote(fakestore.ODD_RUN, safe="/") + "/released").json()["releasable"] is False
 
 
 def test_missing_reports_say_not_in_this_run(client):
@@ -98,7 +165,8 @@ def test_store_of_a_real_tiny_run(tiny_store):
     for what in ("Canary exposure", "NER evaluation", "Membership inference"):
         assert f"{what} (components." in text
     assert text.count("not in this run") == 3
-    for name, status in (("dag", 200), ("budget", 200), ("loss", 200), ("exposure", 404), ("roc", 404)):
+    for name, status in (("dag", 200), ("budget", 200), ("loss", 200), ("loss_comparison", 404), ("exposure", 404),
+                         ("roc", 404)):
         assert c.get(f"{run['page']}/plots/{name}.svg").status_code == status, name
     store = metadata.open_store(tiny_store)
     assert c.get(run["report"]).json() == json.loads(schema.dumps(
@@ -134,8 +202,8 @@ def test_every_link_and_image_works(client):
                 assert link[1:] in parsed.ids, f"dangling anchor {link} on {url}"
             elif parts.path:
                 todo.append(parts.path + (f"?{parts.query}" if parts.query else ""))
-    # index + 3 run pages + 3 reports + 3 DAG JSONs + /api/runs + stylesheet + 7 plots
-    assert len(seen) >= 19
+    # index + 3 run pages + 3 reports + 3 released views + 3 DAG JSONs + /api/runs + stylesheet + 8 plots
+    assert len(seen) >= 23
     assert any(unquote(u).startswith("/runs/" + fakestore.ODD_RUN) for u in seen)  # quoted, routed back
 
 
@@ -188,7 +256,7 @@ def test_unknown_run_and_plot_are_404_without_reflecting_input(client):
 
 
 def test_plots_are_svg_images_without_script(client):
-    for name in ("dag", "budget", "loss", "exposure", "roc"):
+    for name in ("dag", "budget", "loss", "loss_comparison", "exposure", "roc"):
         r = client.get(f"{RICH}/plots/{name}.svg")
         assert r.status_code == 200 and r.headers["content-type"] == "image/svg+xml", name
         assert r.content.lstrip().startswith(b"<?xml") and b"<svg" in r.content
@@ -200,7 +268,8 @@ def test_plots_are_svg_images_without_script(client):
 @pytest.mark.parametrize("method", ["POST", "PUT", "PATCH", "DELETE"])
 def test_only_get_is_served(client, method):
     for url in ("/", RICH, f"{RICH}/plots/dag.svg", "/api/runs", f"/api/runs/{fakestore.RICH_RUN}",
-                f"/api/runs/{fakestore.RICH_RUN}/dag", "/static/style.css"):
+                f"/api/runs/{fakestore.RICH_RUN}/dag", f"/api/runs/{fakestore.RICH_RUN}/released",
+                "/static/style.css"):
         r = client.request(method, url)
         assert r.status_code == 405 and method not in r.headers.get("allow", ""), (method, url)
     assert client.head(RICH).status_code == 200

@@ -20,6 +20,7 @@ from urllib.parse import urldefrag, urlsplit
 import pytest
 
 from dpbert import metadata, schema
+from dpbert.release import released_view
 from dpbert.report import build_report
 from tests.dashboard import fakestore
 from tests.dashboard.conftest import TINY_RUN_STORE
@@ -204,10 +205,15 @@ def test_dashboard_in_headless_chromium(served, chrome, tmp_path):
     assert os.path.getsize(shot) > 10_000
 
     # the JSON report link, in the browser: exactly build_report as strict JSON
-    chrome.get(chrome.prop(chrome.find("a[href^='/api/runs/']"), "href"))
-    shown = json.loads(chrome.text(chrome.find("body")))
     run = metadata.get_run(metadata.open_store(served["store"]), run_id)
+    released = chrome.prop(chrome.find("a[href^='/api/runs/'][href$='/released']"), "href")
+    chrome.get(chrome.prop(chrome.find("a[href^='/api/runs/']:not([href$='/released']):not([href$='/dag'])"),
+                           "href"))
+    shown = json.loads(chrome.text(chrome.find("body")))
     assert shown == json.loads(schema.dumps(build_report(run)))
+    # the released view link: dpbert.release.released_view of the same report
+    chrome.get(released)
+    assert json.loads(chrome.text(chrome.find("body"))) == json.loads(schema.dumps(released_view(build_report(run))))
     assert chrome.title != "pwned-uri"
 
 
@@ -221,7 +227,9 @@ def test_every_chart_of_a_full_run_in_headless_chromium(browser_binaries, chrome
         images = chrome.execute(
             "return Array.from(document.images).map(i => [i.src.split('/').pop(), i.complete && i.naturalWidth])")
         assert sorted(name for name, width in images if width > 0) == \
-            ["budget.svg", "dag.svg", "exposure.svg", "loss.svg", "roc.svg"], images
+            ["budget.svg", "dag.svg", "exposure.svg", "loss.svg", "loss_comparison.svg", "roc.svg"], images
+        badges = chrome.execute("return Array.from(document.querySelectorAll('.badge.operator-only')).length")
+        assert badges >= 6 and chrome.execute("return document.querySelectorAll('.badge.released').length") >= 4
         body = chrome.text(chrome.find("body"))
         assert f"token {fakestore.SCRIPT} & more" in body  # shown as text
         assert chrome.execute("return document.scripts.length") == 0 and chrome.alert_text() is None

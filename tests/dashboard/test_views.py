@@ -93,3 +93,25 @@ def test_ledger_within_budget_and_absent():
     assert ledger["within"] is False and ledger["total"] == "2.5" and ledger["budget"] == "2"
     assert views.ledger_bars(run)["budget"] == 2.0
     assert views.ledger(RunInfo("r", "p", 0, [])) is None and views.ledger_bars(RunInfo("r", "p", 0, [])) is None
+
+
+def test_release_boundary_flags():
+    dp = artifact(1, "components.PretrainedModel", {"non_private": 0, "loss_curve": [3.0, 2.0]})
+    base = artifact(2, "components.PretrainedModel", {"private": 1, "non_private": 1, "loss_curve": [3.0, 1.0]})
+    vocab = artifact(3, "components.DPVocabulary", {"non_private": 0})
+    ner = artifact(4, "components.NerReport", {"private": 1})
+    run = RunInfo("r", "p", 0, [ComponentRun("T", 1, "COMPLETE", 0, 1, [], [vocab, dp, base, ner])])
+    report = {"vocab": {"non_private": 0}, "pretraining": {"loss_curve": [3.0, 2.0], "non_dp_final_mlm_loss": 1.0}}
+    assert views.released_loss_curve(report) == {"DP": [3.0, 2.0]}
+    assert views.loss_curves(run, report) == {"DP": [3.0, 2.0], "non-DP": [3.0, 1.0]}  # baseline private: shown
+    plots = views.plots_available(run, report)
+    assert plots["loss"] and plots["loss_comparison"]
+    assert [r["value"] for r in views.baseline_rows(report)] == ["1"]
+    assert [r["label"] for r in views.pretraining_rows({"pretraining": dict(report["pretraining"], final_mlm_loss=2.0)})] == \
+        ["final MLM loss (DP)"]
+    assert not views.vocab_operator_only(run, report) and views.vocab_operator_only(run, {"vocab": {"non_private": 1}})
+    assert views.marked_private(run, "NerReport") and not views.marked_private(run, "PretrainedModel")
+    page = views.run_page(run, report)
+    assert page["ner_operator_only"] and not page["vocab_operator_only"]
+    only_baseline = RunInfo("r", "p", 0, [ComponentRun("T", 1, "COMPLETE", 0, 1, [], [base])])
+    assert views.run_page(only_baseline, {})["ner_operator_only"]  # NER's "dp" row is then the non-private model

@@ -1,0 +1,220 @@
+"""The release boundary (issue 14): `dpbert release` writes only the files of dpbert.release.RELEASED
+with a manifest naming the ε/δ/unit covering each; `dpbert report --released` prints only the
+released view. The store is the synthetic one of tests/dashboard/fakestore.py with real files."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpbert import metadata, release, schema
+from dpbert.report import build_report
+from dpbert_cli.main import main
+from tests.dashboard import fakestore
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = fakestore.RELEASE_SECRET.encode()
+OPERATOR_FILES = (schema.TRAIN_RESULT_FILE, schema.CANARY_COUNTS_FILE, schema.RUN_CONFIG_FILE, "exposure.json")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    base = tmp_path_factory.mktemp("release_store")
+    uris = fakestore.build_release_store(str(base / "metadata.sqlite"), str(base / "pipeline_root"))
+    return {"path": str(base / "metadata.sqlite"), "uris": uris}
+
+
+@pytest.fixture(scope="module")
+def bundle(store, tmp_path_factory):
+    """`dpbert release --json` of the DP run (in-process): (exit code, manifest printed, bundle dir)."""
+    out = tmp_path_factory.mktemp("bundles") / "bundle"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["release", "--metadata", store["path"], "--to", str(out), "--json"])
+    return code, json.loads(buf.getvalue()), out
+
+
+def _run(store, run_id):
+    return metadata.get_run(metadata.open_store(store["path"]), run_id)
+
+
+def _files(directory):
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in Path(directory).rglob("*") if p.is_file()}
+
+
+def _cli(*args, cwd=REPO):
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    return subprocess.run([sys.executable, "-m", "dpbert_cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_manifest_epsilon_is_the_accountants_and_lists_every_file(store, bundle):
+    code, manifest, out = bundle
+    assert code == 0
+    ledger = [a for a in _run(store, fakestore.RELEASE_RUN).artifacts(schema.type_name(schema.PRIVACY_REPORT))][0]
+    assert manifest["epsilon"] == ledger.properties[schema.EPSILON_TOTAL_PLD] == fakestore.RELEASE_EPSILON
+    assert manifest["run_id"] == fakestore.RELEASE_RUN and manifest["unit"] == "tuple"
+    assert manifest["adjacency"] == "add_or_remove_one"  # from privacy_report.json
+    assert json.loads((out / release.MANIFEST_FILE).read_text()) == manifest
+    files = _files(out)
+    listed = {f["path"]: f for f in manifest["files"]}
+    assert set(files) == set(listed) | {release.MANIFEST_FILE}
+    for path, entry in listed.items():
+        assert entry["sha256"] == hashlib.sha256(files[path]).hexdigest() and entry["bytes"] == len(files[path])
+        assert entry["unit"] == "tuple" and entry["adjacency"] == "add_or_remove_one"
+        if path.startswith("vocabulary/"):
+            assert (entry["covered_by"], entry["epsilon"], entry["delta"]) == ("epsilon_vocab", 0.4242, 1e-6)
+        else:
+            assert (entry["covered_by"], entry["epsilon"], entry["delta"]) == \
+                ("epsilon_total", fakestore.RELEASE_EPSILON, 2e-6)
+    assert {"vocabulary/vocab.txt", "vocabulary/histogram.jsonl", "model/model/saved_model.pb",
+            "model/tokenizer/vocab.txt", "model/tensorboard/events.out.tfevents.1", "model/dp_events.json",
+            "privacy/privacy_report.json", "privacy/privacy_statement.txt", release.AUDIT_FILE} <= set(listed)
+
+
+def test_no_operator_only_file_or_secret_in_the_bundle(store, bundle):
+    _, _, out = bundle
+    files = _files(out)
+    for name in files:
+        assert os.path.basename(name) not in OPERATOR_FILES, name
+    for name, content in files.items():
+        assert SECRET not in content, name
+    # nothing copied from a private artifact (tuples, canaries, the baseline, the reports on private data)
+    uris = store["uris"][fakestore.RELEASE_RUN]
+    private = {hashlib.sha256(p.read_bytes()).hexdigest()
+               for key in ("tuples", "canaries", "baseline", "exposure", "membership")
+               for p in Path(uris[key]).rglob("*") if p.is_file()}
+    assert not private & {hashlib.sha256(c).hexdigest() for c in files.values()}
+    # the audit: the DP model's audit fields only, read although the CanaryReport is marked private
+    audit = json.loads(files[release.AUDIT_FILE])
+    assert set(audit) == set(release.AUDIT_FIELDS)
+    assert audit["audit_epsilon_lower_bound"] == 0.25 and audit["audit_epsilon_upper_bound"] == 8.7
+    assert set(audit["audit"]) == set(release.AUDIT_RESULT_KEYS)  # "canary_text" dropped
+
+
+def test_released_list_leaves_operator_artifacts_and_files_out():
+    released_types = {part.artifact_type for part in release.RELEASED}
+    assert released_types == {schema.DP_VOCABULARY, schema.PRETRAINED_MODEL, schema.PRIVACY_REPORT}
+    paths = {p for part in release.RELEASED for p in part.paths}
+    assert not paths & set(OPERATOR_FILES)
+    from dpbert.stages.canary import AUDIT_FIELDS
+
+    assert release.AUDIT_RESULT_KEYS == AUDIT_FIELDS
+
+
+def test_cli_summary_and_refusals_in_a_subprocess(store, tmp_path):
+    # the DP run: a short summary
+    proc = _cli("release", "--metadata", store["path"], "--run", fakestore.RELEASE_RUN, "--to", str(tmp_path / "b"))
+    assert proc.returncode == 0, proc.stderr
+    assert "ε = 9.088" in proc.stdout and "unit: tuple" in proc.stdout and "adjacency: add_or_remove_one" in proc.stdout
+    assert f"files in {tmp_path / 'b'}" in proc.stdout
+    # a non-private run: exit 2, one line naming the run, nothing written
+    target = tmp_path / "np" / "bundle"
+    proc = _cli("release", "--metadata", store["path"], "--run", fakestore.NON_PRIVATE_RUN, "--to", str(target))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and fakestore.NON_PRIVATE_RUN in proc.stderr and "ε = ∞" in proc.stderr
+    assert not (tmp_path / "np").exists()
+    # an existing non-empty bundle directory: exit 2, untouched
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("mine")
+    proc = _cli("release", "--metadata", store["path"], "--to", str(existing))
+    assert proc.returncode == 2 and str(existing) in proc.stderr and "not empty" in proc.stderr
+    assert "Traceback" not in proc.stderr and _files(existing) == {"keep.txt": b"mine"}
+    assert sorted(os.listdir(tmp_path)) == ["b", "existing"]  # no temporary directory left
+
+
+@pytest.mark.parametrize("case", ["over_budget", "no_store", "no_run", "file_target", "missing_files"])
+def test_refusals_exit_2_and_write_nothing(store, tmp_path, capsys, case):
+    target = tmp_path / "bundle"
+    args = ["release", "--metadata", store["path"], "--to", str(target)]
+    named = str(target)
+    if case == "over_budget":
+        args += ["--run", fakestore.OVER_BUDGET_RUN]
+        named = fakestore.OVER_BUDGET_RUN
+    elif case == "no_store":
+        args[2] = named = str(tmp_path / "nothing.sqlite")
+    elif case == "no_run":
+        args += ["--run", "nope"]
+        named = "nope"
+    elif case == "file_target":
+        target.write_text("a file")
+    else:  # a real run's store whose artifact files are gone
+        from tests.dashboard.conftest import TINY_RUN_STORE
+
+        args[2] = TINY_RUN_STORE
+        named = "does not exist"
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpbert release: error: ") and named in err and err.count("\n") == 1
+    assert os.listdir(tmp_path) == (["bundle"] if case == "file_target" else [])
+
+
+def test_a_failure_while_copying_leaves_nothing(store, tmp_path, monkeypatch):
+    import shutil
+
+    real, calls = shutil.copyfile, []
+
+    def failing(src, dst, *a, **k):
+        calls.append(src)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(shutil, "copyfile", failing)
+    target = tmp_path / "new" / "deeper" / "bundle"
+    with pytest.raises(release.ReleaseError, match="No space left"):
+        release.write_bundle(_run(store, fakestore.RELEASE_RUN), str(target))
+    assert os.listdir(tmp_path) == []  # parents it created removed too
+
+
+def test_symbolic_links_in_a_released_directory_are_refused(store, tmp_path):
+    uris = fakestore.build_release_store(str(tmp_path / "m.sqlite"), str(tmp_path / "root"))
+    model = Path(uris[fakestore.RELEASE_RUN]["model"])
+    os.symlink(Path(uris[fakestore.RELEASE_RUN]["canaries"]) / "canaries.json", model / "model" / "extra.json")
+    run = metadata.get_run(metadata.open_store(str(tmp_path / "m.sqlite")), fakestore.RELEASE_RUN)
+    with pytest.raises(release.ReleaseError, match="symbolic link"):
+        release.write_bundle(run, str(tmp_path / "bundle"))
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_report_released_prints_only_the_released_view(store, capsys):
+    full = build_report(_run(store, fakestore.RELEASE_RUN))
+    assert "membership_inference" in full and full["canary"]["groups"]  # the operator's report has them
+    assert main(["report", "--metadata", store["path"], "--released", "--json"]) == 0
+    out = capsys.readouterr().out
+    view = json.loads(out)
+    assert view == json.loads(schema.dumps(release.released_view(full)))
+    assert view["releasable"] is True and view["privacy"]["epsilon_total_pld"] == fakestore.RELEASE_EPSILON
+    assert set(view) == {"run_id", "pipeline", "status", "view", "releasable", "operator_only_omitted",
+                         "privacy", "vocab", "pretraining", "ner", "canary"}
+    assert view["vocab"]["size"] == 5 and view["vocab"]["epsilon"] == 0.42
+    assert view["pretraining"]["loss_curve"] and "non_dp_final_mlm_loss" not in view["pretraining"]
+    assert view["canary"] == {"audit_epsilon_lower_bound": 0.25} and "table" not in view["ner"]
+    assert fakestore.RELEASE_SECRET not in out and "11.7" not in out and "0.83" not in out
+    assert main(["report", "--metadata", store["path"], "--released"]) == 0
+    table = capsys.readouterr().out
+    assert "released view" in table and "audit ε lower bound: 0.25" in table and "9.088" in table
+    for operator_only in ("components:", "membership inference:", "canary exposure:", "non_dp", "5.1"):
+        assert operator_only not in table, operator_only
+
+
+def test_released_view_of_the_richest_report_and_of_a_non_private_run(store, tmp_path):
+    path = fakestore.build_store(str(tmp_path / "rich.sqlite"), str(tmp_path / "root"))
+    rich = build_report(metadata.get_run(metadata.open_store(path), fakestore.RICH_RUN))
+    view = release.released_view(rich)
+    text = schema.dumps({k: v for k, v in view.items() if k != "operator_only_omitted"})
+    for operator_only in ("membership", "non_dp", "exposure", "components", "duration_s", "table", "groups",
+                          "4.8", "13.2", "loss threshold"):
+        assert operator_only not in text, operator_only
+    assert view["privacy"] == rich["privacy"] and view["ner"]["f1"] == 0.712
+    assert view["pretraining"]["loss_curve"] == fakestore.LOSS_CURVE
+    non_private = release.released_view(build_report(_run(store, fakestore.NON_PRIVATE_RUN)))
+    assert non_private["releasable"] is False and set(non_private) == {
+        "run_id", "pipeline", "status", "view", "releasable", "operator_only_omitted", "privacy"}
