@@ -24,7 +24,7 @@ LEDGER_PROPERTIES = (
     "epsilon_vocab", schema.EPSILON_TRAIN, "epsilon_train_rdp", "epsilon_total_basic", "epsilon_total_pld",
     "epsilon_total_rdp", "delta", "delta_vocab", schema.DELTA_TRAIN, "delta_threshold", "unit", "steps",
     "sampling", "sampling_probability", "noise_multiplier", "epsilon_budget", "within_budget",
-    "non_private", "max_contributions")
+    "non_private", "max_contributions", "adjacency")
 #: The model's properties copied into the ledger: ledger key -> model property.
 _FROM_MODEL = {"sampling": "sampling_mode", "sampling_probability": "sampling_rate",
                "noise_multiplier": "noise_multiplier", "steps_planned": schema.STEPS_PLANNED}

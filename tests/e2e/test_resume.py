@@ -17,7 +17,7 @@ ARGS = ["--set", "corpus.synthetic.patients=6", "--set", "vocab.sigma=2", "--set
         "--set", "training.steps=4", "--set", "training.batch_size=8", "--set", "training.checkpoint_every=2",
         "--set", "model.max_seq_length=64", "--set", "privacy.epsilon_budget=null",
         "--set", "canary.enabled=false", "--set", "ner.enabled=false",
-        "--set", "training.train_non_private_baseline=false",
+        "--set", "training.train_non_private_baseline=false", "--set", "membership.holdout_patient_fraction=0",
         "--set", "beam.direct_running_mode=in_memory"]
 
 

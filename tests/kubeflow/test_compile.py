@@ -108,7 +108,7 @@ OPTIONAL_BRANCHES = [
     Branch(on=("training.train_non_private_baseline=true",), adds=("MLMPretrainerNonPrivate",)),
     Branch(on=("vocab.non_private=true",)),
     Branch(on=("training.non_private=true",)),
-    Branch(on=("privacy.epsilon_budget=8",)),
+    Branch(on=("privacy.epsilon_budget=8", "training.dataset_size=100000")),  # a budget needs a public n
     Branch(on=("privacy.unit=patient",)),
     Branch(on=("corpus.synthetic.with_labels=true",)),
     Branch(on=("canary.enabled=true",), adds=("CanaryGen", "CanaryExposure")),
@@ -312,7 +312,7 @@ def test_cli_over_budget_exits_3_and_writes_nothing(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(guard, "planned", lambda config: {
         "within_budget": False, "epsilon_total_pld": 12.0, "delta": 1e-6, "epsilon_budget": 8.0})
-    code, out = _compile_cli(tmp_path, "--set", "privacy.epsilon_budget=8")
+    code, out = _compile_cli(tmp_path, "--set", "privacy.epsilon_budget=8", "--set", "training.dataset_size=100000")
     assert code == 3
     assert "exceeds" in capsys.readouterr().err and not out.exists()
 

@@ -16,6 +16,7 @@ TINY = [
     "training.checkpoint_every=2",
     "model.max_seq_length=64",
     "beam.direct_num_workers=2",
+    "membership.holdout_patient_fraction=0",
 ]
 
 
