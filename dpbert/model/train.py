@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import json
 import logging
 import math
@@ -329,7 +331,20 @@ def _shuffle_key(output_dir: Path, test_seed: Optional[int]) -> int:
     return key
 
 
+def _holding_state_lock(train):
+    """Run ``train`` holding ``state_lock(output_dir)`` for its whole duration."""
+    signature = inspect.signature(train)
+
+    @functools.wraps(train)
+    def locked(*args, **kwargs):
+        with state_lock(signature.bind(*args, **kwargs).arguments["output_dir"]):
+            return train(*args, **kwargs)
+
+    return locked
+
+
 # --------------------------------------------------------------------------- main entry point
+@_holding_state_lock
 def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int], Sequence[int]],
               vocab_size: int, model_config, training_config, output_dir,
               plan: Optional[TrainingPlan] = None, resume: bool = True, progress: bool = True,
@@ -341,7 +356,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
     ``plan``: the ``dpbert.privacy.plan.TrainingPlan`` the budget was checked against (q, steps,
-    P, T); default: planned from ``training.dataset_size`` or, without it, n. Its q is used
+    P, T); default (library use, tests): planned from ``training.dataset_size`` or, without it,
+    the exact n — the pipeline always passes a public or DP-counted plan. Its q is used
     exactly whatever the actual n.
     ``special_token_ids``: mapping name → id (must contain ``[MASK]``) or a sequence of ids plus
     ``mask_token_id``. ``stop_after_steps`` (tests): raise ``SimulatedCrash`` after that many steps
@@ -352,22 +368,6 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     masks. Two records with one id get correlated masks — harmless to privacy (no other record's
     mask depends on them).
     """
-    with state_lock(output_dir):
-        return _train_mlm_locked(
-            token_ids, special_token_ids, vocab_size, model_config, training_config, output_dir, plan, resume,
-            progress, mask_token_id=mask_token_id, noise_mode=noise_mode, export_saved_model=export_saved_model,
-            stop_after_steps=stop_after_steps, strategy=strategy, vocab_tokens=vocab_tokens,
-            public_checkpoint_dir=public_checkpoint_dir, example_ids=example_ids)
-
-
-def _train_mlm_locked(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int], Sequence[int]],
-              vocab_size: int, model_config, training_config, output_dir,
-              plan: Optional[TrainingPlan] = None, resume: bool = True, progress: bool = True,
-              *, mask_token_id: Optional[int] = None, noise_mode: str = "once",
-              export_saved_model: bool = True, stop_after_steps: Optional[int] = None,
-              strategy: Optional[tf.distribute.Strategy] = None,
-              vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None,
-              example_ids: Optional[np.ndarray] = None) -> TrainResult:
     t0 = time.time()
     tc = training_config
     token_ids = np.asarray(token_ids)

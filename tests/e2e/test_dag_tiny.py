@@ -134,3 +134,73 @@ def test_no_canary_secret_outside_the_private_canary_list(tiny_run):
     for where, text in haystacks.items():
         for needle in needles:
             assert needle not in text, f"a canary sequence leaked into {where}"
+
+
+def _integers(obj):
+    if isinstance(obj, bool):
+        return
+    if isinstance(obj, int):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _integers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _integers(v)
+
+
+def test_release_boundary_exact_counts_private_marks_and_the_bundle(tiny_run, tmp_path):
+    """(7) no exact corpus count in a released file or a released artifact's MLMD property;
+    (9) every operator-only artifact is marked private; the `dpbert release` bundle holds no
+    canary secret, no exact count, no exact loss, and its manifest's ε is the accountant's."""
+    import json
+    from pathlib import Path
+
+    from dpbert import metadata
+    from dpbert.data.splits import patient_key, read_holdout_key, split_patients
+    from dpbert.data.tfrecord import read_tuples
+
+    out, _ = tiny_run
+    run = metadata.get_run(metadata.open_store(str(out / "metadata.sqlite")))
+    artifacts = [a for c in run.components for a in c.outputs]
+    tuples = next(a for a in artifacts if a.type == "components.WordTuples")
+    raw = list(read_tuples(tuples.uri))
+    split = split_patients([patient_key(t) for t in raw], 0.7, read_holdout_key(tuples.uri))
+    exact = {len(raw), sum(patient_key(t) in split.train for t in raw), len({patient_key(t) for t in raw}),
+             tuples.properties["num_documents"]}
+    # (9) operator-only artifacts are marked private.
+    by_type = {}
+    for a in artifacts:
+        by_type.setdefault(a.type, []).append(a)
+    for name in ("WordTuples", "CanaryList", "MembershipReport", "NerReport", "CanaryReport"):
+        assert all(a.properties.get("private") == 1 for a in by_type[f"components.{name}"]), name
+    assert [a.properties.get("private") for a in by_type["components.PretrainedModel"]
+            if a.properties.get("non_private")] == [1]
+    # (7) released artifacts' properties carry no exact count.
+    for a in artifacts:
+        if not a.properties.get("private"):
+            leaked = exact & set(_integers(a.properties))
+            assert not leaked, (a.type, leaked)
+    # The release bundle.
+    bundle = tmp_path / "bundle"
+    result = run_cli(["release", "--output", str(out), "--to", str(bundle), "--json"], REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    report = next(a for a in artifacts if a.type == "components.PrivacyReport")
+    assert abs(manifest["epsilon"] - report.properties["epsilon_total_pld"]) < 1e-6 * manifest["epsilon"]
+    canary_dir = next(a for a in artifacts if a.type == "components.CanaryList").uri
+    secrets = [json.dumps(c["tokens"]) for name in ("canaries.json", "audit_canaries.json")
+               for c in json.loads((Path(canary_dir) / name).read_text())["canaries"]]
+    state = out / "pipeline_root" / "_trainer_state"
+    exact_losses = [json.loads(p.read_text())["losses"] for p in state.glob("*/train_result.json")]
+    for entry in manifest["files"]:
+        path = bundle / entry["path"]
+        assert "train_result" not in entry["path"] and "canary_counts" not in entry["path"]
+        if path.suffix in (".json", ".jsonl", ".txt"):
+            text = path.read_text(errors="replace")
+            assert not any(s in text for s in secrets), entry["path"]
+            if path.suffix == ".json" and path.name not in ("tokenizer.json", "model_config.json"):
+                # (token ids and model sizes are integers of their own; records and reports are checked)
+                assert not exact & set(_integers(json.loads(text))), entry["path"]
+            for losses in exact_losses:
+                assert not any(f"{x:.5f}" in text for x in losses[:3]), entry["path"]  # no exact loss

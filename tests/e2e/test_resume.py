@@ -57,7 +57,10 @@ def test_interrupted_run_resumes_without_recounting_or_resetting_the_ledger(tmp_
 
     model_dir = next(p for p in (out / "pipeline_root" / "MLMPretrainer" / "model").iterdir()
                      if (p / "dp_events.json").exists())
-    result = json.loads((model_dir / "train_result.json").read_text())
+    # The exact train result stays in the private state directory (one per configuration here).
+    assert not (model_dir / "train_result.json").exists()
+    state = next((out / "pipeline_root" / "_trainer_state").glob("*/train_result.json"))
+    result = json.loads(state.read_text())
     # 3 steps executed before the crash (the 3rd was lost with the process) + 2 after resuming
     # from the step-2 checkpoint: 5 steps touched the private data, and the ledger charges 5.
     assert result["model_step"] == 4
