@@ -1,4 +1,5 @@
 """The CLI contracts of issues 3 and 4: `privacy histogram`, `privacy dpsgd`, `budget`, exit 3."""
+import os
 import json
 import math
 
@@ -83,3 +84,24 @@ def test_budget_planner_meets_the_target(capsys):
                                       "--set", "training.delta=1e-5", "--json"])
     assert code == 0
     assert data["epsilon_pld"] <= 3.0 and data["epsilon_pld"] == pytest.approx(3.0, abs=0.05)
+
+
+@pytest.mark.parametrize("field", ["training.noise_seed", "vocab.noise_seed"])
+def test_run_with_a_noise_seed_and_a_budget_exits_2_naming_the_field_and_writes_nothing(tmp_path, field):
+    """A fixed seed makes the noise predictable (ε = ∞): refused with a budget, before anything is written."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run([sys.executable, "-m", "dpbert_cli", "run", "--output", str(tmp_path / "out"),
+                             "--set", f"{field}=7"] + _tiny(tmp_path, 1000), capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert field in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_with_a_budget_needs_a_public_dataset_size(tmp_path, capsys):
+    code = main(["run", "--output", str(tmp_path / "out"), "--set", "training.dataset_size=null"] + _tiny(tmp_path, 1000))
+    assert code == 2 and "training.dataset_size must be set" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
