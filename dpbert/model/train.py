@@ -487,8 +487,9 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         sampler = sampling.PoissonSampler(n, q, seed=sampling_seed)
     else:
         sampler = sampling.ShuffleSampler(n, tc.batch_size, key=_shuffle_key(output_dir, tc.noise_seed))
-    log.info("train_mlm: n=%d (planned %d), %s sampling q=%.6g, E[batch]=%.2f, P=%d, T=%d, m=%d, "
-             "sigma=%s, C=%s, non_private=%s, steps %d→%d", n, n_planned, tc.sampling, q, expected_batch,
+    # The planned n only: the exact number of rows is a private count and never goes to a log line.
+    log.info("train_mlm: planned n=%d, %s sampling q=%.6g, E[batch]=%.2f, P=%d, T=%d, m=%d, "
+             "sigma=%s, C=%s, non_private=%s, steps %d→%d", n_planned, tc.sampling, q, expected_batch,
              P, T, m, tc.noise_multiplier, tc.clip_norm, tc.non_private, start_step, steps_planned)
 
     writer = tf.summary.create_file_writer(str(tb_dir))
