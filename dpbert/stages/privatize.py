@@ -120,7 +120,9 @@ def privatize(tuples_dir: str, out_dir: str, config: LocalPrivacyConfig, input_p
     expected = input_properties.get(schema.NUM_TUPLES)
     failure = None
     if expected is not None and stats["tuples"] != expected:
-        failure = RuntimeError(f"privatized {stats['tuples']} tuples but the input records {expected}")
+        # No count in the message: both are exact counts of private tuples (on the private artifacts).
+        failure = RuntimeError("the privatized tuples do not match the input WordTuples artifact's "
+                               "num_tuples (compare the two private artifacts)")
     if fixed_seed:
         log.warning("privatizer: fixed noise seed %d (tests only)", config.seed)
     # The holdout key travels with the tuples (the trainers read the privatized artifact).
