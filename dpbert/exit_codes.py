@@ -11,5 +11,11 @@ OK = 0
 BAD_INPUT = 2
 #: The planned ε exceeds ``privacy.epsilon_budget`` (checked before anything runs or is written).
 OVER_BUDGET = 3
+#: The environment refused: a port already in use, a missing system dependency.
+ENVIRONMENT = 4
+#: A privacy audit refuted the accountant: its lower bound exceeds the claimed ε (the run fails).
+AUDIT_FAILED = 5
+#: Interrupted (SIGINT/SIGTERM): 128 + SIGINT, as a shell reports it; the run is resumable.
+INTERRUPTED = 130
 
-__all__ = ["OK", "BAD_INPUT", "OVER_BUDGET"]
+__all__ = ["OK", "BAD_INPUT", "OVER_BUDGET", "ENVIRONMENT", "AUDIT_FAILED", "INTERRUPTED"]
