@@ -153,11 +153,15 @@ def read_csv(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
     stats = stats if stats is not None else DecodeStats()
     path = Path(path)
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    reader = csv.reader(_decoded_lines(path, stats))
+    # strict: a quote that never closes, or a closing quote followed by more text, is an error
+    # naming the row's first line (never a note silently swallowing the rows after it).
+    reader = csv.reader(_decoded_lines(path, stats), strict=True)
     try:
         header = next(reader)
     except StopIteration:
         raise CorpusError("CSV file is empty (no header row)", path, 1) from None
+    except csv.Error as err:
+        raise _malformed(err, path, 1, reader.line_num) from None
     lower = [h.strip().lower() for h in header]
     columns = {}
     for key, names in _CSV_ALIASES.items():
@@ -176,7 +180,7 @@ def read_csv(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
         except StopIteration:
             break
         except csv.Error as err:
-            raise CorpusError(f"malformed CSV ({err})", path, reader.line_num) from None
+            raise _malformed(err, path, row_start, reader.line_num) from None
         line_no, row_start = row_start, reader.line_num + 1
         if not row:
             continue
@@ -203,6 +207,22 @@ def read_csv(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
             admission_id=_opt(get("admission_id")),
             note_id=note_id,
         )
+
+
+def _malformed(err: csv.Error, path: Path, row_start: int, line_num: int) -> CorpusError:
+    """``file:line`` of the row where the csv module failed (the row's first line: where an
+    unterminated quote opened), what went wrong, and where it was noticed."""
+    text = str(err)
+    if "unexpected end of data" in text or "EOF" in text:
+        what = "unterminated quote: a quoted field opened in this row never closes (end of file reached)"
+    elif "expected after" in text:
+        what = ("malformed quote: a closing quote is followed by more text (a quote inside a quoted "
+                "field must be doubled, \"\"; or a quote opened in this row is unterminated)")
+    else:
+        what = f"malformed CSV ({text})"
+    if line_num > row_start:
+        what += f"; detected at line {line_num}"
+    return CorpusError(what, path, row_start)
 
 
 def detect_format(path) -> str:

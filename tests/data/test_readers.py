@@ -106,3 +106,26 @@ def test_readers_stream(tmp_path):
     assert next(it).text == "first"
     with pytest.raises(CorpusError):
         next(it)
+
+
+@pytest.mark.parametrize("body, line, message", [
+    # The quote opened on line 2 never closes: the later rows must not end up inside the note.
+    ('ROW_ID,ISERROR,TEXT\n1,0,"first note\n2,0,second note\n3,0,third\n', 2, "unterminated quote"),
+    # ... nor when a later row's quote happens to close it.
+    ('ROW_ID,ISERROR,TEXT\n1,0,"first note\n2,0,"second"\n', 2, "detected at line 3"),
+    ('ROW_ID,ISERROR,TEXT\n1,0,ok\n2,0,"a "quoted" word"\n', 3, "malformed quote"),
+    ('ROW_ID,"TEXT\n', 1, "unterminated quote"),
+])
+def test_csv_malformed_quote_names_file_and_line(tmp_path, body, line, message):
+    path = tmp_path / "notes.csv"
+    path.write_text(body)
+    with pytest.raises(CorpusError) as err:
+        list(read_csv(path))
+    assert str(err.value).startswith(f"{path}:{line}: ") and message in str(err.value)
+    assert "second note" not in str(err.value)  # never quotes a note
+
+
+def test_csv_literal_quote_inside_an_unquoted_field_is_kept(tmp_path):
+    path = tmp_path / "notes.csv"
+    path.write_text('ROW_ID,TEXT\n1,he said "no\n2,next\n')
+    assert [d.text for d in read_csv(path)] == ['he said "no', "next"]
