@@ -30,12 +30,22 @@ def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> O
     return dataset_size or config.training.dataset_size or None
 
 
+HOW_TO_GIVE_N = ("give the PUBLIC number of tuples of your dataset (a public figure or lower bound, "
+                 "held-out patients included) with --examples N or --set training.dataset_size=N")
+
+
 def _require_public_n(config: Config, dataset_size: Optional[int]) -> int:
     n = public_dataset_size(config, dataset_size)
     if n is None:
-        raise ConfigError("training.dataset_size is not set: give a public number of tuples to plan with "
-                          "(--examples N, or --set training.dataset_size=N); the pipeline itself plans from "
-                          "a DP count when it is unset and no budget is set")
+        raise ConfigError(f"training.dataset_size is not set: {HOW_TO_GIVE_N}; the pipeline itself plans "
+                          f"from a DP count when it is unset and no budget is set")
+    batch = config.training.batch_size
+    if n < batch:
+        source = "--examples" if dataset_size else "training.dataset_size"
+        raise ConfigError(f"training.batch_size = {batch} is larger than the public number of tuples n = {n} "
+                          f"({source}): {HOW_TO_GIVE_N} (N >= {batch}; the paper-scale "
+                          f"dpbert/configs/default.yaml plans for MIMIC-III's ≈ 83M), or lower "
+                          f"training.batch_size")
     return n
 
 
@@ -53,11 +63,7 @@ def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
     ``TrainingPlan``) for ``config`` over ``public_dataset_size(config, dataset_size)``."""
     from dpbert.privacy.accountant import planned_ledger
 
-    n = _require_public_n(config, dataset_size)
-    if n < config.training.batch_size:
-        raise ConfigError(f"training.batch_size must be <= the number of tuples n = {n}, "
-                          f"got {config.training.batch_size}")
-    return planned_ledger(config, n)
+    return planned_ledger(config, _require_public_n(config, dataset_size))
 
 
 def check_budget(config: Config) -> Optional[dict]:
