@@ -503,14 +503,88 @@ def parse_override(text: str):
     return key.strip(), value
 
 
+def _key_text(node) -> str:
+    return str(node.value) if isinstance(node, yaml.ScalarNode) else "<non-scalar key>"
+
+
+def _key_lines(node, source: Path, prefix: str, lines: Dict[str, str]):
+    """Record ``file:line`` of every mapping key under ``node`` (dotted), rejecting duplicates."""
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: Dict[str, int] = {}
+    for key_node, value_node in node.value:
+        key = _key_text(key_node)
+        line = key_node.start_mark.line + 1
+        if key in seen and key != "<<":
+            dotted = f"{prefix}.{key}" if prefix else key
+            raise ConfigError(f"{source}:{line}: duplicate key {dotted!r} (first at line {seen[key]})")
+        seen[key] = line
+        dotted = f"{prefix}.{key}" if prefix else key
+        lines[dotted] = f"{source}:{line}"
+        _key_lines(value_node, source, dotted, lines)
+
+
+def _read_yaml(source: Path, origins: Dict[str, str]) -> Any:
+    """The YAML document of ``source``; records where each key is (``origins``). Errors name the
+    file (and line): unreadable, not UTF-8, not YAML, duplicate keys."""
+    if source.is_dir():
+        raise ConfigError(f"config file {source} is a directory, not a YAML file")
+    try:
+        raw = source.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"config file {source} cannot be read ({err.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{source}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
+                          f"{err.start}); save the configuration as UTF-8") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return {}
+        _key_lines(node, source, "", origins)
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else str(source)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    finally:
+        loader.dispose()
+
+
+def _with_source(err: ConfigError, origins: Dict[str, str]) -> ConfigError:
+    """``err`` prefixed by where its field was given: ``file:line`` or ``--set section.field=value``.
+
+    The field is the message's first word (every message starts with the dotted name). Only
+    the field itself (or an override of one of its sections) is blamed; a field left at its
+    default gets no prefix.
+    """
+    message = str(err)
+    field = message.split(" ", 1)[0].rstrip(":,")
+    if field in origins:
+        return ConfigError(f"{origins[field]}: {message}")
+    parts = field.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        where = origins.get(".".join(parts[:i]), "")
+        if where.startswith("--set "):
+            return ConfigError(f"{where}: {message}")
+    return err
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[List[str]] = None,
                 preset: Optional[str] = None) -> Config:
     """Load a preset or file, apply ``section.field=value`` overrides, validate.
 
     ``path`` takes precedence over ``preset``; with neither, the built-in defaults are used.
+    Errors name their source: ``file:line`` of the YAML key, or the ``--set section.field=value``
+    override that gave the value. Duplicate YAML keys and non-UTF-8 files are refused.
     """
     data: Dict[str, Any] = {}
     source = None
+    #: dotted field → where it was given ("file:line" or "--set key=value"); later wins.
+    origins: Dict[str, str] = {}
     if path is not None:
         source = Path(path)
         if not source.exists():
@@ -521,19 +595,22 @@ def load_config(path: Optional[str] = None, overrides: Optional[List[str]] = Non
             raise ConfigError(f"no built-in config preset {preset!r} (have: "
                               f"{', '.join(sorted(p.stem for p in CONFIG_DIR.glob('*.yaml')))})")
     if source is not None:
-        try:
-            data = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}" if mark else str(source)
-            raise ConfigError(f"{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+        data = _read_yaml(source, origins)
+        if data is None:
+            data = {}
         if not isinstance(data, dict):
-            raise ConfigError(f"{source}: the top level must be a mapping of sections")
+            raise ConfigError(f"{source}:1: the top level must be a mapping of sections")
     for text in overrides or []:
-        key, value = parse_override(text)
-        _set_dotted(data, key, value)
+        where = f"--set {text}"
+        try:
+            key, value = parse_override(text)
+            _set_dotted(data, key, value)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        for dotted in [d for d in origins if d == key or d.startswith(key + ".")]:
+            del origins[dotted]  # the override replaces what the file said there
+        origins[key] = where
     try:
-        config = _build(Config, data, "")
+        return _build(Config, data, "").validate()
     except ConfigError as err:
-        raise ConfigError(f"{source}: {err}" if source else str(err)) from None
-    return config.validate()
+        raise _with_source(err, origins) from None

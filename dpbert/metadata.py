@@ -4,6 +4,11 @@ This is what `dpbert report` and the dashboard read. It never opens artifact fil
 private (``private`` custom property = 1: tuples of raw text, canary secrets); it returns only
 custom properties (decoded by ``dpbert.schema.properties``, the one reader of the artifact
 contract) and URIs.
+
+The one writer here is ``mark_interrupted`` (``dpbert run`` after SIGINT/SIGTERM): TFX leaves the
+execution it was running in RUNNING forever, so the run is marked cancelled — the running
+executions CANCELED and, on the pipeline-run context, ``INTERRUPTED_PROPERTY`` (an interrupt
+between two components leaves no running execution) with what was running and the trainer's step.
 """
 from __future__ import annotations
 
@@ -17,6 +22,12 @@ from ml_metadata.proto import metadata_store_pb2
 from dpbert import schema
 
 STATE_NAMES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
+#: The run status of an interrupted run (``RunInfo.status``; MLMD's execution state is CANCELED).
+CANCELLED = "CANCELLED"
+#: Custom properties of a pipeline-run context written by ``mark_interrupted``.
+INTERRUPTED_PROPERTY = "dpbert_interrupted"          # 1
+INTERRUPTED_COMPONENT = "dpbert_interrupted_component"
+INTERRUPTED_STEP = "dpbert_interrupted_step"          # the trainer's step (steps started), if training
 
 
 def metadata_path_for(output_dir: Optional[str] = None, metadata: Optional[str] = None) -> str:
@@ -67,10 +78,18 @@ class RunInfo:
     pipeline: str
     created_ms: int
     components: List[ComponentRun]
+    #: The pipeline-run context's custom properties (``INTERRUPTED_*`` after an interrupt).
+    properties: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.properties.get(INTERRUPTED_PROPERTY))
 
     @property
     def status(self) -> str:
         states = {c.state for c in self.components}
+        if self.interrupted or "CANCELED" in states:
+            return CANCELLED
         if not states:
             return "EMPTY"
         if "FAILED" in states:
@@ -129,7 +148,7 @@ def list_runs(store) -> List[RunInfo]:
                 inputs=_artifact_infos(store, events, {Event.INPUT}),
                 outputs=_artifact_infos(store, events, {Event.OUTPUT, Event.DECLARED_OUTPUT})))
         runs.append(RunInfo(run_id=ctx.name, pipeline=pipeline, created_ms=ctx.create_time_since_epoch,
-                            components=components))
+                            components=components, properties=schema.properties(ctx)))
     runs.sort(key=lambda r: r.created_ms, reverse=True)
     return runs
 
@@ -144,3 +163,45 @@ def get_run(store, run_id: Optional[str] = None) -> RunInfo:
         if run.run_id == run_id:
             return run
     raise LookupError(f"no run {run_id!r} (have: {', '.join(r.run_id for r in runs[:10])})")
+
+
+def _open_writable(path: str) -> metadata_store.MetadataStore:
+    config = metadata_store_pb2.ConnectionConfig()
+    config.sqlite.filename_uri = path
+    config.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READWRITE
+    return metadata_store.MetadataStore(config)
+
+
+def mark_interrupted(path: str, since_ms: int, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """Mark the newest pipeline run created at or after ``since_ms`` as cancelled: its RUNNING/NEW
+    executions become CANCELED and its context gets ``INTERRUPTED_PROPERTY`` = 1, the running
+    component (``INTERRUPTED_COMPONENT``) and ``step`` (``INTERRUPTED_STEP``) when given.
+
+    Returns ``{"run_id", "component"}`` (component: the node that was running, else None), or None
+    when no run was registered since ``since_ms`` (interrupted before the first component) or the
+    store does not exist. A re-run is a new pipeline run: TFX's cache never re-uses a CANCELED
+    execution, so the interrupted component runs again (the trainer from its checkpoint)."""
+    if not os.path.exists(path):
+        return None
+    store = _open_writable(path)
+    runs = [c for c in store.get_contexts_by_type("pipeline_run") if c.create_time_since_epoch >= since_ms]
+    if not runs:
+        return None
+    ctx = max(runs, key=lambda c: (c.create_time_since_epoch, c.id))
+    running = [e for e in store.get_executions_by_context(ctx.id)
+               if e.last_known_state in (metadata_store_pb2.Execution.RUNNING, metadata_store_pb2.Execution.NEW)]
+    component = None
+    for ex in running:
+        for c in store.get_contexts_by_execution(ex.id):
+            if c.type == "node":
+                component = c.name.split(".", 1)[-1]
+        ex.last_known_state = metadata_store_pb2.Execution.CANCELED
+    if running:
+        store.put_executions(running)
+    ctx.custom_properties[INTERRUPTED_PROPERTY].int_value = 1
+    if component:
+        ctx.custom_properties[INTERRUPTED_COMPONENT].string_value = component
+    if step is not None:
+        ctx.custom_properties[INTERRUPTED_STEP].int_value = int(step)
+    store.put_contexts([ctx])
+    return {"run_id": ctx.name, "component": component}

@@ -267,7 +267,9 @@ class AuditProbe:
     added to the all-reduced CLIPPED SUM exactly where a real example's clipped gradient goes,
     before the single noise draw and the division by B, and the noisy sum g̃_t on those
     coordinates is kept in ``observed`` for the auditor (before the optimizer, which would
-    transform it)."""
+    transform it). ``observed_noiseless`` keeps the same coordinates of the sum BEFORE the noise:
+    the noise-off positive control reads it from the same run (a deliberately broken release,
+    never the model's update), so the control costs no second training run."""
 
     variable_index: int
     coordinates: np.ndarray
@@ -344,6 +346,9 @@ class DPSGDTrainStep:
                 self.observed = tf.Variable(tf.zeros([coords.size], tf.float32), trainable=False,
                                             name="audit_observed",
                                             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                self.observed_noiseless = tf.Variable(
+                    tf.zeros([coords.size], tf.float32), trainable=False, name="audit_observed_noiseless",
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         self._accumulate_fn = tf.function(self._accumulate, autograph=False)
         self._apply_fn = tf.function(self._apply, autograph=False)
 
@@ -397,6 +402,7 @@ class DPSGDTrainStep:
             i = self.audit_probe.variable_index
             flat = tf.tensor_scatter_nd_add(tf.reshape(grads[i], [-1]), self._probe_index, canary_sum)
             grads[i] = tf.reshape(flat, tf.shape(grads[i]))
+            self.observed_noiseless.assign(tf.gather_nd(flat, self._probe_index))
         if not self.config.non_private:
             # The same seed on every replica: the same single draw z is added everywhere.
             grads = [g + z for g, z in zip(grads, self._noise())]

@@ -225,6 +225,7 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
                    variable_index: Optional[int] = None, noise_scale: float = 1.0,
                    special_token_ids: Sequence[int] = SPECIAL_IDS, mask_token_id: int = MASK_ID,
                    strategy=None, seed: Optional[int] = None, candidates=None,
+                   holdout_fraction: float = 0.0, positive_control: bool = False,
                    return_arrays: bool = False) -> Dict[str, object]:
     """Run the white-box one-run audit (module docstring) and return its result.
 
@@ -243,6 +244,12 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
         noise_scale · σ claimed (0: noise off).
       seed: fixes everything (noise, sampling, masks, canaries, inclusion); None = OS entropy.
       candidates: the pre-declared (k₊, k₋) grid; default ``audit.default_k_grid(m)``.
+      holdout_fraction: the membership holdout of the audited run (its plan trains on
+        n·(1 − f) rows, so q = B/(n·(1 − f)); ``privacy.plan.plan_training``).
+      positive_control: also score the SAME run's sums read before the noise draw
+        (``AuditProbe.observed_noiseless``: the release of a DP-SGD whose noise is off, on this
+        run's trajectory) with the same canaries, claimed σ, grid and δ, and return
+        ``positive_control_lower_bound`` (and its correct/guesses): one training run for both.
       return_arrays: also return the arrays ``scores`` [m], ``included`` [m], ``observed``
         [T, d'] (the noisy sums g̃_t read from the probe), ``canary_sums`` [T, d'] and
         ``batch_sizes`` [T] (real rows sampled per step).
@@ -295,7 +302,7 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
     if tc.sampling != "poisson" or tc.non_private:
         raise ValueError("the white-box audit audits Poisson-sampled DP-SGD (training.sampling = poisson, "
                          "not non_private): canaries are Poisson-sampled with the run's q")
-    plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else n)
+    plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else n, holdout_fraction)
     q, T, B = plan.sampling_probability, plan.steps, plan.expected_batch_size
     sigma, C, delta = float(tc.noise_multiplier), float(tc.clip_norm), float(tc.delta)
     applied = noise_scale * sigma if noise_scale > 0 else NOISE_OFF
@@ -333,6 +340,7 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
     sampler = sampling.PoissonSampler(n, q, seed=sample_seed)
     example_ids = np.arange(n, dtype=np.int64)
     observed = np.empty((T, dims), np.float32)
+    noiseless = np.empty((T, dims), np.float32) if positive_control else None
     batch_sizes = np.empty(T, np.int64)
     for step in range(T):
         indices = sampler.sample(step)
@@ -341,6 +349,8 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
                                       plan.micro_batch, plan.replicas)
         stepper.run_step(rounds, canary_sum=sums[step])
         observed[step] = stepper.observed.numpy()
+        if noiseless is not None:
+            noiseless[step] = stepper.observed_noiseless.numpy()
     t_train = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -385,6 +395,16 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
         "seconds": {"train": t_train, "canaries": t_canaries, "score": t_score, "bound": t_bound,
                     "total": time.perf_counter() - t_start},
     }
+    if noiseless is not None:
+        t0 = time.perf_counter()
+        control_scores = llr_scores(canary_projections(canary_key, noiseless, m, C), q, sigma)
+        control = one_run.audit_best_of(control_scores, included, grid, beta=beta, delta=delta)
+        out["positive_control_lower_bound"] = float(control["epsilon_lower_bound"])
+        out["positive_control_correct"] = int(control["v"])
+        out["positive_control_guesses"] = int(control["r"])
+        out["positive_control_exceeds_upper_bound"] = bool(control["epsilon_lower_bound"] > upper)
+        out["seconds"]["positive_control"] = time.perf_counter() - t0
+        out["seconds"]["total"] = time.perf_counter() - t_start
     if return_arrays:
         out.update(scores=scores, included=included, observed=observed, canary_sums=sums,
                    batch_sizes=batch_sizes)
@@ -392,21 +412,14 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
 
 
 def whitebox_audit_report(**kwargs) -> Dict[str, object]:
-    """The honest audit plus its positive control, for the CLI: ``whitebox_audit(**kwargs)``
-    (its keys) with ``positive_control_lower_bound`` = the bound of the SAME audit (same
-    arguments, seed and canaries) with the noise off (``noise_scale = 0``), and
-    ``positive_control_exceeds_upper_bound``. Not private (module docstring): public rows only,
-    or do not release the control."""
+    """The honest audit plus its positive control, for the CLI and the DAG component:
+    ``whitebox_audit(positive_control=True, **kwargs)`` — ONE training run; the control scores
+    the same run's sums read before the noise draw (noise off, on this trajectory) with the same
+    canaries, claimed σ, grid and δ. The control's release is not private: it belongs to public
+    rows (the default and the DAG component's input) or to the operator."""
     kwargs = dict(kwargs)
     kwargs.pop("return_arrays", None)
-    if kwargs.get("seed") is None:  # one secret seed for both: the same canaries and draws
-        kwargs["seed"] = secrets.randbits(128)
     if kwargs.pop("noise_scale", 1.0) != 1.0:
         raise ValueError("whitebox_audit_report audits the honest run; noise_scale is not accepted")
-    honest = whitebox_audit(**kwargs)
-    control = whitebox_audit(noise_scale=0.0, **kwargs)
-    honest["positive_control_lower_bound"] = control["epsilon_lower_bound"]
-    honest["positive_control_exceeds_upper_bound"] = bool(
-        control["epsilon_lower_bound"] > honest["epsilon_upper_bound"])
-    honest["seconds"]["positive_control"] = control["seconds"]["total"]
-    return honest
+    kwargs["positive_control"] = True
+    return whitebox_audit(**kwargs)
