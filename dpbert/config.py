@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import typing
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -196,7 +197,7 @@ class TrainingConfig:
                self.accumulation_steps)
         _check(self.replicas >= 1, f"{prefix}.replicas", "must be >= 1", self.replicas)
         _check(self.batch_size % (self.replicas * self.accumulation_steps) == 0, f"{prefix}.batch_size",
-               f"must be divisible by replicas × accumulation_steps = "
+               f"must be divisible by {prefix}.replicas × {prefix}.accumulation_steps = "
                f"{self.replicas * self.accumulation_steps}", self.batch_size)
         _check(self.sampling in ("poisson", "shuffle"), f"{prefix}.sampling", "must be poisson or shuffle",
                self.sampling)
@@ -562,15 +563,21 @@ def _with_source(err: ConfigError, origins: Dict[str, str]) -> ConfigError:
     default gets no prefix.
     """
     message = str(err)
-    field = message.split(" ", 1)[0].rstrip(":,")
-    if field in origins:
-        return ConfigError(f"{origins[field]}: {message}")
-    parts = field.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        where = origins.get(".".join(parts[:i]), "")
-        if where.startswith("--set "):
-            return ConfigError(f"{where}: {message}")
-    return err
+    fields = [message.split(" ", 1)[0].rstrip(":,")]
+    fields += [f for f in re.findall(r"[a-z_]+(?:\.[a-z_]+)+", message) if f not in fields]
+    sources: List[str] = []
+    for field in fields:
+        where = origins.get(field)
+        if where is None:
+            parts = field.split(".")
+            for i in range(len(parts) - 1, 0, -1):
+                section = origins.get(".".join(parts[:i]), "")
+                if section.startswith("--set "):
+                    where = section
+                    break
+        if where is not None and where not in sources:
+            sources.append(where)
+    return ConfigError(f"{', '.join(sources)}: {message}") if sources else err
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[List[str]] = None,

@@ -81,3 +81,40 @@ def test_sections_reach_components_as_validated_json():
         section_from_json(TrainingConfig, '{"colour": 1}')
     with pytest.raises(ConfigError, match="training: not valid JSON"):
         section_from_json(TrainingConfig, "{")
+
+
+def test_errors_name_their_source_override_or_file_line(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(preset="demo", overrides=["vocab.sigma=abc"])
+    assert str(err.value).startswith("--set vocab.sigma=abc: vocab.sigma must be a number")
+    assert "demo.yaml" not in str(err.value)
+    path = tmp_path / "c.yaml"
+    path.write_text("vocab:\n  sigma: 3\ntraining:\n  steps: abc\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:4: training\.steps must be an integer"):
+        load_config(str(path))
+    # an override replaces the file's value and takes the blame for its own field only
+    with pytest.raises(ConfigError, match=r"^--set training\.colour=1: training\.colour is not"):
+        load_config(str(path), ["training.steps=4", "training.colour=1"])
+    with pytest.raises(ConfigError, match=r"^--set nope: override 'nope' must look like"):
+        load_config(str(path), ["nope"])
+
+
+@pytest.mark.parametrize("text, match", [
+    ("vocab:\n  sigma: 3\ntraining:\n  steps: 2\nvocab:\n  size: 100\n", r"c\.yaml:5: duplicate key 'vocab' \(first at line 1\)"),
+    ("vocab:\n  sigma: 3\n  sigma: 4\n", r"c\.yaml:3: duplicate key 'vocab\.sigma'"),
+    ("- a\n", r"c\.yaml:1: the top level must be a mapping"),
+])
+def test_duplicate_keys_and_bad_shapes_are_refused_with_file_line(tmp_path, text, match):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_config(str(path))
+
+
+def test_undecodable_file_and_directory_are_named(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("vocab:\n  sigma: 3\n# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1\.yaml:3: not UTF-8 text"):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match=f"config file {tmp_path} is a directory"):
+        load_config(str(tmp_path))
