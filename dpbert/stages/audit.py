@@ -1,0 +1,134 @@
+"""PrivacyAudit's stage and ``dpbert audit``: the empirical privacy audits of a configuration.
+
+* ``audit_training``: the white-box one-run audit of the configured DP-SGD training
+  (``dpbert.privacy.whitebox_audit``): the configured model (``model.*``), training
+  (σ, C, B, steps/epochs, P replicas, T accumulation, δ_T) and plan (q = B / (n·(1 − holdout)),
+  n = the public ``training.dataset_size``) run through the real step code with m gradient
+  canaries, plus its positive control (the same run's sums read before the noise).
+* ``audit_vocabulary``: the distinguishing test of the vocabulary mechanism
+  (``dpbert.privacy.vocab_audit``) at the configured (σ, δ, N, threshold mode), plus its positive
+  control (the same test of ``threshold_mode: paper``, whose real δ is far above its claim).
+
+Which rows and which tokenizer
+------------------------------
+The audit is a statement about the MECHANISM (step code, noise placement, sampling, ledger), not
+about the data: canaries are inserted already clipped and Poisson-sampled with the plan's q,
+so any rows give a valid audit; the real rows only add the interference a real run has.
+
+* The DAG component (``components/audit.py``) audits on the EMBEDDED SYNTHETIC corpus (public
+  code, public seed: ``corpus.synthetic``) tokenized with the run's DP vocabulary (released).
+  Its outputs are post-processing of public data and released values: a released artifact.
+* ``dpbert audit`` audits on the configured corpus (the embedded one when none is configured),
+  tokenized with a WordPiece learnt from that corpus's EXACT word counts. On the embedded
+  corpus that is public; on a user's corpus the result is computed on private data without the
+  vocabulary's noise and is marked ``private`` (operator-only).
+
+Rows beyond the planned n are not used (the first n, a public cut): the audited run's batches
+then have the configured expected size q·n, and the audit costs what the training costs.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from typing import Dict, Optional
+
+import numpy as np
+
+from dpbert import schema
+from dpbert.config import Config, CorpusConfig
+
+log = logging.getLogger(__name__)
+
+#: m, gradient canaries: the reachable bound is 5.62 at δ = 1e-5 (95 %), above the demo's
+#: gradient ε_T = 4.97, so the noise-off control can refute the demo's claim (README).
+DEFAULT_CANARIES = 10_000
+#: Vocabulary test trials on each of D and D′ (seconds on 2 cores at N = 256).
+DEFAULT_VOCAB_TRIALS = 100_000
+AUDIT_FILE = "audit.json"
+
+
+def is_embedded_corpus(corpus: CorpusConfig) -> bool:
+    """True when the corpus is the embedded synthetic one (public): no path configured."""
+    return corpus.path is None
+
+
+def audit_rows(config: Config, tokenizer=None, *, public_only: bool = False):
+    """``(token_ids [n, L] int32, special ids, vocab size, private)`` of the audit's rows.
+
+    ``public_only``: the embedded synthetic corpus whatever ``corpus.path`` says (the DAG
+    component). ``tokenizer``: the run's DP vocabulary; None learns a WordPiece of
+    ``vocab.size`` from the rows' exact counts (module docstring)."""
+    from dpbert.data import corpus, tuples
+    from dpbert.vocab import wordpiece
+
+    corpus_config = dataclasses.replace(config.corpus, path=None) if public_only else config.corpus
+    docs = list(corpus.iter_documents(corpus_config))
+    word_tuples = list(tuples.corpus_tuples(docs, config.privacy.tuple_words))
+    if not word_tuples:
+        raise ValueError("the audit's corpus has no tuple (corpus.path / corpus.synthetic)")
+    if tokenizer is None:
+        histogram = collections.Counter(w for t in word_tuples for w in set(t.words))
+        tokenizer = wordpiece.train_wordpiece(histogram.items(), vocab_size=config.vocab.size)
+    ids = wordpiece.tokenize_tuples(tokenizer, (t.words for t in word_tuples), config.model.max_seq_length)
+    private = not is_embedded_corpus(corpus_config)
+    return np.asarray(ids, np.int32), wordpiece.special_ids(tokenizer), int(tokenizer.get_vocab_size()), private
+
+
+def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
+                   canaries: int = DEFAULT_CANARIES, beta: float = 0.05,
+                   seed: Optional[int] = None) -> Dict[str, object]:
+    """The white-box audit of ``config``'s DP-SGD training with its positive control
+    (``whitebox_audit.whitebox_audit_report`` keys) plus ``private`` (1 when computed on a
+    user's corpus), ``corpus`` and ``upper_bound_of``.
+
+    ``epsilon_upper_bound`` is the accountant's ε of the GRADIENT release (σ, q, T) at δ_T: with
+    ``training.dp_diagnostics`` the ledger's ε_T (which also charges the diagnostics' sums, at
+    σ_eff < σ) is larger, so comparing with the gradient's ε is the stricter test."""
+    from dpbert.model.bert import spec_from_config
+    from dpbert.privacy.plan import plan_training
+    from dpbert.privacy.whitebox_audit import whitebox_audit_report
+
+    tc = config.training
+    if tc.non_private:
+        raise ValueError("training.non_private = true: there is no DP-SGD claim to audit (ε = ∞)")
+    if tc.sampling != "poisson":
+        raise ValueError("the white-box audit needs training.sampling = poisson (its canaries are "
+                         "Poisson-sampled with the run's q; shuffle sampling is accounted differently)")
+    token_ids, specials, vocab_size, private = audit_rows(config, tokenizer, public_only=public_only)
+    holdout = config.membership.holdout_patient_fraction
+    plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else token_ids.shape[0], holdout)
+    token_ids = token_ids[: plan.dataset_size]
+    spec = spec_from_config(config.model, vocab_size, tc.mask_probability)
+    log.info("audit: %d gradient canaries, %d steps, q = %.4g, σ = %s (the configured run)",
+             canaries, plan.steps, plan.sampling_probability, tc.noise_multiplier)
+    report = whitebox_audit_report(token_ids=token_ids, spec=spec, training_config=tc, canaries=int(canaries),
+                                   beta=beta, seed=seed, holdout_fraction=holdout,
+                                   special_token_ids=tuple(specials), mask_token_id=specials.mask)
+    report["corpus"] = "configured corpus" if private else "embedded synthetic corpus (public)"
+    report["upper_bound_of"] = "the gradient release (σ, q, T) at δ_T, PLD accountant"
+    report[schema.PRIVATE] = int(private)
+    return report
+
+
+def audit_vocabulary(config: Config, *, trials: int = DEFAULT_VOCAB_TRIALS, beta: float = 0.05,
+                     seed: Optional[int] = None) -> Dict[str, object]:
+    """The distinguishing test of the configured vocabulary mechanism (``vocab_audit`` keys),
+    with ``epsilon_upper_bound`` = the claimed ε_V and the positive control: the same test of
+    ``threshold_mode: paper`` at the same σ, δ, N (``positive_control_flagged``,
+    ``positive_control_delta_lower_bound``). Public: the test draws its own histograms."""
+    from dpbert.privacy.vocab_audit import vocab_distinguishing_test
+
+    vc, n_words = config.vocab, config.privacy.tuple_words
+    rng = np.random.default_rng(seed)
+    honest = vocab_distinguishing_test(vc.sigma, vc.delta, n_words, vc.threshold_mode, trials=trials,
+                                       beta=beta, seed=None if seed is None else int(rng.integers(2 ** 62)))
+    control = vocab_distinguishing_test(vc.sigma, vc.delta, n_words, "paper", trials=trials, beta=beta,
+                                        seed=None if seed is None else int(rng.integers(2 ** 62)))
+    honest["epsilon_upper_bound"] = honest["claimed_epsilon"]
+    honest["positive_control"] = "threshold_mode = paper at the same σ, δ, N"
+    honest["positive_control_flagged"] = bool(control["flagged"])
+    honest["positive_control_epsilon_lower_bound"] = control["epsilon_lower_bound"]
+    honest["positive_control_delta_lower_bound"] = control["delta_lower_bound"]
+    honest["positive_control_fresh_release_rate"] = control["fresh_release"]["rate"]
+    return honest
