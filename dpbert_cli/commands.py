@@ -14,6 +14,21 @@ from dpbert.config import load_config
 from dpbert_cli.output import print_error, print_json
 
 
+class UserError(Exception):
+    """Bad input found by a command before it does anything; ``main`` prints it (exit 2)."""
+
+
+def check_output_file(option: str, path: str) -> None:
+    """``path`` can be written as a file: not a directory, and its directory exists."""
+    if os.path.isdir(path):
+        raise UserError(f"{option} {path} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"{option} {path}: directory {parent} is not writable")
+
+
 def load(args, preset: Optional[str] = None):
     """The configuration of ``--config`` (else ``preset``), ``--set`` overrides, and the
     ``--corpus`` / ``--output`` shortcuts."""
@@ -22,7 +37,19 @@ def load(args, preset: Optional[str] = None):
         overrides.append(f"corpus.path={args.corpus}")
     if getattr(args, "output", None):
         overrides.append(f"pipeline.output_dir={args.output}")
-    return load_config(args.config, overrides, preset=None if args.config else preset)
+    config = load_config(args.config, overrides, preset=None if args.config else preset)
+    if getattr(args, "command", None) == "run":
+        # Before anything is written: the output directory must be (or become) a directory.
+        out = config.pipeline.output_dir
+        option = "--output" if getattr(args, "output", None) else "pipeline.output_dir"
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise UserError(f"{option} {out} is a file, not a directory")
+        parent = os.path.dirname(os.path.abspath(out))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise UserError(f"{option} {out}: {parent} is a file, not a directory")
+    return config
 
 
 def cmd_run(args) -> int:
@@ -45,27 +72,68 @@ def cmd_run(args) -> int:
 def cmd_synth(args) -> int:
     from dpbert.data.synthetic import generate_notes, write_jsonl
 
+    for option, value in (("--patients", args.patients), ("--admissions", args.admissions),
+                          ("--notes", args.notes)):
+        if value < 1:
+            raise UserError(f"{option} must be >= 1, got {value}")
+    check_output_file("--output", args.output)
+    # write_jsonl writes a temporary file and renames it: an existing --output is replaced only
+    # by a complete corpus.
     n = write_jsonl(generate_notes(args.patients, args.admissions, args.notes, args.seed), args.output)
     print(f"wrote {n} synthetic notes to {args.output}")
     return exit_codes.OK
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def open_metadata_store(path: str, option: str = "--metadata"):
+    """The ML Metadata store at ``path`` opened read-only and queried once, or ``UserError``
+    naming the file: a directory, an empty file, not SQLite, or SQLite but not ML Metadata."""
+    from dpbert import metadata
+
+    if os.path.isdir(path):
+        raise UserError(f"{option} {path} is a directory; give the metadata.sqlite file (or --output DIR)")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(_SQLITE_MAGIC))
+    except OSError as err:
+        raise UserError(f"{path}: cannot be read ({err.strerror})") from None
+    if not head:
+        raise UserError(f"{path} is empty (0 bytes), not an ML Metadata store")
+    if head != _SQLITE_MAGIC:
+        raise UserError(f"{path} is not an SQLite database, so not an ML Metadata store")
+    try:
+        store = metadata.open_store(path)
+        store.get_contexts_by_type("pipeline_run")
+    except Exception as err:  # RuntimeError / ml_metadata.errors.StatusError from the C++ store
+        first = (str(err).splitlines() or [type(err).__name__])[0].rsplit(" query:", 1)[0]
+        raise UserError(f"{path} is not a readable ML Metadata store (an SQLite database without "
+                        f"its tables, or damaged: {first[:160]})") from None
+    return store
 
 
 def _run_of(args):
     """The run of ``--output`` / ``--metadata`` and ``--run`` (the store opened read-only)."""
     from dpbert import metadata
 
-    path = metadata.metadata_path_for(args.output, args.metadata)
-    return metadata.get_run(metadata.open_store(path), args.run)
+    if args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise UserError(f"--output {args.output} is a file; give the run's output directory "
+                        f"(or the store with --metadata FILE)")
+    try:
+        path = metadata.metadata_path_for(args.output, args.metadata)
+    except FileNotFoundError as err:
+        raise UserError(str(err)) from None
+    try:
+        return metadata.get_run(open_metadata_store(path, "--metadata" if args.metadata else "--output"), args.run)
+    except LookupError as err:
+        raise UserError(f"{path}: {err}") from None
 
 
 def cmd_report(args) -> int:
     from dpbert import report
 
-    try:
-        run = _run_of(args)
-    except (FileNotFoundError, LookupError) as err:
-        print_error("report", err)
-        return exit_codes.BAD_INPUT
+    run = _run_of(args)
     built = report.build_report(run)
     if args.released:
         from dpbert.release import released_view
@@ -81,8 +149,8 @@ def cmd_report(args) -> int:
 def cmd_release(args) -> int:
     from dpbert import release
 
+    run = _run_of(args)
     try:
-        run = _run_of(args)
         manifest = release.write_bundle(run, args.bundle)
     except (FileNotFoundError, LookupError, release.ReleaseError) as err:
         print_error("release", err)

@@ -3,6 +3,10 @@ dependencies are the ``dashboard`` extra)."""
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import socket
+from typing import Optional
 
 from dpbert import exit_codes
 from dpbert_cli.output import print_error
@@ -28,12 +32,40 @@ def add_dashboard_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _port_refused(host: str, port: int) -> Optional[str]:
+    """Why ``host:port`` cannot be listened on (in use, not allowed, unknown host), or None.
+
+    A probe bind with SO_REUSEADDR, as uvicorn binds: a port in TIME_WAIT passes, one with a
+    listener does not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        return f"--host {host}: cannot resolve it ({err.strerror})"
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE:
+                    return f"port {port} on {host} is already in use (pick another with --port)"
+                return f"cannot listen on {host}:{port} ({err.strerror})"
+    return None
+
+
 def cmd_dashboard(args) -> int:
     from dpbert import metadata
+    from dpbert_cli.commands import UserError, open_metadata_store
 
+    if args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
+        print_error("dashboard", f"--output {args.output} is a file; give the run's output directory "
+                                 f"(or the store with --metadata FILE)")
+        return exit_codes.BAD_INPUT
     try:
         path = metadata.metadata_path_for(args.output, args.metadata)
-    except FileNotFoundError as err:
+        # Refuse at start what would make every page fail: not a store, not ML Metadata.
+        open_metadata_store(path, "--metadata" if args.metadata else "--output")
+    except (FileNotFoundError, UserError) as err:
         print_error("dashboard", err)
         return exit_codes.BAD_INPUT
     if not 0 < args.port < 65536:
@@ -44,5 +76,19 @@ def cmd_dashboard(args) -> int:
     except ImportError as err:  # the web dependencies are the `dashboard` extra
         print_error("dashboard", f"{err} (install them with `pip install dpbert[dashboard]`)")
         return exit_codes.BAD_INPUT
-    serve(path, args.host, args.port)
+    refused = _port_refused(args.host, args.port)
+    if refused:
+        print_error("dashboard", refused)
+        return exit_codes.ENVIRONMENT
+    try:
+        serve(path, args.host, args.port)
+    except SystemExit as exit_:
+        # uvicorn exits 3 (its STARTUP_FAILURE) when it cannot bind, e.g. a port taken since
+        # the probe: 3 is dpbert's over-budget code, so it becomes ENVIRONMENT.
+        if exit_.code not in (None, 0):
+            print_error("dashboard", f"the server could not start on {args.host}:{args.port} (see above)")
+            return exit_codes.ENVIRONMENT
+        raise
+    except KeyboardInterrupt:
+        return exit_codes.OK
     return exit_codes.OK

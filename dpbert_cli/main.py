@@ -1,13 +1,20 @@
 """``dpbert``: the argument parser, logging, and the mapping of errors to exit codes.
 
-Exit codes (``dpbert.exit_codes``): 0 success; 2 bad input (configuration, corpus, parameters)
-with a message naming the field/file; 3 the planned ε exceeds ``privacy.epsilon_budget``
-(nothing was written).
+Exit codes (``dpbert.exit_codes``): 0 success; 2 bad input (configuration, corpus, parameters,
+files) with a one-line message naming the field/file; 3 the planned ε exceeds
+``privacy.epsilon_budget`` (nothing was written); 4 the environment refused (a port in use);
+5 a privacy audit failed; 130 interrupted. No user error prints a Python traceback; a closed
+stdout (``dpbert report | head``) ends the command quietly.
+
+Logs are quiet by default: TensorFlow's C++ log (``TF_CPP_MIN_LOG_LEVEL=3``, set before anything
+imports TensorFlow) and the known harmless warnings of TFX/absl, Beam's workers and Keras
+(``QUIET_WARNINGS``) are hidden unless ``-v/--verbose``.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import List, Optional
 
@@ -17,6 +24,36 @@ from dpbert.data.readers import CorpusError
 from dpbert_cli import commands
 from dpbert_cli.output import print_error
 
+#: (logger name prefix, message fragment) of warnings that say nothing actionable to a user.
+QUIET_WARNINGS = (
+    ("absl", "ArtifactQuery.property_predicate is not supported"),
+    ("apache_beam", "semi_persistent_directory"),
+    ("apache_beam", "Discarding unparseable args"),
+    ("apache_beam", "python-snappy"),
+    ("tensorflow", "compiled metrics have yet to be built"),
+)
+
+
+class QuietFilter(logging.Filter):
+    """Drops the records of ``QUIET_WARNINGS`` (attached to the root handlers unless verbose)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        for prefix, fragment in QUIET_WARNINGS:
+            if (name == prefix or name.startswith(prefix + ".")) and fragment in record.getMessage():
+                return False
+        return True
+
+
+def package_version() -> str:
+    """The installed version of the ``dpbert`` distribution (setup.py), or ``unknown``."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("dpbert")
+    except PackageNotFoundError:  # pragma: no cover - running from a checkout without install
+        return "unknown"
+
 
 def _config_args(p: argparse.ArgumentParser):
     p.add_argument("--config", help="YAML configuration file (default: the built-in demo preset "
@@ -25,9 +62,27 @@ def _config_args(p: argparse.ArgumentParser):
                    help="override one configuration value (repeatable), e.g. --set vocab.sigma=50")
 
 
+def _quiet_native_logs(verbose: bool):
+    """Before TensorFlow is imported: its C++ log (the CUDA "Unable to register cuFFT/cuDNN/
+    cuBLAS factory" lines among others) only with --verbose. Inherited by Beam's workers."""
+    if verbose:
+        return
+    try:
+        level = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        level = 0
+    if level < 3:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
+
 def _setup_logging(verbose: bool):
+    _quiet_native_logs(verbose)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            if not any(isinstance(f, QuietFilter) for f in handler.filters):
+                handler.addFilter(QuietFilter())
     logging.getLogger("dpbert").setLevel(logging.INFO)
     # absl (TFX) logs at INFO through its own handler; keep it for component progress.
     try:
@@ -80,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dpbert",
         description="Differentially private BERT pre-training on clinical text (a TFX pipeline).")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log INFO messages, and the TensorFlow / absl / Beam warnings hidden by default")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -91,12 +148,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="output directory (artifacts + ML Metadata sqlite)")
     p.set_defaults(func=commands.cmd_run)
 
-    p = sub.add_parser("synth", help="write the embedded synthetic clinical corpus as JSONL")
-    p.add_argument("--output", required=True)
-    p.add_argument("--patients", type=int, default=40)
-    p.add_argument("--admissions", type=int, default=2)
-    p.add_argument("--notes", type=int, default=2)
-    p.add_argument("--seed", type=int, default=1234)
+    p = sub.add_parser("synth", help="write the embedded synthetic clinical corpus as JSONL",
+                       description="Write the embedded synthetic clinical corpus (what `dpbert run` reads "
+                                   "without --corpus) as JSONL: one note per line with text, patient_id, "
+                                   "admission_id and note_id. Deterministic for a seed and sizes. The file is "
+                                   "written to a temporary name and renamed: an existing file is replaced "
+                                   "only by a complete corpus.")
+    p.add_argument("--output", required=True, metavar="FILE",
+                   help="the JSONL file to write (its directory must exist)")
+    p.add_argument("--patients", type=int, default=40, metavar="N", help="patients (default 40, >= 1)")
+    p.add_argument("--admissions", type=int, default=2, metavar="N",
+                   help="admissions per patient (default 2, >= 1)")
+    p.add_argument("--notes", type=int, default=2, metavar="N",
+                   help="notes per admission (default 2, >= 1): total notes = patients × admissions × notes")
+    p.add_argument("--seed", type=int, default=1234, help="generator seed (default 1234)")
     p.set_defaults(func=commands.cmd_synth)
 
     p = sub.add_parser("report", help="the latest (or given) run's results, read from ML Metadata")
@@ -145,13 +210,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_closed() -> int:
+    """stdout's reader went away (``dpbert report | head``): end quietly, as Unix tools do.
+    Later writes (Python's flush at exit) go to /dev/null instead of raising again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # pragma: no cover - stdout without a file descriptor
+        pass
+    return 128 + 13  # what a shell reports for a command ended by SIGPIPE
+
+
+def _file_error(err: OSError) -> str:
+    """``PATH: reason`` of an OSError (no traceback)."""
+    if err.filename is not None:
+        return f"{err.filename}: {err.strerror or err}"
+    return str(err)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
     try:
-        return args.func(args)
-    except (ConfigError, CorpusError) as err:
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
+    except (ConfigError, CorpusError, commands.UserError) as err:
         print_error(args.command, err)
         return exit_codes.BAD_INPUT
     except ValueError as err:
@@ -160,6 +247,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "run":
             raise
         print_error(args.command, err)
+        return exit_codes.BAD_INPUT
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+            FileExistsError) as err:
+        # A file named on the command line that cannot be used; `run` keeps the traceback of a
+        # failing component (its inputs were checked before the DAG started).
+        if args.command == "run":
+            raise
+        print_error(args.command, _file_error(err))
         return exit_codes.BAD_INPUT
 
 

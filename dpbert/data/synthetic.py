@@ -12,10 +12,13 @@ problem / test / treatment mentions, aligned with ``dpbert.data.words.split_word
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
+import os
 import random
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
@@ -218,11 +221,32 @@ def _generate(patients, admissions_per_patient, notes_per_admission, seed):
 
 
 def write_jsonl(documents, path) -> int:
-    """Write documents as the JSONL corpus format; returns the number written."""
-    count = 0
-    with open(path, "w", encoding="utf-8") as out:
-        for d in documents:
-            out.write(json.dumps({"text": d.text, "patient_id": d.patient_id,
-                                  "admission_id": d.admission_id, "note_id": d.note_id}) + "\n")
-            count += 1
+    """Write documents as the JSONL corpus format; returns the number written.
+
+    Atomic: the documents go to a temporary file in the same directory, renamed over ``path``
+    only once every document is written, so an error (in the generator or the disk) leaves an
+    existing ``path`` as it was and no partial file behind.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        count = 0
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            for d in documents:
+                out.write(json.dumps({"text": d.text, "patient_id": d.patient_id,
+                                      "admission_id": d.admission_id, "note_id": d.note_id}) + "\n")
+                count += 1
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return count
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
