@@ -8,7 +8,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONHASHSEED := 0
 
-.PHONY: venv demo test test-all bench lock clean
+.PHONY: venv browser demo test test-all bench lock clean
 
 $(VENV)/.installed: $(LOCK) requirements/nodeps.txt setup.py
 	@if [ ! -x "$(PY)" ]; then \
@@ -28,10 +28,14 @@ venv: $(VENV)/.installed
 demo: venv
 	$(VENV)/bin/dpbert run --output demo_output
 
-test: venv
+# Headless Chromium + chromedriver for the dashboard's browser tests (Debian; idempotent, never fails).
+browser:
+	bash .ci/install-chromium.sh
+
+test: venv browser
 	$(PY) -m pytest -q -m "not slow" tests
 
-test-all: venv
+test-all: venv browser
 	$(PY) -m pytest -q tests
 
 bench: venv
