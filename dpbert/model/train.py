@@ -493,14 +493,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
              P, T, m, tc.noise_multiplier, tc.clip_norm, tc.non_private, start_step, steps_planned)
 
     writer = tf.summary.create_file_writer(str(tb_dir))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        import sys
-
-        # In a log file (TFX, CI) redraw every 10 s instead of on every step.
-        bar = tqdm(total=steps_planned, initial=start_step, desc="DP-SGD" if not tc.non_private else "SGD",
-                   unit="step", mininterval=0.1 if sys.stderr.isatty() else 10.0)
+    # A progress bar on a terminal; elsewhere (TFX logs, CI, a pipe) one log line every 30 s.
+    bar = _Progress(steps_planned, start_step, "DP-SGD" if not tc.non_private else "SGD") if progress else None
     losses: List[float] = []
     released: dict = {"loss": [], "accuracy": [], "clipped_fraction": [], "batch_size": []}
     exact_sums: List[dict] = []
@@ -544,9 +538,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
                     tf.summary.scalar("batch_size", shown["batch_size"])
                     tf.summary.scalar("learning_rate", float(optimizer.dpbert_schedule(step - 1)))
             if bar is not None:
-                bar.update(1)
-                if shown is not None:
-                    bar.set_postfix(loss=f"{shown['loss']:.3f}", acc=f"{shown['accuracy']:.3f}")
+                bar.update(step, shown)
             if step % tc.checkpoint_every == 0:
                 manager.save(checkpoint_number=step)
     finally:
@@ -589,3 +581,59 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
 def load_models(output_dir) -> bert_lib.BertModels:
     """Rebuild the trained models from ``output_dir/model`` (config + weights)."""
     return bert_lib.load_bert(Path(output_dir) / "model")
+
+class _Progress:
+    """Training progress: a tqdm bar when stderr is a terminal; otherwise one log line every
+    ``interval`` seconds (step, rate, ETA) and one at the end, never ``\\r`` redraws in a file."""
+
+    def __init__(self, total: int, initial: int, desc: str, interval: float = 30.0, stream=None):
+        import sys
+
+        stream = stream if stream is not None else sys.stderr
+        self.total, self.initial, self.desc, self.interval = total, initial, desc, interval
+        self.step = initial
+        self.shown: Optional[dict] = None
+        self.started = self.last = time.monotonic()
+        self.bar = None
+        if getattr(stream, "isatty", lambda: False)():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", file=stream)
+
+    def update(self, step: int, shown: Optional[dict] = None):
+        done, self.step = step - self.step, step
+        if shown is not None:
+            self.shown = shown
+        if self.bar is not None:
+            if shown is not None:  # refresh=False: the bar redraws at its own pace, not every step
+                self.bar.set_postfix(loss=f"{shown['loss']:.3f}", acc=f"{shown['accuracy']:.3f}",
+                                     refresh=False)
+            self.bar.update(done)
+            return
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            self._log(now)
+
+    def _log(self, now: float):
+        elapsed = now - self.started
+        rate = (self.step - self.initial) / elapsed if elapsed > 0 else float("nan")
+        left = self.total - self.step
+        eta = f"{_duration(left / rate)}" if rate > 0 else "?"
+        extra = ""
+        if self.shown is not None:
+            extra = f", loss {self.shown['loss']:.3f}, accuracy {self.shown['accuracy']:.3f}"
+        log.info("%s: step %d/%d, %.3g steps/s, ETA %s%s", self.desc, self.step, self.total, rate, eta, extra)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        elif self.step > self.initial:
+            self._log(time.monotonic())
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
