@@ -1,15 +1,18 @@
 """The run report: one JSON object built from ML Metadata custom properties.
 
 `dpbert report --json` prints it; the dashboard's JSON API serves the same object. Only
-properties are read (never private artifact files), so the report can hold no raw text, exact
-count or canary secret.
+properties are read (never private artifact files), so the report can hold no raw text or canary
+secret. Exact counts appear in ONE section, ``corpus`` (documents, tuples, words, skipped rows,
+replaced bytes: the private WordTuples artifact's count properties), marked
+``"operator_only": true``; ``dpbert.release.released_view`` (an allow-list) never carries it, nor
+the ``warnings`` computed from it.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from dpbert import schema
-from dpbert.metadata import RunInfo
+from dpbert.metadata import INTERRUPTED_COMPONENT, INTERRUPTED_PROPERTY, INTERRUPTED_STEP, RunInfo
 
 #: The ledger properties the report's ``privacy`` section shows (same keys).
 LEDGER_KEYS = (schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC,
@@ -23,6 +26,65 @@ def _props(run: RunInfo, short_type: str, key: Optional[str] = None, where=None)
         if where is None or where(artifact.properties):
             return artifact.properties
     return {}
+
+
+#: The report's ``corpus`` section: (key, WordTuples property). Exact counts of the private data:
+#: OPERATOR-ONLY (never released, never logged). ``replaced_fraction`` and ``words_per_document``
+#: are derived. The corpus's location (``corpus`` property) is not shown.
+CORPUS_KEYS = (("documents", "num_documents"), ("patients", "num_patients"), ("tuples", schema.NUM_TUPLES),
+               ("words", "num_words"), ("tuple_words", schema.TUPLE_WORDS),
+               ("skipped_error_rows", "skipped_error_rows"), ("skipped_empty_documents", "skipped_empty_documents"),
+               ("replaced_bytes", "replaced_bytes"), ("corpus_bytes", "corpus_bytes"))
+
+
+def corpus_section(run: RunInfo) -> Optional[Dict[str, Any]]:
+    """The operator-only ``corpus`` section (None when the run has no WordTuples artifact)."""
+    artifacts = run.artifacts(schema.type_name(schema.WORD_TUPLES))
+    if not artifacts:
+        return None
+    props = artifacts[0].properties
+    out: Dict[str, Any] = {"operator_only": True}
+    for key, prop in CORPUS_KEYS:
+        value = props.get(prop)
+        out[key] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    replaced, size = out["replaced_bytes"], out["corpus_bytes"]
+    out["replaced_fraction"] = round(replaced / size, 6) if replaced is not None and size else None
+    words, documents = out["words"], out["documents"]
+    out["words_per_document"] = round(words / documents, 2) if words is not None and documents else None
+    return out
+
+
+def report_warnings(run: RunInfo) -> List[Dict[str, str]]:
+    """``[{"section", "code", "message"}]``: heavy byte replacement, short documents, a tiny corpus
+    (operator-only: computed from the corpus's exact counts), a tiny DP vocabulary."""
+    from dpbert.stages.ingest import corpus_warnings
+
+    tuples = run.artifacts(schema.type_name(schema.WORD_TUPLES))
+    vocab = _props(run, schema.DP_VOCABULARY)
+    out = []
+    for w in corpus_warnings(tuples[0].properties if tuples else {}, vocab.get(schema.WORDS_KEPT)):
+        out.append({"section": "vocab" if w["code"] == "tiny_vocabulary" else "corpus", **w})
+    return out
+
+
+def loss_curve_steps(model: Dict[str, Any]) -> Optional[List[int]]:
+    """The true training step of each point of the model's ``loss_curve``: its
+    ``loss_curve_steps`` property, else (older runs) derived as ``dpbert.stages.pretrain.loss_curve``
+    strides this run's steps (``resumed_from_step`` + 1 … + ``steps_this_run``); None when unknown."""
+    curve = model.get(schema.LOSS_CURVE)
+    if not isinstance(curve, list) or not curve:
+        return None
+    from dpbert.stages.pretrain import LOSS_CURVE_STEPS, curve_steps
+
+    steps = model.get(LOSS_CURVE_STEPS)
+    if isinstance(steps, list) and len(steps) == len(curve):
+        return steps
+    first = model.get("resumed_from_step") or 0
+    n = model.get("steps_this_run")
+    if not isinstance(n, int) or not isinstance(first, int):
+        return None
+    derived = curve_steps(n, first)
+    return derived if len(derived) == len(curve) else None
 
 
 def build_report(run: RunInfo) -> Dict[str, Any]:
@@ -48,6 +110,7 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
                         "final_mlm_loss": dp_model.get(schema.FINAL_MLM_LOSS),
                         "initial_mlm_loss": dp_model.get(schema.INITIAL_MLM_LOSS),
                         "loss_curve": dp_model.get(schema.LOSS_CURVE),
+                        "loss_curve_steps": loss_curve_steps(dp_model),
                         "final_mlm_accuracy": dp_model.get("final_mlm_accuracy"),
                         "clipped_fraction": dp_model.get("clipped_fraction"),
                         "diagnostics": dp_model.get("diagnostics"),
@@ -55,7 +118,13 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
         "ner": {"f1": ner.get(schema.F1), "per_type": ner.get(schema.PER_TYPE), "table": ner.get(schema.TABLE)},
         "canary": {"groups": canary.get(schema.GROUPS, []),
                    "audit_epsilon_lower_bound": canary.get(schema.AUDIT_EPSILON_LOWER_BOUND)},
+        # OPERATOR-ONLY: exact counts of the private corpus (never in released_view or a bundle).
+        "corpus": corpus_section(run),
+        "warnings": report_warnings(run),
     }
+    if run.properties.get(INTERRUPTED_PROPERTY):
+        report["interrupted"] = {"component": run.properties.get(INTERRUPTED_COMPONENT),
+                                 "step": run.properties.get(INTERRUPTED_STEP)}
     if mia:
         # The contract: {"dp"|"non_dp": {attack: {"advantage", "auc"}}}; rows (with ROC curves and
         # the advantage bound) for tables and the dashboard.
@@ -123,6 +192,12 @@ def format_report(report: Dict[str, Any]) -> str:
         lines.append("  operator-only sections omitted: " + ", ".join(report.get("operator_only_omitted") or []))
         if not report.get("releasable"):
             lines.append("  NOT RELEASABLE: the run is not differentially private or is over its budget")
+    interrupted = report.get("interrupted")
+    if isinstance(interrupted, dict):
+        where = interrupted.get("component") or "between components"
+        step = interrupted.get("step")
+        lines.append(f"  interrupted (SIGINT/SIGTERM) in {where}" + (f" at step {step}" if step is not None else "")
+                     + "; re-run the same command to resume")
     if "components" in report:
         lines += ["", "components:"]
         for c in report["components"]:
@@ -132,8 +207,20 @@ def format_report(report: Dict[str, Any]) -> str:
             continue
         lines += ["", f"{section}:"]
         for k, v in report[section].items():
-            if k != "loss_curve" and v is not None:
+            if k not in ("loss_curve", "loss_curve_steps") and v is not None:
                 lines.append(f"  {k:<24} {fmt(v)}")
+    corpus = report.get("corpus")
+    if isinstance(corpus, dict):
+        lines += ["", "corpus (OPERATOR-ONLY: exact counts of the private data, never release):"]
+        for k, v in corpus.items():
+            if k != "operator_only" and v is not None:
+                lines.append(f"  {k:<24} {fmt(v)}")
+    warnings = report.get("warnings")
+    if isinstance(warnings, list) and warnings:
+        lines += ["", "warnings:"]
+        for w in warnings:
+            if isinstance(w, dict):
+                lines.append(f"  [{w.get('section', '')}] {w.get('message', '')}")
     ner = report.get("ner") or {}
     if ner.get("f1") is not None:
         lines += ["", "ner:", f"  {'f1':<24} {fmt(ner['f1'])}"]
@@ -159,3 +246,56 @@ def format_report(report: Dict[str, Any]) -> str:
                 lines.append(f"  {str(a.get('name', '')):<20} {fmt(a.get('advantage')):>9} {fmt(a.get('auc')):>6}"
                              f"  {fmt(a.get('advantage_bound'))}")
     return "\n".join(lines)
+
+
+def epsilon_summary(report: Dict[str, Any]) -> List[str]:
+    """What ``dpbert run`` prints at the end (cached or not): the ε the run spent — ε total (PLD)
+    per unit and adjacency, δ, ε_V and ε_T, the budget and within/over — and the run's status when
+    it is not COMPLETE. Released values only (the ledger)."""
+    def num(v):
+        if isinstance(v, str):
+            v = schema.decode(v)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    def fmt(v):
+        return "∞" if v == float("inf") else f"{v:.4g}"
+
+    privacy = report.get("privacy") or {}
+    total = num(privacy.get(schema.EPSILON_TOTAL_PLD))
+    lines = []
+    if total is None:
+        lines.append("ε: no privacy report in this run (the accountant did not run)")
+    else:
+        unit, adjacency = privacy.get(schema.UNIT), privacy.get("adjacency")
+        delta = num(privacy.get(schema.DELTA))
+        line = f"ε = {fmt(total)} (PLD)"
+        if unit:
+            line += f" per {unit}" + (f" ({adjacency})" if adjacency else "")
+        line += f", δ = {delta:.3g}" if delta is not None else ""
+        parts = [f"{label} = {fmt(v)}" for label, v in (("ε_V", num(privacy.get(schema.EPSILON_VOCAB))),
+                                                         ("ε_T", num(privacy.get(schema.EPSILON_TRAIN))))
+                 if v is not None]
+        if parts:
+            line += " [" + ", ".join(parts) + "]"
+        lines.append(line)
+        budget = num(privacy.get(schema.EPSILON_BUDGET))
+        within = privacy.get(schema.WITHIN_BUDGET)
+        if budget is None:
+            lines.append("budget: none configured (privacy.epsilon_budget)")
+        else:
+            ok = bool(within) if within is not None else total <= budget
+            lines.append(f"budget: ε ≤ {fmt(budget)}: " + ("within budget" if ok else "OVER BUDGET"))
+    if report.get("status") not in (None, "COMPLETE"):
+        lines.append(f"status: {report['status']}")
+    return lines
+
+
+def run_summary(run: RunInfo):
+    """What ``dpbert run`` prints when the run ends: (stdout lines, warning messages). The lines:
+    ``epsilon_summary`` and, when TFX's cache re-used components, ``cached: N components reused``."""
+    built = build_report(run)
+    lines = epsilon_summary(built)
+    cached = [c.node_id for c in run.components if c.state == "CACHED"]
+    if cached:
+        lines.append(f"cached: {len(cached)} components reused ({', '.join(cached)})")
+    return lines, [w["message"] for w in built.get("warnings") or []]

@@ -60,12 +60,33 @@ def cmd_run(args) -> int:
     if planned is not None and not planned["within_budget"]:
         print(guard.over_budget_message(planned), file=sys.stderr)
         return exit_codes.OVER_BUDGET
-    from pipeline.local_runner import run_local
+    try:
+        from pipeline.local_runner import RunInterrupted, run_local
 
-    where = run_local(config)
+        try:
+            where = run_local(config)
+        except RunInterrupted as interrupted:
+            # One line, no traceback; the run is marked cancelled in ML Metadata (report, dashboard).
+            print(f"dpbert run: {interrupted.message()}", file=sys.stderr)
+            return exit_codes.INTERRUPTED
+    except KeyboardInterrupt:  # while TFX and the DAG were being loaded: nothing ran
+        print("dpbert run: interrupted before any component started; nothing was charged", file=sys.stderr)
+        return exit_codes.INTERRUPTED
     print(f"artifacts:         {where['pipeline_root']}")
     print(f"ML Metadata store: {where['metadata']}")
     print(f"inspect with:      dpbert report --output {config.pipeline.output_dir}")
+    # The ε the run spent on stdout, cached or not; the report's warnings on stderr.
+    from dpbert import metadata, report
+
+    try:
+        run = metadata.get_run(metadata.open_store(where["metadata"]))  # the newest: this one
+    except (OSError, LookupError) as err:  # the run itself succeeded: say why there is no summary
+        print(f"dpbert run: no ε summary ({err})", file=sys.stderr)
+        return exit_codes.OK
+    lines, warnings = report.run_summary(run)
+    print("\n".join(lines))
+    for warning in warnings:
+        print(f"dpbert run: warning: {warning}", file=sys.stderr)
     return exit_codes.OK
 
 

@@ -1,8 +1,25 @@
-"""Run the DAG locally: LocalDagRunner, Beam DirectRunner (multi-processing, 2 workers)."""
+"""Run the DAG locally: LocalDagRunner, Beam DirectRunner (multi-processing, 2 workers).
+
+Interrupts: SIGINT (Ctrl-C) and SIGTERM stop the run as a ``KeyboardInterrupt`` (SIGTERM's handler
+raises it), which ``run_local`` turns into ``RunInterrupted``: the run is marked cancelled in ML
+Metadata (``dpbert.metadata.mark_interrupted``; TFX would leave it RUNNING forever) and the
+exception says where it stopped (the component, the trainer's step and its last checkpoint, the
+DP steps charged so far: the trainer's write-ahead ledger). Nothing is lost: a re-run of the same
+command re-uses the finished components (TFX's cache) and the trainer resumes from its
+checkpoint, its ledger still counting every step that ever ran.
+"""
 from __future__ import annotations
 
+import contextlib
+import glob
+import json
 import logging
 import os
+import re
+import signal
+import threading
+import time
+from typing import Any, Dict, Optional
 
 from tfx import v1 as tfx
 
@@ -11,11 +28,146 @@ from pipeline.pipeline import create_pipeline, output_paths
 
 log = logging.getLogger("dpbert")
 
+_STATE_ROOT = "_trainer_state"  # dpbert.stages.pretrain.STATE_ROOT (not imported: it pulls TensorFlow)
+_LEDGER_FILE = "dp_ledger.json"  # dpbert.model.train.LEDGER_FILE
+_RUN_CONFIG_FILE = "run_config.json"
+
+
+class RunInterrupted(Exception):
+    """The run was stopped by SIGINT/SIGTERM; the run is marked cancelled in ML Metadata.
+
+    ``component``: the component that was running (None: between components or before the
+    first); ``step``: the trainer's step (steps started, the ledger's count) when a trainer ran in
+    this process, with ``checkpoint_step`` (where a re-run resumes) and ``charged`` (the DP steps
+    the ledger charges so far, earlier interrupted runs of the chain included; None for the
+    non-private baseline, which is not accounted)."""
+
+    def __init__(self, run_id: Optional[str], component: Optional[str], step: Optional[int] = None,
+                 checkpoint_step: Optional[int] = None, charged: Optional[int] = None,
+                 non_private: bool = False):
+        self.run_id, self.component, self.step = run_id, component, step
+        self.checkpoint_step, self.charged, self.non_private = checkpoint_step, charged, non_private
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        """One line: where it stopped, how to resume, what was charged."""
+        where = self.component or "between components"
+        if self.step is not None:
+            head = f"interrupted at step {self.step} ({where}"
+            if self.checkpoint_step is not None:
+                head += f", last checkpoint at step {self.checkpoint_step}"
+            head += ")"
+        elif self.run_id is None:
+            head = "interrupted before any component started"
+        else:
+            head = f"interrupted in {where}"
+        if self.non_private:
+            charged = "the non-private baseline is not accounted"
+        elif self.charged is not None:
+            charged = f"{self.charged} steps charged"
+        else:
+            charged = "0 training steps charged by this run"
+        return f"{head}; re-run the same command to resume; {charged}"
+
+
+def trainer_progress(pipeline_root: str, since: float) -> Optional[Dict[str, Any]]:
+    """The state of the trainer that ran in this run: the newest write-ahead ledger under
+    ``<pipeline_root>/_trainer_state`` written at or after ``since`` (seconds since the epoch).
+
+    ``{"steps_executed", "checkpoint_step", "non_private"}`` or None when no trainer ran."""
+    newest, newest_mtime = None, since
+    for path in glob.glob(os.path.join(pipeline_root, _STATE_ROOT, "*", _LEDGER_FILE)):
+        try:
+            mtime = os.path.getmtime(path)
+        except OSError:
+            continue
+        if mtime >= newest_mtime:
+            newest, newest_mtime = path, mtime
+    if newest is None:
+        return None
+    state = os.path.dirname(newest)
+    try:
+        with open(newest, encoding="utf-8") as f:
+            steps = int(json.load(f).get("steps_executed", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    checkpoint = None
+    try:  # tf.train.CheckpointManager's index: model_checkpoint_path: "ckpt-250"
+        with open(os.path.join(state, "checkpoints", "checkpoint"), encoding="utf-8") as f:
+            match = re.search(r'^model_checkpoint_path:\s*"[^"]*-(\d+)"', f.read(), re.M)
+        checkpoint = int(match.group(1)) if match else None
+    except OSError:
+        pass
+    non_private = False
+    try:
+        with open(os.path.join(state, _RUN_CONFIG_FILE), encoding="utf-8") as f:
+            non_private = bool(json.load(f).get("non_private"))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {"steps_executed": steps, "checkpoint_step": checkpoint, "non_private": non_private}
+
+
+@contextlib.contextmanager
+def _interrupt_on_sigterm():
+    """SIGTERM raises KeyboardInterrupt (as SIGINT does) in the main thread while the run lasts."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    """While the interrupted run is marked: a second Ctrl-C must not leave it half-marked."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
 
 def run_local(config: Config) -> dict:
-    """Run the whole DAG; returns where the artifacts and the ML Metadata store are."""
+    """Run the whole DAG; returns where the artifacts and the ML Metadata store are.
+
+    Raises ``RunInterrupted`` after SIGINT/SIGTERM (the run marked cancelled in ML Metadata)."""
     pipeline_root, metadata_path = output_paths(config.pipeline.output_dir)
     os.makedirs(pipeline_root, exist_ok=True)
     pipeline = create_pipeline(config, pipeline_root, metadata_path)
-    tfx.orchestration.LocalDagRunner().run(pipeline)
+    # MLMD's create times are in ms; a second of slack for clocks read differently.
+    started = time.time()
+    try:
+        with _interrupt_on_sigterm():
+            tfx.orchestration.LocalDagRunner().run(pipeline)
+    except KeyboardInterrupt:
+        with _signals_ignored():
+            progress = trainer_progress(pipeline_root, started - 1.0)
+            step = progress["steps_executed"] if progress else None
+            try:
+                marked = _mark(metadata_path, int((started - 1.0) * 1000), step)
+            except Exception as err:  # noqa: BLE001 -- the interrupt is what the user must see
+                log.warning("could not mark the interrupted run cancelled in %s: %s", metadata_path, err)
+                marked = None
+        raise RunInterrupted(
+            run_id=marked and marked["run_id"], component=marked and marked["component"], step=step,
+            checkpoint_step=progress and progress["checkpoint_step"],
+            charged=None if not progress or progress["non_private"] else progress["steps_executed"],
+            non_private=bool(progress and progress["non_private"])) from None
     return {"pipeline_root": pipeline_root, "metadata": metadata_path}
+
+
+def _mark(metadata_path: str, since_ms: int, step: Optional[int]):
+    from dpbert.metadata import mark_interrupted
+
+    return mark_interrupted(metadata_path, since_ms, step)

@@ -62,12 +62,28 @@ def state_dir(pipeline_root: str, key_material: str) -> str:
     return os.path.join(pipeline_root, STATE_ROOT, key)
 
 
+#: PretrainedModel property: the training step of each ``loss_curve`` point (``curve_steps``).
+LOSS_CURVE_STEPS = "loss_curve_steps"
+
+
+def _curve_indices(n: int, points: int) -> List[int]:
+    """The indices ``loss_curve`` keeps of ``n`` values: all, or ``points`` evenly strided + the last."""
+    if n <= points:
+        return list(range(n))
+    stride = n / points
+    return [int(i * stride) for i in range(points)] + [n - 1]
+
+
 def loss_curve(losses, points: int = 200) -> List[float]:
     """At most ``points`` (+ the last) losses, evenly strided, rounded for a property."""
-    if len(losses) <= points:
-        return [round(float(x), 5) for x in losses]
-    stride = len(losses) / points
-    return [round(float(losses[int(i * stride)]), 5) for i in range(points)] + [round(float(losses[-1]), 5)]
+    return [round(float(losses[i]), 5) for i in _curve_indices(len(losses), points)]
+
+
+def curve_steps(n: int, first_step: int = 0, points: int = 200) -> List[int]:
+    """The true training step of each point of ``loss_curve`` over ``n`` per-step values of a run
+    that started at ``first_step`` (a resume's checkpoint step): value i is step first_step + i + 1.
+    Stored as ``loss_curve_steps`` so the curve is plotted against steps, not point indices."""
+    return [first_step + i + 1 for i in _curve_indices(n, points)]
 
 
 def training_patients(tuples_dir: str, membership: MembershipConfig):
@@ -251,6 +267,9 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
         "final_mlm_accuracy": _tail_mean(shown.get("accuracy", [])),
         "initial_mlm_loss": _head_mean(shown.get("loss", [])),
         "loss_curve": loss_curve(shown.get("loss", [])),
+        # The step of each point (the curve is subsampled and a resumed run starts at its checkpoint).
+        LOSS_CURVE_STEPS: curve_steps(len(shown.get("loss", [])), result.resumed_from_step)
+        if shown.get("loss") else None,
         "clipped_fraction": _tail_mean(shown.get("clipped_fraction", []), len(shown.get("clipped_fraction", []))),
         "clipping_path": result.clipping_path,
         schema.HOLDOUT_FRACTION: membership.holdout_patient_fraction if train_patients is not None else None,
