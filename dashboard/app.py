@@ -143,11 +143,12 @@ def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = N
         elif name == "budget":
             bars = views.ledger_bars(run)
             args = (bars["bars"], bars["budget"])
-        elif name == "loss":  # released: the DP model's curve only
-            args = (views.released_loss_curve(report), None)
+        elif name == "loss":  # released: the DP model's curve only, against its true steps
+            args = (views.released_loss_curve(report), None, views.released_loss_steps(report))
         elif name == "loss_comparison":  # operator-only: with the non-private baseline's
             args = (views.loss_curves(run, report),
-                    views.number(report["pretraining"].get("non_dp_final_mlm_loss")))
+                    views.number(report["pretraining"].get("non_dp_final_mlm_loss")),
+                    views.loss_steps(run, report))
         elif name == "exposure":
             args = (views.exposure_groups(report),)
         else:
@@ -159,9 +160,14 @@ def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = N
         out = []
         for r in metadata.list_runs(store()):
             summary = views.run_summary(r)
+            privacy = summary["privacy"] or {}
             out.append({"run_id": r.run_id, "pipeline": r.pipeline, "status": r.status,
                         "duration_s": summary["duration_s"], "created_ms": r.created_ms,
                         "components": summary["components"],
+                        # released ledger values: what the run spent
+                        "epsilon_total_pld": privacy.get("epsilon_value"), "unit": privacy.get("unit"),
+                        "delta": privacy.get("delta_value"), "epsilon_budget": privacy.get("budget_value"),
+                        "within_budget": privacy.get("within"),
                         "report": path_for("api_run", run_id=r.run_id),
                         "page": path_for("run", run_id=r.run_id)})
         return JSONResponse(schema.encode(out))

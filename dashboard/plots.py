@@ -113,11 +113,17 @@ def budget_svg(bars: Sequence[Tuple[str, float]], budget: Optional[float]) -> by
     return _render(draw, (6.0, 0.45 * len(bars) + 1.2))
 
 
-def loss_svg(curves: Dict[str, List[float]], non_dp_final: Optional[float] = None) -> bytes:
+def loss_svg(curves: Dict[str, List[float]], non_dp_final: Optional[float] = None,
+             steps: Optional[Dict[str, List[int]]] = None) -> bytes:
+    """Loss per training step; ``steps[name]``: the true step of each point (the stored curve is
+    subsampled, a resumed run starts at its checkpoint), else points are plotted at 1, 2, ..."""
     def draw(fig: Figure):
         ax = fig.subplots()
         for name, values in sorted(curves.items()):
-            ax.plot(range(1, len(values) + 1), values, marker="." if len(values) <= 50 else None,
+            xs = (steps or {}).get(name)
+            if not xs or len(xs) != len(values):
+                xs = range(1, len(values) + 1)
+            ax.plot(xs, values, marker="." if len(values) <= 50 else None,
                     color=DP_COLOUR if name == "DP" else NON_DP_COLOUR, label=name)
         if non_dp_final is not None and math.isfinite(non_dp_final) and "non-DP" not in curves:
             ax.axhline(non_dp_final, color=NON_DP_COLOUR, linestyle="--", linewidth=1, label="non-DP final")
@@ -130,9 +136,10 @@ def loss_svg(curves: Dict[str, List[float]], non_dp_final: Optional[float] = Non
     return _render(draw, (6.0, 3.4))
 
 
-def loss_comparison_svg(curves: Dict[str, List[float]], non_dp_final: Optional[float] = None) -> bytes:
+def loss_comparison_svg(curves: Dict[str, List[float]], non_dp_final: Optional[float] = None,
+                        steps: Optional[Dict[str, List[int]]] = None) -> bytes:
     """The DP curve with the non-private baseline's (operator-only)."""
-    return loss_svg(curves, non_dp_final)
+    return loss_svg(curves, non_dp_final, steps)
 
 
 def exposure_svg(groups: Sequence[Dict[str, Any]]) -> bytes:

@@ -143,13 +143,37 @@ def short_type(type_name: str) -> str:
 
 
 def run_summary(run: RunInfo) -> Dict[str, Any]:
+    """One row of the runs list: status (CANCELLED for an interrupted run) and what the run spent
+    (``privacy_summary``: released ledger values)."""
     states: Dict[str, int] = {}
     for c in run.components:
         states[c.state] = states.get(c.state, 0) + 1
     return {"run_id": run.run_id, "pipeline": run.pipeline, "status": run.status,
             "duration_s": round(run.duration_s, 1), "duration": fmt_duration(run.duration_s),
             "created": fmt_time(run.created_ms), "created_ms": run.created_ms,
-            "components": len(run.components), "states": states}
+            "components": len(run.components), "states": states, "privacy": privacy_summary(run)}
+
+
+def privacy_summary(run: RunInfo) -> Optional[Dict[str, Any]]:
+    """What a run spent, from its ledger (released values): ε total (PLD) with its unit and
+    adjacency, δ, the budget and within/over (``within``: True / False / None without a budget).
+    None when the run has no (non-private) privacy report; numbers as ``*_value``, texts for the page."""
+    props = _first_props(run, schema.type_name(schema.PRIVACY_REPORT))
+    if props is None:
+        return None
+    epsilon, delta = number(props.get(schema.EPSILON_TOTAL_PLD)), number(props.get(schema.DELTA))
+    budget = number(props.get(schema.EPSILON_BUDGET))
+    within = _bool_flag(props.get(schema.WITHIN_BUDGET)) if budget is not None else None
+    if within is None and epsilon is not None and budget is not None:
+        within = epsilon <= budget
+    unit, adjacency = props.get(schema.UNIT), props.get("adjacency")
+    return {"epsilon": fmt(epsilon), "epsilon_value": epsilon,
+            "unit": unit if isinstance(unit, str) else None,
+            "adjacency": adjacency if isinstance(adjacency, str) else None,
+            "delta": f"{delta:.3g}" if delta is not None else "—", "delta_value": delta,
+            "budget": fmt(budget) if budget is not None else None, "budget_value": budget,
+            "within": within,
+            "verdict": "no budget" if budget is None else ("within budget" if within else "OVER BUDGET")}
 
 
 def dag(run: RunInfo) -> Dict[str, Any]:
@@ -262,6 +286,39 @@ def released_loss_curve(report: Dict[str, Any]) -> Dict[str, List[float]]:
     """``{"DP": [...]}``: the DP model's loss curve as reported (released), or ``{}``."""
     dp = _points((report.get("pretraining") or {}).get("loss_curve"))
     return {"DP": dp} if dp else {}
+
+
+def _steps(steps, values) -> Optional[List[int]]:
+    if isinstance(steps, list) and len(steps) == len(values) and \
+            all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in steps):
+        return [int(x) for x in steps]
+    return None
+
+
+def released_loss_steps(report: Dict[str, Any]) -> Dict[str, List[int]]:
+    """``{"DP": [...]}``: the true training step of each point of ``released_loss_curve`` (the
+    curve is subsampled to ~200 points and a resumed run starts at its checkpoint), or ``{}`` when
+    the report does not know them (the plot then falls back to point indices)."""
+    pretraining = report.get("pretraining") or {}
+    dp = _points(pretraining.get("loss_curve"))
+    steps = _steps(pretraining.get("loss_curve_steps"), dp) if dp else None
+    return {"DP": steps} if steps else {}
+
+
+def loss_steps(run: RunInfo, report: Dict[str, Any]) -> Dict[str, List[int]]:
+    """The steps of every curve of ``loss_curves`` that knows them (the baseline's: its
+    ``loss_curve_steps`` property, else derived as the report derives the DP model's)."""
+    from dpbert.report import loss_curve_steps
+
+    out = released_loss_steps(report)
+    for artifact in run.artifacts(schema.type_name(schema.PRETRAINED_MODEL)):
+        if _bool_flag(artifact.properties.get(schema.NON_PRIVATE)):
+            values = _points(artifact.properties.get(schema.LOSS_CURVE))
+            steps = _steps(loss_curve_steps(artifact.properties), values) if values else None
+            if steps:
+                out["non-DP"] = steps
+            break
+    return out
 
 
 def loss_curves(run: RunInfo, report: Dict[str, Any]) -> Dict[str, List[float]]:
@@ -410,11 +467,51 @@ def plots_available(run: RunInfo, report: Dict[str, Any]) -> Dict[str, bool]:
     }
 
 
+#: The corpus section's rows (OPERATOR-ONLY: exact counts of the private data).
+CORPUS_ROWS = (("documents", "documents"), ("patients", "patients"), ("tuples", "tuples (privacy units)"),
+               ("words", "words"), ("words_per_document", "words per document"),
+               ("tuple_words", "words per tuple N"), ("skipped_error_rows", "skipped rows (ISERROR)"),
+               ("skipped_empty_documents", "skipped empty documents"), ("replaced_bytes", "replaced bytes (not UTF-8)"),
+               ("corpus_bytes", "corpus bytes"), ("replaced_fraction", "replaced fraction"))
+
+
+def corpus_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
+    """Operator-only: the report's ``corpus`` section (counts, never the corpus's location)."""
+    corpus = report.get("corpus")
+    return _rows(corpus, CORPUS_ROWS) if isinstance(corpus, dict) else []
+
+
+def warnings_view(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The report's warnings; the corpus ones are operator-only (computed from exact counts)."""
+    out = []
+    for w in report.get("warnings") or []:
+        if isinstance(w, dict) and isinstance(w.get("message"), str):
+            out.append({"section": str(w.get("section", "")), "message": w["message"],
+                        "operator_only": w.get("section") == "corpus"})
+    return out
+
+
+def interrupted_view(report: Dict[str, Any]) -> Optional[str]:
+    """A sentence for an interrupted run (``dpbert run`` marked it cancelled), else None."""
+    interrupted = report.get("interrupted")
+    if not isinstance(interrupted, dict):
+        return None
+    text = "Interrupted (SIGINT/SIGTERM)"
+    if interrupted.get("component"):
+        text += f" in {interrupted['component']}"
+    if interrupted.get("step") is not None:
+        text += f" at training step {fmt(interrupted['step'])}"
+    return text + "; re-running the same command resumes it (from the trainer's last checkpoint)."
+
+
 def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
     """The context of the run page."""
     canary = report.get("canary") or {}
     return {
         "run": run_summary(run),
+        "interrupted": interrupted_view(report),
+        "corpus": corpus_rows(report),
+        "warnings": warnings_view(report),
         "dag": dag(run),
         "ledger": ledger(run),
         "vocab": vocab_rows(report),

@@ -148,7 +148,7 @@ def test_api_released_is_the_released_view(client, fake_store):
 
 def test_missing_reports_say_not_in_this_run(client):
     empty = client.get("/runs/" + fakestore.EMPTY_RUN).text
-    assert empty.count("not in this run") == 8  # ledger, DAG, vocab, loss, canaries, NER, MIA, artifacts
+    assert empty.count("not in this run") == 9  # ledger, corpus, DAG, vocab, loss, canaries, NER, MIA, artifacts
     assert client.get("/runs/" + fakestore.EMPTY_RUN + "/plots/dag.svg").status_code == 404
 
 
