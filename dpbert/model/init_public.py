@@ -12,7 +12,12 @@ Mapping (PyTorch ``Linear`` weights are ``[out, in]``; ours are ``[in, ...out]``
 
 * word embeddings: for every token of the NEW vocabulary (ours, built with DP) found in the
   public vocabulary — exactly, else lower-cased (the public model is uncased) — the public row is
-  copied; other rows are drawn per dimension from N(mean, std) of the public table;
+  copied; a word-initial token that the public WordPiece splits into >= 2 known pieces (the
+  words ``vocab.source: public+dp`` appends, ``dpbert.vocab.public``; also DP-vocabulary words
+  missing from the public one) starts from the MEAN of its pieces' public rows; other rows are
+  drawn per dimension from N(mean, std) of the public table;
+* encoder layers: the first ``spec.num_layers`` of the checkpoint (``model.public_layers``: a
+  shallower, cheaper public start; the layers kept are copied exactly, the rest dropped);
 * position embeddings: the first L rows, plus the token-type-0 vector folded in (our model has
   no segment embeddings; single-segment inputs always add type 0);
 * embedding / attention / output LayerNorms, query/key/value (``[H, heads, head]``), attention
@@ -78,6 +83,11 @@ def spec_for_public(model_config, vocab_size: int, mask_probability: float = 0.1
     from dpbert.model import bert as bert_lib
 
     sizes = public_sizes(directory)
+    layers = getattr(model_config, "public_layers", None)
+    if layers is not None:
+        if layers > sizes["num_layers"]:
+            raise ValueError(f"model.public_layers = {layers} exceeds the checkpoint's {sizes['num_layers']} layers")
+        sizes["num_layers"] = int(layers)
     for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
         value = getattr(model_config, name)
         if value is not None and value != sizes[name]:
@@ -98,8 +108,8 @@ def init_from_checkpoint(models, vocab_tokens: Sequence[str], directory=None, se
     config, t, public_vocab = read_checkpoint(directory)
     spec = models.spec
     H, heads, head = spec.hidden_size, spec.num_heads, spec.head_size
-    if (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["intermediate_size"]) != (H, spec.num_layers, heads, spec.intermediate_size):
+    if (config["hidden_size"], config["num_attention_heads"], config["intermediate_size"]) \
+            != (H, heads, spec.intermediate_size) or not 1 <= spec.num_layers <= config["num_hidden_layers"]:
         raise ValueError("model sizes differ from the public checkpoint's; build it with spec_for_public")
     if len(vocab_tokens) != spec.vocab_size:
         raise ValueError(f"{len(vocab_tokens)} vocabulary tokens for a model with vocab_size {spec.vocab_size}")
@@ -111,6 +121,7 @@ def init_from_checkpoint(models, vocab_tokens: Sequence[str], directory=None, se
     rng = np.random.default_rng(seed)
     new = rng.normal(table.mean(0), table.std(0), size=(spec.vocab_size, H)).astype(np.float32)
     exact = lowered = 0
+    missing = []
     for i, tok in enumerate(vocab_tokens):
         if tok in index:
             new[i] = table[index[tok]]
@@ -118,6 +129,18 @@ def init_from_checkpoint(models, vocab_tokens: Sequence[str], directory=None, se
         elif tok.lower() in index:
             new[i] = table[index[tok.lower()]]
             lowered += 1
+        elif not tok.startswith("##") and not (tok.startswith("[") and tok.endswith("]")):
+            missing.append(i)
+    averaged = 0
+    try:
+        piece_ids = public_piece_ids(public_vocab, [vocab_tokens[i] for i in missing]) if missing else []
+    except ValueError:  # a checkpoint vocabulary without BERT's special tokens: no public tokenizer
+        piece_ids = []
+    if piece_ids:
+        for i, pieces in zip(missing, piece_ids):
+            if pieces is not None:
+                new[i] = table[pieces].mean(axis=0)
+                averaged += 1
     get("word_embeddings").embeddings.assign(new)
     positions = t["embeddings.position_embeddings.weight"][:spec.max_seq_length]
     if "embeddings.token_type_embeddings.weight" in t:
@@ -146,8 +169,30 @@ def init_from_checkpoint(models, vocab_tokens: Sequence[str], directory=None, se
     output = get("mlm_output")
     output.kernel.assign(new.T)
     output.bias.assign(np.zeros(spec.vocab_size, np.float32))
-    return {"rows_exact": exact, "rows_lowercased": lowered,
-            "rows_initialised": spec.vocab_size - exact - lowered, "public_vocab_size": len(public_vocab)}
+    return {"rows_exact": exact, "rows_lowercased": lowered, "rows_piece_mean": averaged,
+            "rows_initialised": spec.vocab_size - exact - lowered - averaged, "public_vocab_size": len(public_vocab),
+            "layers": spec.num_layers, "public_layers": config["num_hidden_layers"]}
+
+
+def public_piece_ids(public_vocab: Sequence[str], words: Sequence[str]):
+    """For each word, the CHECKPOINT ids of its public WordPiece pieces when there are >= 2 and
+    none is [UNK], else None (the public tokenizer: the checkpoint's ``vocab.txt`` with dpbert's
+    BERT normalizer and pre-tokenizer, ``dpbert.vocab.public``)."""
+    from dpbert.vocab import public
+    from dpbert.vocab.wordpiece import UNK
+
+    tokens, swaps = public.public_tokens(public_vocab)
+    to_checkpoint = {ours: theirs for ours, theirs in swaps}
+    to_checkpoint.update({theirs: ours for ours, theirs in swaps})
+    tokenizer = public.tokenizer_from_tokens(tokens)
+    out = []
+    for pieces in public.word_pieces(tokenizer, list(words)):
+        if len(pieces) < 2 or UNK in pieces:
+            out.append(None)
+        else:
+            ids = [tokenizer.token_to_id(p) for p in pieces]
+            out.append([to_checkpoint.get(i, i) for i in ids])
+    return out
 
 
 def _dense(layer, t, prefix):

@@ -352,7 +352,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
               export_saved_model: bool = True, stop_after_steps: Optional[int] = None,
               strategy: Optional[tf.distribute.Strategy] = None,
               vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None,
-              example_ids: Optional[np.ndarray] = None) -> TrainResult:
+              example_ids: Optional[np.ndarray] = None, initial_weights: Optional[list] = None) -> TrainResult:
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
     ``plan``: the ``dpbert.privacy.plan.TrainingPlan`` the budget was checked against (q, steps,
@@ -366,7 +366,9 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     new vocabulary, index = id) to copy the shared rows. ``example_ids`` ``[n]``: each row's own
     record id (integers, e.g. ``WordTuple.record_id``; default the row index), which keys its MLM
     masks. Two records with one id get correlated masks — harmless to privacy (no other record's
-    mask depends on them).
+    mask depends on them). ``initial_weights``: the MLM model's starting weights (``get_weights()``
+    order), e.g. the public start of ``dpbert.model.public_warmup``, instead of
+    ``init_from_checkpoint``; a resumed run restores its checkpoint over them.
     """
     t0 = time.time()
     tc = training_config
@@ -460,7 +462,10 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         tf.random.set_seed(secrets.randbits(31))
     with strategy.scope():
         models = bert_lib.build_bert(spec, seed=tc.seed)
-        if model_config.init == "minilm":
+        if initial_weights is not None:
+            models.mlm.set_weights(initial_weights)
+            log.info("initialised from the given (public) weights")
+        elif model_config.init == "minilm":
             init_stats = init_public.init_from_checkpoint(models, vocab_tokens, public_checkpoint_dir, tc.seed)
             log.info("initialised from the public checkpoint: %s", init_stats)
         optimizer = make_optimizer(tc, steps_planned)
@@ -581,6 +586,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
 def load_models(output_dir) -> bert_lib.BertModels:
     """Rebuild the trained models from ``output_dir/model`` (config + weights)."""
     return bert_lib.load_bert(Path(output_dir) / "model")
+
 
 class _Progress:
     """Training progress: a tqdm bar when stderr is a terminal; otherwise one log line every

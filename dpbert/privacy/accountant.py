@@ -228,8 +228,9 @@ def ledger(vocab_event_json, train_event_jsons: Iterable, delta_target: float) -
     """Compose the vocabulary record and the training records at total δ = ``delta_target``.
 
     ``vocab_event_json``: a vocabulary record (JSON text or dict: ``events.histogram_event`` or
-    ``events.non_private_event("vocab")``), or None if no vocabulary was built from private
-    data. ``train_event_jsons``: training records (``events.dpsgd_event`` /
+    ``events.non_private_event("vocab")``), or None — or a ``mechanism: public`` record
+    (``vocab.source: public``, ``dpbert.vocab.public.public_vocab_event``) — if no vocabulary
+    was built from private data: nothing is charged for it. ``train_event_jsons``: training records (``events.dpsgd_event`` /
     ``non_private_event("train")``), composed in order.
 
     Returns (ε as float, ``inf`` for a non-private stage):
@@ -244,7 +245,8 @@ def ledger(vocab_event_json, train_event_jsons: Iterable, delta_target: float) -
     delta_target = _checks.probability("delta_target", delta_target)
     if isinstance(train_event_jsons, (str, bytes, Mapping)):
         raise ValueError("train_event_jsons must be a list of training records")
-    vocab = None if vocab_event_json is None else _events.validate_record(vocab_event_json)
+    vocab = None if vocab_event_json is None or is_public_vocab_record(vocab_event_json) \
+        else _events.validate_record(vocab_event_json)
     trains = [_events.validate_record(t) for t in train_event_jsons]
     if vocab is not None and vocab["stage"] != "vocab":
         raise ValueError(f"vocab_event_json must be a vocabulary record, got stage {vocab['stage']!r}")
@@ -328,6 +330,24 @@ def _train_epsilon(trains: List[Mapping[str, Any]], delta: float, kind: str) -> 
 
 # ---------------------------------------------------------------------------------- planning
 
+#: The ``mechanism`` of a vocabulary record when no private data was read (``vocab.source: public``).
+PUBLIC_VOCAB_MECHANISM = "public"
+
+
+def public_vocab_record(source: str = "public", checkpoint_sha256: str = "") -> Dict[str, Any]:
+    """The vocabulary record of ``vocab.source: public``: composed as no event (ε_V = 0, δ_V = 0)."""
+    return {"schema": _events.SCHEMA, "mechanism": PUBLIC_VOCAB_MECHANISM, "stage": "vocab", "source": source,
+            "public_checkpoint_vocab_sha256": checkpoint_sha256, "epsilon": 0.0, "delta": 0.0}
+
+
+def is_public_vocab_record(record) -> bool:
+    """A vocabulary record that says no private data was read (``vocab.source: public``)."""
+    if isinstance(record, (str, bytes)):
+        record = _events.from_json(record)
+    return isinstance(record, Mapping) and record.get("mechanism") == PUBLIC_VOCAB_MECHANISM \
+        and record.get("stage") == "vocab"
+
+
 def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]:
     """The ε a configuration WILL spend, from the configuration alone (no private data read).
 
@@ -345,10 +365,16 @@ def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]
     n = _checks.integer("dataset_size", dataset_size, 1)
     k = privacy.max_tuples_per_patient if privacy.unit == "patient" else 1
 
-    if vocab_cfg.non_private:
+    if getattr(vocab_cfg, "source", "dp") == "public":
+        # The public checkpoint's vocabulary: no private data read, nothing charged.
+        vocab_record = public_vocab_record("public")
+        delta_vocab = 0.0
+    elif vocab_cfg.non_private:
         vocab_record = _events.non_private_event("vocab")
         delta_vocab = 0.0
     else:
+        # dp and public+dp: the same DP histogram (public+dp appends released words to the public
+        # vocabulary: post-processing).
         report = _histogram.histogram_report(vocab_cfg.sigma, vocab_cfg.delta, privacy.tuple_words,
                                              vocab_cfg.threshold_mode, k, unit=privacy.unit)
         vocab_record = _events.histogram_event(report)

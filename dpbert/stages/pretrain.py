@@ -19,6 +19,14 @@
 5. copies the model, its records and the tokenizer into the model directory and records the DP
    event built from the plan plus what actually ran (``steps_taken_total``, the σ applied), from
    which the accountant recomputes ε.
+
+With ``model.init: minilm`` the model starts from the PUBLIC start (:func:`public_start_weights`,
+``dpbert.model.public_warmup``): the checkpoint's first ``model.public_layers`` layers and a
+non-private MLM warm-up of ``model.public_warmup_steps`` steps on text shipped in the repository
+— built from the released vocabulary and that text only (no private input, outside the ledger),
+recorded as ``public_init`` / ``public_layers`` / ``public_warmup_steps`` /
+``public_warmup_source``. A public / public+dp vocabulary must come from the same checkpoint
+(its ``token_sources.json`` sha256 is checked).
 """
 from __future__ import annotations
 
@@ -144,6 +152,39 @@ def plan_for(tc: TrainingConfig, membership: MembershipConfig, rows: int, state:
     return plan_training(tc, n_hat), count.count_event(tc.count_noise_multiplier, n_hat)
 
 
+def public_start_weights(mc: ModelConfig, tc: TrainingConfig, tokenizer, vocabulary_dir: str):
+    """(initial MLM weights, properties) of the public start for ``model.init: minilm``; reads
+    the public checkpoint, the released vocabulary and the shipped public text — nothing private."""
+    from dpbert.model import init_public, public_warmup
+    from dpbert.vocab import public
+
+    directory = init_public.checkpoint_dir(mc.init_dir)
+    sources = public.read_token_sources(vocabulary_dir)
+    if sources is not None and sources.get("public_checkpoint_vocab_sha256") != \
+            public.file_sha256(directory / "vocab.txt"):
+        raise ValueError(f"the {sources.get('source')} vocabulary was built from another public checkpoint than "
+                         f"model.init_dir ({directory}): use the same checkpoint for both")
+    spec = init_public.spec_for_public(mc, tokenizer.get_vocab_size(), tc.mask_probability, directory)
+    vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
+    weights, record = public_warmup.public_start(
+        spec, tokenizer, vocab_tokens, steps=mc.public_warmup_steps, seed=tc.seed, checkpoint_dir=directory,
+        batch_size=mc.public_warmup_batch_size, learning_rate=mc.public_warmup_learning_rate,
+        mask_probability=tc.mask_probability)
+    warm = record["warmup"]
+    properties = {
+        schema.PUBLIC_INIT: f"{init_public.PACKAGE}=={init_public.PACKAGE_VERSION}" if mc.init_dir is None
+        and os.environ.get(init_public.ENV_DIR) is None else str(directory),
+        schema.PUBLIC_LAYERS: spec.num_layers,
+        schema.PUBLIC_WARMUP_STEPS: mc.public_warmup_steps,
+        schema.PUBLIC_WARMUP_SOURCE: warm["source"] if mc.public_warmup_steps else None,
+        "public_warmup_loss_first": warm.get("loss_first"),
+        "public_warmup_loss_last": warm.get("loss_last"),
+        "public_rows_copied": record["init"]["rows_exact"] + record["init"]["rows_lowercased"],
+        "public_rows_piece_mean": record["init"]["rows_piece_mean"],
+    }
+    return weights, properties, directory
+
+
 @dataclasses.dataclass
 class PretrainResult(StageResult):
     train: Any = None           # dpbert.model.train.TrainResult
@@ -202,10 +243,16 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
 
     vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())] \
         if mc.init == "minilm" else None
+    initial_weights, public_properties, checkpoint = None, {schema.PUBLIC_INIT: None}, None
+    if mc.init == "minilm":
+        # The public start (no ε): a function of the checkpoint, the released vocabulary and the
+        # shipped public text only — the tuples above are not passed to it.
+        initial_weights, public_properties, checkpoint = public_start_weights(mc, tc, tokenizer, vocabulary_dir)
     _mark_state_root_private(pipeline_root)
     result = train_mlm(token_ids, specials, tokenizer.get_vocab_size(), mc, tc, state, plan=plan, resume=True,
                        progress=True, vocab_tokens=vocab_tokens, stop_after_steps=stop_after_steps,
-                       export_saved_model=export_saved_model, example_ids=row_ids)
+                       export_saved_model=export_saved_model, example_ids=row_ids,
+                       public_checkpoint_dir=checkpoint, initial_weights=initial_weights)
     _copy_artifact_files(state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
 
     seeded = tc.noise_seed is not None and not tc.non_private
@@ -276,6 +323,8 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
         "holdout_key_id": holdout_key_id,
         "model_preset": mc.preset,
         schema.MAX_SEQ_LENGTH: mc.max_seq_length,
+        # The public start (outside the ledger: public checkpoint + shipped public text).
+        **public_properties,
     }
     log.info("trainer: %d steps in total (%d this run), final MLM loss %s (%s)", result.steps_taken_total,
              result.steps_this_run, properties["final_mlm_loss"], properties["diagnostics"])

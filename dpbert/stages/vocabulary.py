@@ -4,6 +4,12 @@ The threshold and (ε, δ) come from ``dpbert.privacy.histogram``, the Beam job 
 ``beam_jobs.dp_histogram``, the WordPiece trainer from ``dpbert.vocab.wordpiece``. Only the
 noised, thresholded histogram is written (``histogram.jsonl``); the exact counts exist only
 inside the Beam job.
+
+``vocab.source`` (``dpbert.vocab.public``): ``dp`` as above; ``public`` writes the public
+checkpoint's vocabulary and never reads the tuples (no Beam job, a ``mechanism: public`` record,
+ε_V = 0); ``public+dp`` runs the same DP histogram job (same ε_V) and appends released words to
+the public vocabulary. Both write ``token_sources.json`` and the ``vocab_source``,
+``public_tokens`` and ``dp_tokens`` properties.
 """
 from __future__ import annotations
 
@@ -21,14 +27,43 @@ HISTOGRAM_FILE = "histogram.jsonl"
 DP_EVENT_FILE = "dp_event.json"
 
 
+def public_vocabulary(vocabulary_dir: str, vocab_config: VocabConfig, privacy_config: PrivacyConfig,
+                      checkpoint_dir: Optional[str] = None) -> StageResult:
+    """``vocab.source: public``: the public checkpoint's vocabulary; reads no private data."""
+    from dpbert.privacy import events
+    from dpbert.vocab import public, wordpiece
+
+    tokenizer, sources = public.build_vocabulary("public", checkpoint_dir)
+    os.makedirs(vocabulary_dir, exist_ok=True)
+    wordpiece.save_vocabulary(tokenizer, vocabulary_dir)
+    public.write_token_sources(sources, vocabulary_dir)
+    record = public.public_vocab_event("public", sources["public_checkpoint_vocab_sha256"])
+    with open(os.path.join(vocabulary_dir, DP_EVENT_FILE), "w", encoding="utf-8") as f:
+        f.write(events.to_json(record))
+    log.info("vocabulary: the public checkpoint's %d tokens (vocab.source = public, no ε)", tokenizer.get_vocab_size())
+    return StageResult(properties={
+        "vocab_size": tokenizer.get_vocab_size(), schema.VOCAB_SOURCE: "public",
+        schema.PUBLIC_TOKENS: sources["public_tokens"], schema.DP_TOKENS: 0,
+        schema.TUPLE_WORDS: privacy_config.tuple_words, "unit": privacy_config.unit,
+        schema.NON_PRIVATE: False, schema.PRIVATE: 0, schema.DP_EVENT: events.to_json(record),
+        "epsilon": 0.0, "epsilon_classic": 0.0, "delta": 0.0,
+    })
+
+
 def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_config: VocabConfig,
-                  privacy_config: PrivacyConfig, tuple_words: Optional[int] = None) -> StageResult:
-    """Count each distinct word once per tuple, add N(0, σ²), keep counts ≥ C, learn WordPiece.
+                  privacy_config: PrivacyConfig, tuple_words: Optional[int] = None,
+                  checkpoint_dir: Optional[str] = None) -> StageResult:
+    """Count each distinct word once per tuple, add N(0, σ²), keep counts ≥ C, learn WordPiece
+    (``vocab.source: dp``) or append the released words to the public vocabulary (``public+dp``);
+    ``public``: :func:`public_vocabulary` (the tuples are not read).
 
     ``beam_pipeline``: the Beam pipeline the histogram job runs on (TFX's
     ``BeamComponentParameter``). ``tuple_words``: N recorded on the tuples (must equal
-    ``privacy.tuple_words``; None = not recorded).
+    ``privacy.tuple_words``; None = not recorded). ``checkpoint_dir``: the public checkpoint
+    (``model.init_dir``; None = ``$DPBERT_MINILM_DIR`` or the installed package).
     """
+    if vocab_config.source == "public":
+        return public_vocabulary(vocabulary_dir, vocab_config, privacy_config, checkpoint_dir)
     from beam_jobs.dp_histogram import run_histogram_job
     from dpbert.privacy import events, histogram
     from dpbert.vocab import histogram_file, wordpiece
@@ -69,15 +104,28 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
         raise ValueError(f"vocabulary: no word passed the threshold C = {report['threshold']:.1f} "
                          f"(vocab.sigma = {vocab_cfg.sigma}, vocab.delta = {vocab_cfg.delta}); the "
                          f"corpus is too small for this noise: lower vocab.sigma or add data")
-    log.info("vocabulary: %d words released; training WordPiece (target size %d)", len(kept), vocab_cfg.size)
-    tokenizer = wordpiece.train_wordpiece(kept, vocab_size=vocab_cfg.size, min_frequency=vocab_cfg.min_frequency)
+    sources = None
+    if vocab_cfg.source == "public+dp":
+        from dpbert.vocab import public
+
+        tokenizer, sources = public.build_vocabulary("public+dp", checkpoint_dir, kept, vocab_cfg.max_new_tokens)
+        log.info("vocabulary: %d words released; %d public tokens + %d appended DP words",
+                 len(kept), sources["public_tokens"], sources["dp_tokens"])
+    else:
+        log.info("vocabulary: %d words released; training WordPiece (target size %d)", len(kept), vocab_cfg.size)
+        tokenizer = wordpiece.train_wordpiece(kept, vocab_size=vocab_cfg.size, min_frequency=vocab_cfg.min_frequency)
     wordpiece.save_vocabulary(tokenizer, vocabulary_dir)
+    if sources is not None:
+        public.write_token_sources(sources, vocabulary_dir)
     with open(os.path.join(vocabulary_dir, DP_EVENT_FILE), "w", encoding="utf-8") as f:
         f.write(events.to_json(record))
 
     props = {
         "vocab_size": tokenizer.get_vocab_size(),
         "words_kept": len(kept),
+        schema.VOCAB_SOURCE: vocab_cfg.source,
+        schema.PUBLIC_TOKENS: sources["public_tokens"] if sources else 0,
+        schema.DP_TOKENS: sources["dp_tokens"] if sources else tokenizer.get_vocab_size(),
         schema.TUPLE_WORDS: n_words,
         "unit": privacy_cfg.unit,
         schema.NON_PRIVATE: vocab_cfg.non_private or seeded,

@@ -74,7 +74,8 @@ def test_init_matches_reference_forward_and_copies_shared_rows(tmp_path):
     assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.intermediate_size) == (H, LAYERS, HEADS, INTER)
     models = bert_lib.build_bert(spec, seed=0)
     stats = init_public.init_from_checkpoint(models, new_vocab, tmp_path)
-    assert stats == {"rows_exact": 8, "rows_lowercased": 1, "rows_initialised": 1, "public_vocab_size": 11}
+    assert stats == {"rows_exact": 8, "rows_lowercased": 1, "rows_piece_mean": 0, "rows_initialised": 1,
+                     "public_vocab_size": 11, "layers": LAYERS, "public_layers": LAYERS}
     public = {w: i for i, w in enumerate(PUBLIC_VOCAB)}
     ours = np.array([2, 5, 6, 8, 9, 3, 0, 0, 0, 0, 0, 0], np.int32)
     mapped = np.array([public.get(new_vocab[i], public.get(new_vocab[i].lower())) for i in ours])
