@@ -19,6 +19,7 @@ from urllib.parse import urldefrag, urlsplit
 
 import pytest
 
+from dashboard import views
 from dpbert import metadata, schema
 from dpbert.release import released_view
 from dpbert.report import build_report
@@ -170,6 +171,14 @@ def test_dashboard_in_headless_chromium(served, chrome, tmp_path):
     assert len(run_links) == 1
     run_id = chrome.text(run_links[0])
     index_links = [chrome.prop(a, "href") for a in chrome.find_all("a[href]")]
+    # the runs page answers "what did the run spend?": ε (PLD) of the ledger, its unit, δ, budget
+    ledger = build_report(metadata.get_run(metadata.open_store(served["store"]), run_id))["privacy"]
+    assert ledger["epsilon_total_pld"] is not None
+    assert chrome.text(chrome.find("td.epsilon")) == views.fmt(ledger["epsilon_total_pld"])
+    row = chrome.text(chrome.find("table.runs tbody tr"))
+    assert ledger["unit"] in row and f"{ledger['delta']:.3g}" in row
+    assert ("no budget" if ledger["epsilon_budget"] is None else "within budget") in row
+    assert "COMPLETE" in row
     chrome.click(run_links[0])
     assert urlsplit(chrome.url).path.startswith("/runs/")
     assert chrome.title == f"{run_id} · {TITLE}"  # no planted script changed it
@@ -177,6 +186,7 @@ def test_dashboard_in_headless_chromium(served, chrome, tmp_path):
     assert run_id in chrome.text(chrome.find("h1"))
     body = chrome.text(chrome.find("body"))
     assert "CorpusIngest" in body and "Privacy ledger" in body and "Artifacts" in body
+    assert "Corpus" in body and "operator-only: exact counts of the private data" in body
 
     # planted HTML shows as text, never as elements, and nothing ran
     assert XSS_URI.strip("/") in body and XSS_PIPELINE in body
@@ -221,6 +231,9 @@ def test_every_chart_of_a_full_run_in_headless_chromium(browser_binaries, chrome
     """The synthetic store has every report the DAG will write: all five charts must load."""
     with uvicorn_server(fake_store) as base:
         chrome.get(base + "/")
+        table = chrome.text(chrome.find("table.runs"))
+        rich_row = next(line for line in table.splitlines() if fakestore.RICH_RUN in line)
+        assert "7.1" in rich_row and "patient" in rich_row and "2e-06" in rich_row and "within budget" in rich_row
         links = {chrome.text(a): a for a in chrome.find_all("a.run-link")}
         chrome.click(links[fakestore.RICH_RUN])
         assert chrome.title == f"{fakestore.RICH_RUN} · {TITLE}"
