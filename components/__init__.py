@@ -5,6 +5,7 @@ TYPE_NAME, ``components.<Class>``.
 """
 from components.artifacts import (  # noqa: F401
     ALL_TYPES,
+    AuditReport,
     CanaryList,
     CanaryReport,
     DPVocabulary,

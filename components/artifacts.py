@@ -68,5 +68,13 @@ class MembershipReport(Artifact):
     PRIVATE = False
 
 
+class AuditReport(Artifact):
+    """The white-box one-run audit of the configured DP-SGD (public rows, DP vocabulary): the ε
+    lower bound, its power, its positive control, next to the accountant's ε. Released."""
+
+    TYPE_NAME = "components.AuditReport"
+    PRIVATE = False
+
+
 ALL_TYPES = (WordTuples, DPVocabulary, PretrainedModel, PrivacyReport, CanaryList, CanaryReport, NerReport,
-             MembershipReport)
+             MembershipReport, AuditReport)

@@ -275,6 +275,23 @@ class CanaryConfig:
 
 
 @dataclasses.dataclass
+class AuditConfig:
+    """The white-box one-run audit of the DP-SGD training as a DAG component (``PrivacyAuditor``,
+    ``dpbert.stages.audit``): the configured training re-run on the embedded PUBLIC corpus with
+    the DP vocabulary and m gradient canaries; a lower bound above the accountant's ε fails the run."""
+
+    enabled: bool = False
+    #: m, gradient canaries (vectors: no forward/backward pass each).
+    canaries: int = 10_000
+    #: 1 − confidence of the bound (and of its positive control).
+    beta: float = 0.05
+
+    def validate(self, prefix: str):
+        _check(self.canaries >= 2, f"{prefix}.canaries", "must be >= 2", self.canaries)
+        _check(0 < self.beta < 1, f"{prefix}.beta", "must be in (0, 1)", self.beta)
+
+
+@dataclasses.dataclass
 class NerConfig:
     """Entity-extraction F1 after fine-tuning (the paper's Table 2), on bundled BC5CDR by default."""
 
@@ -382,6 +399,7 @@ class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
     canary: CanaryConfig = dataclasses.field(default_factory=CanaryConfig)
+    audit: AuditConfig = dataclasses.field(default_factory=AuditConfig)
     ner: NerConfig = dataclasses.field(default_factory=NerConfig)
     membership: MembershipConfig = dataclasses.field(default_factory=MembershipConfig)
     local_privacy: LocalPrivacyConfig = dataclasses.field(default_factory=LocalPrivacyConfig)
@@ -391,6 +409,10 @@ class Config:
     def validate(self) -> "Config":
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(f.name)
+        if self.vocab.source != "dp" and self.model.init != "minilm":
+            raise ConfigError(f"vocab.source = {self.vocab.source} needs model.init = minilm (the public "
+                              f"checkpoint whose WordPiece vocabulary it keeps), got model.init = "
+                              f"{self.model.init!r}")
         if self.vocab.non_private and self.privacy.epsilon_budget is not None:
             raise ConfigError("vocab.non_private is refused when privacy.epsilon_budget is set "
                               "(a non-private vocabulary has ε = ∞)")
@@ -409,10 +431,6 @@ class Config:
                                   "a PUBLIC number of tuples (held-out patients included) to plan q and the "
                                   "steps with before any private data is read; without a budget the trainer "
                                   "plans from a DP count instead")
-        if self.vocab.source != "dp" and self.model.init != "minilm":
-            raise ConfigError(f"vocab.source = {self.vocab.source} needs model.init = minilm (the public "
-                              f"checkpoint whose WordPiece vocabulary it keeps), got model.init = "
-                              f"{self.model.init!r}")
         return self
 
     def to_dict(self) -> Dict[str, Any]:

@@ -10,6 +10,9 @@ released (DP-covered)                                     covered by
                      dp_events.json
   PrivacyReport      privacy_report.json,                  ε_total (it is a function of the
                      privacy_statement.txt                 records above and public parameters)
+  AuditReport        whitebox_audit.json: the white-box    ε_V (a function of the DP vocabulary,
+  (optional)         audit of the configured DP-SGD        public rows, public parameters and
+                                                           secret canaries)
   CanaryReport       audit.json: the one-run audit of the  ε_total (computed from the released DP
                      DP model (written by ``write_bundle``  model and public canaries; the non-private
                      from the report's audit fields only)  baseline's exposures are NOT included)
@@ -53,6 +56,7 @@ class ReleasedPart:
     covered_by: str          # "epsilon_vocab" | "epsilon_total"
     bundle_dir: str          # where it goes in the bundle
     required: tuple = ()     # of ``paths``: a bundle without them is refused
+    optional: bool = False   # the artifact may be absent (an optional component)
 
 
 #: The one list of what is released.
@@ -64,10 +68,13 @@ RELEASED = (
                  required=(schema.MODEL_DIR,)),
     ReleasedPart(schema.PRIVACY_REPORT, ("privacy_report.json", "privacy_statement.txt"), "epsilon_total",
                  "privacy", required=("privacy_report.json",)),
+    # The white-box audit (optional component): public rows + the DP vocabulary + public parameters.
+    ReleasedPart(schema.AUDIT_REPORT, (schema.WHITEBOX_AUDIT_FILE,), "epsilon_vocab", "audit",
+                 required=(schema.WHITEBOX_AUDIT_FILE,), optional=True),
 )
 #: The CanaryReport properties copied to ``audit/audit.json`` (read even when the report is marked
 #: private: it also holds the non-private baseline's exposures, which are never copied).
-AUDIT_FIELDS = ("audit", "audit_epsilon_lower_bound", "audit_epsilon_upper_bound")
+AUDIT_FIELDS = ("audit", "audit_epsilon_lower_bound", "audit_epsilon_upper_bound", "audit_max_reachable_lower_bound")
 #: The keys of the ``audit`` record kept (``dpbert.stages.canary.AUDIT_FIELDS``: tested equal).
 AUDIT_RESULT_KEYS = ("epsilon_lower_bound", "r", "v", "m", "k_plus", "k_minus", "beta_total")
 #: ``events.ADJACENCY`` for a ledger that does not name its adjacency (Poisson is add/remove).
@@ -152,6 +159,8 @@ def _plan(run, report) -> List[tuple]:
     for part in RELEASED:
         artifact = report if part.artifact_type == schema.PRIVACY_REPORT else \
             _released_artifact(run, part.artifact_type)
+        if artifact is None and part.optional:
+            continue
         if artifact is None:
             raise ReleaseError(f"run {run.run_id} has no released {part.artifact_type} "
                                "(not private, not non-private): nothing can be released")
@@ -284,7 +293,9 @@ RELEASED_REPORT = {
     "pretraining": ("steps", "initial_mlm_loss", "final_mlm_loss", "loss_curve", "final_mlm_accuracy",
                     "clipped_fraction", "diagnostics"),
     "ner": ("f1", "per_type"),
-    "canary": ("audit_epsilon_lower_bound",),
+    "canary": ("audit_epsilon_lower_bound", "audit_max_reachable_lower_bound"),
+    # public rows, the DP vocabulary and public parameters only (dpbert.stages.audit)
+    "audit": None,
 }
 #: What ``released_view`` leaves out, for the reader of the view.
 OPERATOR_ONLY = ("component timings", "non-private model (losses, NER rows)", "canary exposures",
@@ -324,7 +335,7 @@ def released_view(report: Dict[str, Any]) -> Dict[str, Any]:
             continue
         if section == "vocab" and values.get(schema.NON_PRIVATE):
             continue  # exact counts: operator-only (and the run is not releasable anyway)
-        out[section] = {k: values.get(k) for k in keys}
+        out[section] = dict(values) if keys is None else {k: values.get(k) for k in keys}
     return out
 
 

@@ -87,6 +87,13 @@ def loss_curve_steps(model: Dict[str, Any]) -> Optional[List[int]]:
     return derived if len(derived) == len(curve) else None
 
 
+#: The white-box audit's fields in the report (``dpbert.stages.audit.REPORT_FIELDS`` and the
+#: ledger's ε_T it is shown next to).
+AUDIT_KEYS = ("epsilon_lower_bound", "epsilon_upper_bound", "epsilon_train_ledger", "max_reachable_lower_bound",
+              "consistent", "canaries", "confidence", "delta", "steps", "q", "positive_control_lower_bound",
+              "positive_control_exceeds_upper_bound", "seconds")
+
+
 def build_report(run: RunInfo) -> Dict[str, Any]:
     ledger = _props(run, schema.PRIVACY_REPORT)
     vocab = _props(run, schema.DP_VOCABULARY)
@@ -95,6 +102,7 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
     ner = _props(run, schema.NER_REPORT)
     canary = _props(run, schema.CANARY_REPORT)
     mia = _props(run, schema.MEMBERSHIP_REPORT)
+    audit = _props(run, schema.AUDIT_REPORT)
     report: Dict[str, Any] = {
         "run_id": run.run_id,
         "pipeline": run.pipeline,
@@ -117,11 +125,17 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
                         "non_dp_final_mlm_loss": non_dp_model.get(schema.FINAL_MLM_LOSS)},
         "ner": {"f1": ner.get(schema.F1), "per_type": ner.get(schema.PER_TYPE), "table": ner.get(schema.TABLE)},
         "canary": {"groups": canary.get(schema.GROUPS, []),
-                   "audit_epsilon_lower_bound": canary.get(schema.AUDIT_EPSILON_LOWER_BOUND)},
+                   "audit_epsilon_lower_bound": canary.get(schema.AUDIT_EPSILON_LOWER_BOUND),
+                   "audit_max_reachable_lower_bound": canary.get("audit_max_reachable_lower_bound"),
+                   # the non-private baseline audited with the same canaries (operator-only)
+                   "baseline_audit_epsilon_lower_bound": canary.get("baseline_audit_epsilon_lower_bound")},
         # OPERATOR-ONLY: exact counts of the private corpus (never in released_view or a bundle).
         "corpus": corpus_section(run),
         "warnings": report_warnings(run),
     }
+    if audit:
+        # The white-box one-run audit (dpbert.stages.audit): released next to the ledger's ε.
+        report["audit"] = {k: audit.get(k) for k in AUDIT_KEYS}
     if run.properties.get(INTERRUPTED_PROPERTY):
         report["interrupted"] = {"component": run.properties.get(INTERRUPTED_COMPONENT),
                                  "step": run.properties.get(INTERRUPTED_STEP)}
@@ -238,6 +252,21 @@ def format_report(report: Dict[str, Any]) -> str:
         if not canary.get("groups"):
             lines += ["", "canary audit:"]
         lines.append(f"  audit ε lower bound: {fmt(canary.get('audit_epsilon_lower_bound'))}")
+    if canary.get("audit_max_reachable_lower_bound") is not None:
+        lines.append(f"  audit power (every guess right): {fmt(canary.get('audit_max_reachable_lower_bound'))}")
+    if canary.get("baseline_audit_epsilon_lower_bound") is not None:
+        lines.append(f"  positive control, non-private baseline: ε ≥ "
+                     f"{fmt(canary.get('baseline_audit_epsilon_lower_bound'))}")
+    audit = report.get("audit")
+    if isinstance(audit, dict):
+        lines += ["", f"white-box audit ({fmt(audit.get('canaries'))} gradient canaries, "
+                      f"{fmt(audit.get('confidence'))} confidence):",
+                  f"  ε lower bound (audit)      {fmt(audit.get('epsilon_lower_bound'))}",
+                  f"  ε upper bound (gradients)  {fmt(audit.get('epsilon_upper_bound'))}"
+                  f"   (ledger ε_T {fmt(audit.get('epsilon_train_ledger'))})",
+                  f"  power (every guess right)  {fmt(audit.get('max_reachable_lower_bound'))}",
+                  f"  positive control (no noise) {fmt(audit.get('positive_control_lower_bound'))}",
+                  f"  consistent                 {fmt(audit.get('consistent'))}"]
     attacks = report.get("membership_inference_rows")
     if isinstance(attacks, list) and attacks:
         lines += ["", "membership inference:", "  attack                advantage    auc  bound"]

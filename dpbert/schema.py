@@ -32,6 +32,9 @@ CANARY_LIST = "CanaryList"
 CANARY_REPORT = "CanaryReport"
 NER_REPORT = "NerReport"
 MEMBERSHIP_REPORT = "MembershipReport"
+AUDIT_REPORT = "AuditReport"
+#: AuditReport: the white-box one-run audit's result (dpbert.stages.audit), a released file.
+WHITEBOX_AUDIT_FILE = "whitebox_audit.json"
 
 
 def type_name(short: str) -> str:
@@ -84,25 +87,25 @@ WORDS_KEPT = "words_kept"
 SIGMA = "sigma"
 THRESHOLD = "threshold"
 EPSILON = "epsilon"
-
-# PretrainedModel (also NON_PRIVATE, STEPS_TAKEN_TOTAL, DP_EVENTS, ...)
-INITIAL_MLM_LOSS = "initial_mlm_loss"
 #: ``vocab.source`` (dp | public | public+dp) and where the tokens came from (``dpbert.vocab.public``):
 #: counts of public-checkpoint tokens and of appended DP-released words (DP post-processing).
 VOCAB_SOURCE = "vocab_source"
 PUBLIC_TOKENS = "public_tokens"
 DP_TOKENS = "dp_tokens"
+
+# PretrainedModel (also NON_PRIVATE, STEPS_TAKEN_TOTAL, DP_EVENTS, ...)
+INITIAL_MLM_LOSS = "initial_mlm_loss"
 FINAL_MLM_LOSS = "final_mlm_loss"
 LOSS_CURVE = "loss_curve"
-
-# NerReport
-F1 = "f1"
 #: The public start (no ε, outside the ledger; ``dpbert.model.public_warmup``): the checkpoint,
 #: the encoder layers kept, the non-private warm-up on shipped public text and its source.
 PUBLIC_INIT = "public_init"
 PUBLIC_LAYERS = "public_layers"
 PUBLIC_WARMUP_STEPS = "public_warmup_steps"
 PUBLIC_WARMUP_SOURCE = "public_warmup_source"
+
+# NerReport
+F1 = "f1"
 PER_TYPE = "per_type"
 TABLE = "table"
 
@@ -123,11 +126,11 @@ TRAIN_RESULT_FILE = "train_result.json"
 DP_LEDGER_FILE = "dp_ledger.json"
 DP_EVENTS_FILE = "dp_events.json"
 CANARY_COUNTS_FILE = "canary_counts.json"
+#: DPVocabulary with vocab.source public or public+dp: which ids came from where.
+TOKEN_SOURCES_FILE = "token_sources.json"
 MODEL_DIR = "model"
 TOKENIZER_DIR = "tokenizer"
 TENSORBOARD_DIR = "tensorboard"
-#: DPVocabulary with vocab.source public or public+dp: which ids came from where.
-TOKEN_SOURCES_FILE = "token_sources.json"
 
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 #: TFX's key for a non-dict JSON value in a struct custom property.

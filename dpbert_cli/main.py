@@ -207,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     from dpbert_cli.dashboard import add_dashboard_parser  # read-only web UI over ML Metadata
 
     add_dashboard_parser(sub)
+
+    from dpbert_cli.audit import add_audit_parser  # empirical privacy audits (dpbert.stages.audit)
+
+    add_audit_parser(sub)
     return parser
 
 

@@ -1,6 +1,7 @@
 """The dpbert DAG: one ``create_pipeline(config, ...)`` factory used by every runner."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import List, Optional
 
@@ -47,9 +48,9 @@ def create_components(config: Config) -> List:
         tuples=tuples,
         vocab_config=section_to_json(config.vocab),
         privacy_config=section_to_json(config.privacy),
-        code_version=_core_version("components.vocabulary"),
         # Where the public checkpoint is (vocab.source public / public+dp).
         model_config=section_to_json(config.model, ("init", "init_dir")),
+        code_version=_core_version("components.vocabulary"),
     )
     trainer_args = dict(
         tuples=tuples,
@@ -95,6 +96,22 @@ def create_components(config: Config) -> List:
             audit_beta=config.canary.audit_beta,
             code_version=_core_version("components.canary"),
             **baseline_input,
+        ))
+    if config.audit.enabled and not config.training.non_private:
+        # The configured DP-SGD re-run on the embedded PUBLIC corpus with m gradient canaries
+        # (dpbert.stages.audit): its bound is released next to the accountant's ε.
+        from components.audit import PrivacyAuditor
+
+        components.append(PrivacyAuditor(
+            vocabulary=vocabulary.outputs["vocabulary"],
+            privacy_report=accountant.outputs["report"],
+            model_config=section_to_json(config.model),
+            training_config=section_to_json(config.training),
+            privacy_config=section_to_json(config.privacy),
+            membership_config=section_to_json(config.membership, MembershipConfig.HOLDOUT_FIELDS),
+            public_corpus_config=section_to_json(dataclasses.replace(config.corpus, path=None, format=None)),
+            audit_config=section_to_json(config.audit),
+            code_version=_core_version("components.audit"),
         ))
     if config.membership.holdout_patient_fraction > 0:
         # Members: the trained-on patients' tuples; non-members: the held-out patients'.

@@ -86,16 +86,14 @@ import numpy as np
 from dpbert.evaluate import audit as one_run
 
 __all__ = [
-    "NOISE_OFF", "DEFAULT_CANARY_DIMS", "demo_token_rows", "demo_spec", "choose_variable",
-    "canary_block", "canary_sums", "canary_projections", "llr_scores", "max_reachable_lower_bound",
+    "NOISE_OFF", "DEFAULT_CANARY_DIMS", "demo_token_rows", "demo_spec", "choose_variable", "fwht",
+    "probe_dims", "canary_layout", "canary_vectors", "canary_sums", "canary_projections", "llr_scores", "max_reachable_lower_bound",
     "whitebox_audit", "whitebox_audit_report",
 ]
 
 #: σ used for ``noise_scale = 0`` (DPSGDConfig refuses 0 for a private run).
 NOISE_OFF = 1e-12
 DEFAULT_CANARY_DIMS = 16384
-#: Canaries generated per block (block × d' float32 in memory: 64 MiB at d' = 16384).
-BLOCK = 1024
 SPECIAL_IDS = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK] (dpbert.vocab.wordpiece order)
 MASK_ID = 4
 
@@ -149,43 +147,71 @@ def choose_variable(variables: Sequence) -> int:
 
 
 # ----------------------------------------------------------------------------- canaries
-def canary_block(key: int, block: int, size: int, dims: int, clip_norm: float) -> np.ndarray:
-    """Canaries ``block·BLOCK … block·BLOCK + size − 1``: float32 ``[size, dims]``, uniformly
-    random directions (normalised Gaussians) of norm ``clip_norm``. A pure function of
-    (key, block): regenerated for scoring instead of kept."""
-    rng = np.random.default_rng([int(key), int(block)])
-    x = rng.standard_normal((int(size), int(dims)), dtype=np.float32)
-    norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
-    x *= (float(clip_norm) / norms).astype(np.float32)[:, None]
+def fwht(x: np.ndarray) -> np.ndarray:
+    """The (unnormalised, Sylvester-order) Walsh–Hadamard transform along the last axis, whose
+    length must be a power of two: ``fwht(x) = x @ H`` with H = ``scipy.linalg.hadamard(n)``
+    (symmetric, entries ±1, H·H = n·I). float64, O(n log n) per row."""
+    x = np.array(x, dtype=np.float64, copy=True)
+    n = x.shape[-1]
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"the Walsh–Hadamard transform needs a power-of-two length, got {n}")
+    lead = x.shape[:-1]
+    h = 1
+    while h < n:
+        y = x.reshape(*lead, n // (2 * h), 2, h)
+        a = y[..., 0, :].copy()
+        y[..., 0, :] += y[..., 1, :]
+        y[..., 1, :] = a - y[..., 1, :]
+        h *= 2
     return x
 
 
-def _blocks(m: int):
-    for b, start in enumerate(range(0, int(m), BLOCK)):
-        yield b, start, min(int(m), start + BLOCK)
+def probe_dims(variable_size: int, canary_dims: int) -> int:
+    """d': the largest power of two ≤ min(variable size, ``canary_dims``)."""
+    cap = min(int(variable_size), int(canary_dims))
+    if cap < 2:
+        raise ValueError(f"the probe needs at least 2 coordinates, got {cap}")
+    return 1 << (cap.bit_length() - 1)
+
+
+def canary_layout(key: int, m: int, dims: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(signs s ∈ {±1}^d', rows π ∈ [d']^m distinct): canary i is c_i = C/√d' · s ⊙ H[π_i], a
+    pure function of the secret key (regenerated for scoring instead of kept)."""
+    if m > dims:
+        raise ValueError(f"canaries ({m}) must be <= the probe's d' = {dims} (orthogonal canaries): "
+                         f"raise canary_dims or use fewer canaries")
+    rng = np.random.default_rng([int(key), 0x5EED])
+    signs = rng.integers(0, 2, size=int(dims)).astype(np.float64) * 2.0 - 1.0
+    return signs, rng.permutation(int(dims))[: int(m)]
+
+
+def canary_vectors(key: int, m: int, dims: int, clip_norm: float) -> np.ndarray:
+    """The canaries as a dense float64 ``[m, d']`` matrix (tests; O(m·d') memory)."""
+    signs, rows = canary_layout(key, m, dims)
+    basis = np.zeros((int(m), int(dims)))
+    basis[np.arange(int(m)), rows] = 1.0
+    return fwht(basis) * signs * (float(clip_norm) / math.sqrt(dims))
 
 
 def canary_sums(key: int, participation: np.ndarray, dims: int, clip_norm: float) -> np.ndarray:
-    """``[T, dims]``: row t = Σ_i participation[t, i] · c_i (``participation`` bool ``[T, m]``:
-    canary i included AND Poisson-sampled at step t)."""
+    """float32 ``[T, d']``: row t = Σ_i participation[t, i] · c_i (``participation`` bool
+    ``[T, m]``: canary i included AND Poisson-sampled at step t) = C/√d' · s ⊙ H·v_t with
+    v_t[π_i] = participation[t, i]: one transform per step."""
     participation = np.asarray(participation, dtype=bool)
     steps, m = participation.shape
-    out = np.zeros((steps, int(dims)), np.float32)
-    for b, lo, hi in _blocks(m):
-        part = participation[:, lo:hi]
-        if part.any():
-            out += part.astype(np.float32) @ canary_block(key, b, hi - lo, dims, clip_norm)
-    return out
+    signs, rows = canary_layout(key, m, dims)
+    v = np.zeros((steps, int(dims)))
+    v[:, rows] = participation
+    return (fwht(v) * signs * (float(clip_norm) / math.sqrt(dims))).astype(np.float32)
 
 
 def canary_projections(key: int, observed: np.ndarray, m: int, clip_norm: float) -> np.ndarray:
-    """``[T, m]``: y_{t,i} = ⟨g̃_t, c_i⟩ / C² (float64) for the observed noisy sums ``[T, dims]``."""
-    observed = np.asarray(observed, dtype=np.float32)
-    steps, dims = observed.shape
-    out = np.empty((steps, int(m)), np.float64)
-    for b, lo, hi in _blocks(m):
-        out[:, lo:hi] = observed @ canary_block(key, b, hi - lo, dims, clip_norm).T
-    return out / float(clip_norm) ** 2
+    """``[T, m]``: y_{t,i} = ⟨g̃_t, c_i⟩ / C² (float64) for the observed noisy sums ``[T, d']``
+    = (H·(s ⊙ g̃_t))[π_i] / (C·√d')."""
+    observed = np.asarray(observed, dtype=np.float64)
+    dims = observed.shape[1]
+    signs, rows = canary_layout(key, m, dims)
+    return fwht(observed * signs)[:, rows] / (float(clip_norm) * math.sqrt(dims))
 
 
 def llr_scores(projections: np.ndarray, q: float, sigma: float) -> np.ndarray:
@@ -316,7 +342,10 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
     variables = models.mlm.trainable_variables
     index = choose_variable(variables) if variable_index is None else int(variable_index)
     size = int(np.prod(variables[index].shape))
-    dims = min(size, int(canary_dims))
+    dims = probe_dims(size, canary_dims)
+    if m > dims:
+        raise ValueError(f"canaries ({m}) must be <= the probe's d' = {dims} (orthogonal canaries): raise "
+                         f"canary_dims (a power of two up to the variable's size {size}) or use fewer")
     coords = np.sort(np.random.default_rng(choice_seed).choice(size, size=dims, replace=False))
     probe = dpsgd.AuditProbe(variable_index=index, coordinates=coords)
     config = dpsgd.DPSGDConfig(clip_norm=C, noise_multiplier=applied, expected_batch_size=B,
@@ -407,7 +436,9 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
         out["seconds"]["total"] = time.perf_counter() - t_start
     if return_arrays:
         out.update(scores=scores, included=included, observed=observed, canary_sums=sums,
-                   batch_sizes=batch_sizes)
+                   batch_sizes=batch_sizes, participation=participation)
+        if noiseless is not None:
+            out.update(noiseless=noiseless, control_scores=control_scores)
     return out
 
 

@@ -132,3 +132,46 @@ def audit_vocabulary(config: Config, *, trials: int = DEFAULT_VOCAB_TRIALS, beta
     honest["positive_control_delta_lower_bound"] = control["delta_lower_bound"]
     honest["positive_control_fresh_release_rate"] = control["fresh_release"]["rate"]
     return honest
+
+
+#: The audit's keys recorded as the AuditReport's properties (released: every one is a
+#: function of public rows, the DP vocabulary, public parameters and secret canaries).
+REPORT_FIELDS = ("epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_bound", "consistent",
+                 "canaries", "confidence", "delta", "steps", "q", "sigma_claimed", "clip_norm",
+                 "positive_control_lower_bound", "positive_control_exceeds_upper_bound", "accuracy",
+                 "guesses", "correct", "probe_variable", "canary_dims")
+
+
+def run_audit(vocabulary_dir: str, report_dir: str, config: Config, *,
+              epsilon_train_ledger: Optional[float] = None, seed: Optional[int] = None):
+    """The DAG component's stage: ``audit_training`` on the embedded PUBLIC corpus with the run's
+    DP vocabulary (``vocabulary_dir``), written to ``report_dir/whitebox_audit.json``; the
+    properties are ``REPORT_FIELDS`` plus the ledger's ε_T (``epsilon_train_ledger``, shown next
+    to the audit). ``failure``: ``AuditInconsistencyError`` when the lower bound exceeds the
+    accountant's ε (recorded first, then raised by the adapter: the run fails)."""
+    import json
+    import os
+
+    from dpbert.evaluate.audit import AuditInconsistencyError, assert_audit_consistent
+    from dpbert.stages.result import StageResult
+    from dpbert.vocab.wordpiece import load_tokenizer
+
+    report = audit_training(config, tokenizer=load_tokenizer(vocabulary_dir), public_only=True,
+                            canaries=config.audit.canaries, beta=config.audit.beta, seed=seed)
+    os.makedirs(report_dir, exist_ok=True)
+    with open(os.path.join(report_dir, schema.WHITEBOX_AUDIT_FILE), "w", encoding="utf-8") as f:
+        f.write(schema.dumps(report))
+    failure = None
+    try:
+        assert_audit_consistent(report["epsilon_lower_bound"], report["epsilon_upper_bound"])
+    except AuditInconsistencyError as err:
+        failure = err
+    log.info("audit: ε ≥ %.3f (audit, %d canaries, %.0f%%) vs ε ≤ %.3f (accountant, gradient release); "
+             "power %.3f; positive control %.3f", report["epsilon_lower_bound"], report["canaries"],
+             100 * report["confidence"], report["epsilon_upper_bound"], report["max_reachable_lower_bound"],
+             report["positive_control_lower_bound"])
+    properties = {k: report[k] for k in REPORT_FIELDS}
+    properties["epsilon_train_ledger"] = epsilon_train_ledger
+    properties["seconds"] = round(float(report["seconds"]["total"]), 1)
+    properties[schema.PRIVATE] = 0
+    return StageResult(properties=properties, failure=failure)

@@ -210,11 +210,13 @@ def exposure_report(canaries_dir: str, model_dir: str, report_dir: str, *, audit
     ``failure``: an ``AuditInconsistencyError`` when the lower bound exceeds ``epsilon_train``."""
     from dpbert.evaluate.audit import AuditInconsistencyError, assert_audit_consistent, audit_best_of
     from dpbert.evaluate.canary import evaluate_exposure
+    from dpbert.privacy.whitebox_audit import max_reachable_lower_bound
 
     canary_set, audit, _ = load_canaries(canaries_dir)
     dp, score_fn, _ = _exposure_for(model_dir, canary_set, _counts(model_dir, canary_set))
-    non_dp = _exposure_for(baseline_model_dir, canary_set, _counts(baseline_model_dir, canary_set))[0] \
-        if baseline_model_dir else None
+    non_dp, baseline_score_fn, _ = _exposure_for(baseline_model_dir, canary_set,
+                                                 _counts(baseline_model_dir, canary_set)) \
+        if baseline_model_dir else (None, None, None)
     groups = _group_rows(dp, non_dp)
     out = {"log2_reference_size": dp["log2_reference_size"], "query": dp["query"], "groups": groups}
     if audit is not None and len(audit):
@@ -227,6 +229,17 @@ def exposure_report(canaries_dir: str, model_dir: str, report_dir: str, *, audit
         out["audit"] = {k: result[k] for k in AUDIT_FIELDS}
         out["audit_epsilon_lower_bound"] = result["epsilon_lower_bound"]
         out["audit_epsilon_upper_bound"] = epsilon_train
+        # Power: the bound with every guess right for this m, β, δ (2.87 at m = 100, δ = 1e-5):
+        # a claimed ε above it cannot be refuted by this audit, whatever the model does.
+        out["audit_max_reachable_lower_bound"] = max_reachable_lower_bound(
+            len(included), audit_beta, float(delta_train or 0.0))
+        if baseline_score_fn is not None:
+            # Positive control in the same run: the non-private baseline, trained on the same
+            # audit canaries, scored the same way (operator-only: a model without noise).
+            base = evaluate_exposure(audit, baseline_score_fn, int(max_seq_length), max_reference=MAX_REFERENCE)
+            base_result = audit_best_of([row["exposure_extrapolated"] for row in base["canaries"]], included,
+                                        beta=audit_beta, delta=float(delta_train or 0.0))
+            out["baseline_audit_epsilon_lower_bound"] = base_result["epsilon_lower_bound"]
     os.makedirs(report_dir, exist_ok=True)
     with open(os.path.join(report_dir, EXPOSURE_FILE), "w", encoding="utf-8") as f:
         json.dump(out, f, indent=2, default=float)
@@ -250,6 +263,8 @@ def exposure_report(canaries_dir: str, model_dir: str, report_dir: str, *, audit
         "audit_epsilon_lower_bound": out.get("audit_epsilon_lower_bound"),
         "audit_epsilon_upper_bound": epsilon_train,
         "audit": out.get("audit"),
+        "audit_max_reachable_lower_bound": out.get("audit_max_reachable_lower_bound"),
+        "baseline_audit_epsilon_lower_bound": out.get("baseline_audit_epsilon_lower_bound"),
         "log2_reference_size": dp["log2_reference_size"],
         # The non-private baseline's exposures are computed on a model trained without noise:
         # operator-only. (dpbert.release copies only the DP model's audit fields from here.)

@@ -100,7 +100,7 @@ def test_no_operator_only_file_or_secret_in_the_bundle(store, bundle):
 
 def test_released_list_leaves_operator_artifacts_and_files_out():
     released_types = {part.artifact_type for part in release.RELEASED}
-    assert released_types == {schema.DP_VOCABULARY, schema.PRETRAINED_MODEL, schema.PRIVACY_REPORT}
+    assert released_types == {schema.DP_VOCABULARY, schema.PRETRAINED_MODEL, schema.PRIVACY_REPORT, schema.AUDIT_REPORT}
     paths = {p for part in release.RELEASED for p in part.paths}
     assert not paths & set(OPERATOR_FILES)
     from dpbert.stages.canary import AUDIT_FIELDS
@@ -196,7 +196,7 @@ def test_report_released_prints_only_the_released_view(store, capsys):
                          "privacy", "vocab", "pretraining", "ner", "canary"}
     assert view["vocab"]["size"] == 5 and view["vocab"]["epsilon"] == 0.42
     assert view["pretraining"]["loss_curve"] and "non_dp_final_mlm_loss" not in view["pretraining"]
-    assert view["canary"] == {"audit_epsilon_lower_bound": 0.25} and "table" not in view["ner"]
+    assert view["canary"] == {"audit_epsilon_lower_bound": 0.25, "audit_max_reachable_lower_bound": None} and "table" not in view["ner"]
     assert fakestore.RELEASE_SECRET not in out and "11.7" not in out and "0.83" not in out
     assert main(["report", "--metadata", store["path"], "--released"]) == 0
     table = capsys.readouterr().out

@@ -27,6 +27,8 @@ TINY = [
     "ner.max_train_sentences=64",
     "training.train_non_private_baseline=true",
     "privacy.epsilon_budget=null",
+    "audit.enabled=true",
+    "audit.canaries=1000",
 ]
 
 
@@ -55,7 +57,7 @@ def test_dag_records_every_component_in_mlmd(tiny_run):
         "SELECT t.name FROM Artifact a JOIN Type t ON a.type_id = t.id")}
     assert {"components.WordTuples", "components.DPVocabulary", "components.PretrainedModel",
             "components.PrivacyReport", "components.CanaryList", "components.CanaryReport",
-            "components.NerReport"} <= types
+            "components.NerReport", "components.AuditReport"} <= types
     states = [s for (s,) in db.execute("SELECT last_known_state FROM Execution")]
     assert states and all(s in (3, 5) for s in states)  # COMPLETE or CACHED
 
@@ -76,6 +78,20 @@ def test_report_ledger_is_recomputed_from_recorded_events(tiny_run):
     groups = report["canary"]["groups"]
     assert groups and all(g["exposure_dp"] is not None and g["exposure_non_dp"] is not None for g in groups)
     assert 0 <= report["canary"]["audit_epsilon_lower_bound"] <= report["privacy"]["epsilon_train"]
+    # black-box audit: its power and the non-private baseline audited with the same canaries
+    from dpbert.privacy.whitebox_audit import max_reachable_lower_bound
+
+    assert report["canary"]["audit_max_reachable_lower_bound"] == pytest.approx(
+        max_reachable_lower_bound(40, 0.05, 1e-5), rel=1e-6)
+    assert report["canary"]["baseline_audit_epsilon_lower_bound"] >= 0
+    # the white-box audit of the configured DP-SGD, next to the ledger's ε_T
+    audit = report["audit"]
+    assert audit["canaries"] == 1000 and audit["steps"] == 4 and audit["consistent"]
+    assert 0 <= audit["epsilon_lower_bound"] <= audit["epsilon_upper_bound"] <= privacy["epsilon_train"] + 1e-6
+    assert audit["epsilon_train_ledger"] == pytest.approx(privacy["epsilon_train"], rel=1e-6)
+    assert audit["positive_control_lower_bound"] >= audit["epsilon_lower_bound"]
+    released = json.loads(run_cli(["report", "--output", str(out), "--json", "--released"], REPO).stdout)
+    assert released["audit"]["epsilon_lower_bound"] == audit["epsilon_lower_bound"]
     mia = report["membership_inference"]
     attacks = {"S-BBA", "A-BBA", "P-BBA", "S-AWBA", "S-GWBA"}
     assert set(mia["dp"]) == attacks and set(mia["non_dp"]) == attacks
@@ -178,7 +194,9 @@ def test_release_boundary_exact_counts_private_marks_and_the_bundle(tiny_run, tm
             if a.properties.get("non_private")] == [1]
     # (7) released artifacts' properties carry no exact count.
     for a in artifacts:
-        if not a.properties.get("private"):
+        # The AuditReport is computed from the embedded PUBLIC corpus and the DP vocabulary only
+        # (PrivacyAuditor has no WordTuples input): its integers (canaries, guesses) are not counts.
+        if not a.properties.get("private") and a.type != "components.AuditReport":
             leaked = exact & set(_integers(a.properties))
             assert not leaked, (a.type, leaked)
     # The release bundle.
@@ -193,13 +211,15 @@ def test_release_boundary_exact_counts_private_marks_and_the_bundle(tiny_run, tm
                for c in json.loads((Path(canary_dir) / name).read_text())["canaries"]]
     state = out / "pipeline_root" / "_trainer_state"
     exact_losses = [json.loads(p.read_text())["losses"] for p in state.glob("*/train_result.json")]
+    assert "audit/whitebox_audit.json" in {e["path"] for e in manifest["files"]}
     for entry in manifest["files"]:
         path = bundle / entry["path"]
         assert "train_result" not in entry["path"] and "canary_counts" not in entry["path"]
         if path.suffix in (".json", ".jsonl", ".txt"):
             text = path.read_text(errors="replace")
             assert not any(s in text for s in secrets), entry["path"]
-            if path.suffix == ".json" and path.name not in ("tokenizer.json", "model_config.json"):
+            if path.suffix == ".json" and path.name not in ("tokenizer.json", "model_config.json",
+                                                            "whitebox_audit.json"):
                 # (token ids and model sizes are integers of their own; records and reports are checked)
                 assert not exact & set(_integers(json.loads(text))), entry["path"]
             for losses in exact_losses:

@@ -2,7 +2,7 @@
 and the three positive controls of issue 15 on REAL DP-SGD steps of a tiny BERT.
 
 Setting of every run: the embedded synthetic corpus (160 rows of L = 16, WordPiece V = 1024),
-a 1-layer H = 16 BERT (probe: the 1024 × 16 word embedding, d' = 16384), B = 16 → q = 0.1,
+a 1-layer H = 16 BERT (probe: the 1024 × 16 word embedding, d' = 16384, orthogonal canaries), B = 16 → q = 0.1,
 T = 60 steps (q·T = 6), C = 1, δ = 1e-5, β = 0.05 (95 %), fixed seeds.
 
 Tolerances: a positive control must put the lower bound ABOVE the accountant's ε (what
@@ -35,23 +35,37 @@ def _audit(data, **kwargs):
 
 
 # ------------------------------------------------------------------------------ canary algebra
-def test_canaries_have_norm_c_and_are_regenerated_identically():
-    a = wa.canary_block(7, 3, 50, 300, 0.25)
-    b = wa.canary_block(7, 3, 50, 300, 0.25)
-    np.testing.assert_array_equal(a, b)
-    np.testing.assert_allclose(np.linalg.norm(a.astype(np.float64), axis=1), 0.25, rtol=1e-6)
-    assert not np.allclose(a, wa.canary_block(7, 4, 50, 300, 0.25))
+def test_fwht_is_the_hadamard_matrix_product():
+    from scipy.linalg import hadamard
+
+    x = np.random.default_rng(0).normal(size=(3, 64))
+    np.testing.assert_allclose(wa.fwht(x), x @ hadamard(64), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="power-of-two"):
+        wa.fwht(np.zeros(48))
+    assert wa.probe_dims(128000, 16384) == 16384 and wa.probe_dims(300, 16384) == 256
+
+
+def test_canaries_are_orthogonal_have_norm_c_and_are_regenerated_identically():
+    a = wa.canary_vectors(7, 50, 256, 0.25)
+    np.testing.assert_array_equal(a, wa.canary_vectors(7, 50, 256, 0.25))
+    # orthogonal, norm C: no cross-talk between canaries
+    np.testing.assert_allclose(a @ a.T, 0.25 ** 2 * np.eye(50), atol=1e-12)
+    # dense (every coordinate ±C/√d'), so a real gradient projects like on a random direction
+    np.testing.assert_allclose(np.abs(a), 0.25 / 16, rtol=1e-12)
+    assert not np.allclose(a, wa.canary_vectors(8, 50, 256, 0.25))
+    with pytest.raises(ValueError, match="canaries"):
+        wa.canary_layout(7, 300, 256)
 
 
 def test_canary_sums_and_projections_match_the_dense_computation():
-    m, dims, steps, C = 2 * wa.BLOCK + 37, 64, 5, 0.5   # three blocks, the last partial
+    m, dims, steps, C = 200, 256, 5, 0.5
     rng = np.random.default_rng(0)
     part = rng.random((steps, m)) < 0.1
-    dense = np.concatenate([wa.canary_block(11, b, hi - lo, dims, C) for b, lo, hi in wa._blocks(m)])
+    dense = wa.canary_vectors(11, m, dims, C)
     np.testing.assert_allclose(wa.canary_sums(11, part, dims, C), part.astype(np.float64) @ dense,
-                               rtol=1e-4, atol=1e-5)
+                               rtol=1e-5, atol=1e-6)
     g = rng.normal(size=(steps, dims)).astype(np.float32)
-    np.testing.assert_allclose(wa.canary_projections(11, g, m, C), g @ dense.T / C ** 2, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(wa.canary_projections(11, g, m, C), g @ dense.T / C ** 2, rtol=1e-9, atol=1e-9)
 
 
 def test_llr_scores_match_the_formula_and_are_stable():

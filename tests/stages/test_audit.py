@@ -1,0 +1,99 @@
+"""dpbert.stages.audit and `dpbert audit`: the audits of a configuration, their release status,
+the run failing when the audit refutes the accountant, and the CLI contract."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dpbert import exit_codes, schema
+from dpbert.config import load_config
+from dpbert.evaluate.audit import AuditInconsistencyError
+from dpbert.privacy.whitebox_audit import max_reachable_lower_bound
+from dpbert.stages import audit
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = ["model.max_seq_length=32", "training.steps=8", "corpus.synthetic.patients=8", "vocab.size=300",
+        "training.batch_size=8", "training.dataset_size=200", "training.warmup_steps=0"]
+CLI_KEYS = {"epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_bound", "canaries", "confidence",
+            "positive_control_lower_bound"}
+
+
+def tiny_config(*extra):
+    return load_config(None, TINY + list(extra), preset="demo")
+
+
+def test_audit_of_the_configured_training_on_the_embedded_corpus_is_public():
+    res = audit.audit_training(tiny_config(), canaries=400, seed=5)
+    assert CLI_KEYS <= set(res) and res["private"] == 0 and "embedded" in res["corpus"]
+    # the plan of the configured run: q = B / (n·(1 − holdout)) with the public n = 200
+    assert res["q"] == pytest.approx(8 / 140) and res["steps"] == 8 and res["canaries"] == 400
+    assert res["consistent"] and 0 <= res["epsilon_lower_bound"] <= res["epsilon_upper_bound"]
+    assert res["max_reachable_lower_bound"] == pytest.approx(max_reachable_lower_bound(400, 0.05, 1e-5))
+
+
+def test_audit_of_a_user_corpus_is_operator_only(tmp_path):
+    corpus = tmp_path / "notes.jsonl"
+    corpus.write_text("".join(json.dumps({"patient_id": f"p{i}", "text": "fever cough rash " * 60}) + "\n"
+                              for i in range(12)))
+    rows, specials, vocab, private = audit.audit_rows(tiny_config(f"corpus.path={corpus}"))
+    assert private and rows.shape[1] == 32 and specials.mask < vocab
+    # the DAG component's rows ignore the configured path: the embedded public corpus
+    assert not audit.audit_rows(tiny_config(f"corpus.path={corpus}"), public_only=True)[3]
+
+
+def test_no_claim_to_audit_is_refused():
+    with pytest.raises(ValueError, match="non_private"):
+        audit.audit_training(tiny_config("training.non_private=true", "privacy.epsilon_budget=null"))
+    with pytest.raises(ValueError, match="poisson"):
+        audit.audit_training(tiny_config("training.sampling=shuffle"))
+
+
+def test_vocabulary_audit_flags_the_paper_threshold_and_not_the_correct_one():
+    # σ = 4, δ = 1e-3, N = 16: the paper threshold releases a fresh word far more often than δ.
+    config = load_config(None, ["vocab.sigma=4", "vocab.delta=0.001", "privacy.tuple_words=16"], preset="demo")
+    res = audit.audit_vocabulary(config, trials=20_000, seed=3)
+    assert not res["flagged"] and res["epsilon_upper_bound"] == res["claimed_epsilon"]
+    assert res["positive_control_flagged"] and res["positive_control_delta_lower_bound"] > 1e-3
+
+
+def test_the_component_stage_records_the_evidence_then_fails_the_run(tmp_path, monkeypatch):
+    def refuting(config, **kwargs):
+        assert kwargs["public_only"] and kwargs["canaries"] == config.audit.canaries
+        return {k: 1.0 for k in audit.REPORT_FIELDS} | {
+            "epsilon_lower_bound": 4.0, "epsilon_upper_bound": 2.0, "consistent": False, "private": 0,
+            "seconds": {"total": 3.0}}
+
+    monkeypatch.setattr(audit, "audit_training", refuting)
+    monkeypatch.setattr("dpbert.vocab.wordpiece.load_tokenizer", lambda d: None)
+    result = audit.run_audit(str(tmp_path / "vocab"), str(tmp_path / "report"), tiny_config(),
+                             epsilon_train_ledger=2.5)
+    assert isinstance(result.failure, AuditInconsistencyError)
+    written = schema.loads((tmp_path / "report" / schema.WHITEBOX_AUDIT_FILE).read_text())
+    assert written["epsilon_lower_bound"] == 4.0
+    assert result.properties["epsilon_train_ledger"] == 2.5 and result.properties[schema.PRIVATE] == 0
+    with pytest.raises(AuditInconsistencyError):
+        result.raise_failure()
+
+
+def test_cli_exit_code_5_when_the_audit_refutes_the_accountant(monkeypatch, capsys):
+    from dpbert_cli.main import main
+
+    monkeypatch.setattr(audit, "audit_training", lambda config, **kw: {
+        **{k: 1.0 for k in CLI_KEYS}, "consistent": False, "epsilon_lower_bound": 3.0})
+    assert main(["audit", "--json", "--canaries", "10"]) == exit_codes.AUDIT_FAILED
+    assert json.loads(capsys.readouterr().out)["epsilon_lower_bound"] == 3.0
+    assert main(["audit", "--canaries", "1"]) == exit_codes.BAD_INPUT
+
+
+def test_cli_contract_real_entry_point():
+    args = [sys.executable, "-m", "dpbert_cli", "audit", "--json", "--canaries", "300"]
+    for o in TINY:
+        args += ["--set", o]
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    res = json.loads(result.stdout)
+    assert CLI_KEYS <= set(res) and res["canaries"] == 300 and res["confidence"] == pytest.approx(0.95)
+    assert res["epsilon_lower_bound"] <= res["epsilon_upper_bound"]
