@@ -59,6 +59,21 @@ weights: per-layer norms would miss the cross term 2⟨g_a, g_b⟩), is refused 
 there is no silent slow fallback. ``non_private`` mode (baseline, ε = ∞) skips clipping and
 noise and averages over the real examples of the batch.
 
+User-level (patient) DP-SGD (``group_size = k``, ``privacy.unit: patient``)
+--------------------------------------------------------------------------
+The sampled unit is a patient (Poisson with q = B_patients / n_patients, ``sampling.py``); a
+sampled patient contributes up to k of its tuples (rows g·k … g·k + k − 1 of a micro-batch,
+missing ones padded with mask 0). The clipped unit is the patient's SUMMED gradient::
+
+    g_u = (Σ_{j≤k} ∇ℓ_{u,j}) · min(1, C / ‖Σ_j ∇ℓ_{u,j}‖)     (‖g_u‖ ≤ C, sum not mean)
+    ĝ   = (Σ_{u∈β} g_u + z) / B_patients,   z ~ N(0, σ²C²I)   (the same single draw)
+
+so adding or removing one patient changes the released sum by ≤ C: the step is
+PoissonSampled(q_patients, Gaussian(σ)) per patient. Norms come from ``ghost`` per GROUP
+(``clipped_gradient_sum(..., group_size=k)``). The per-step diagnostics are per patient too:
+loss and accuracy are the patient's mean over its tuples (∈ [0, bound], [0, 1]), ``clipped``
+counts patients, ``units`` the patients in the batch — each sensitivity 1 unit, as per tuple.
+
 Noise RNG: the base seed comes from OS entropy (``secrets``) unless an explicit test seed is
 given. The base seed is never logged or checkpointed (a resumed run draws a new one).
 """
@@ -230,8 +245,15 @@ class DPSGDConfig:
     #: If set, also sum min(max(ℓ_i, 0), loss_bound) ("loss_clipped_sum"): the bounded-sensitivity
     #: loss that ``dpbert.model.diagnostics`` releases with noise.
     loss_bound: Optional[float] = None
+    #: k: rows per clipped unit (user-level DP-SGD: one patient's ≤ k tuples, summed gradient
+    #: clipped as one vector). 1 = per-example clipping.
+    group_size: int = 1
 
     def __post_init__(self):
+        if int(self.group_size) < 1:
+            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.group_size > 1 and self.clipping != "ghost" and not self.non_private:
+            raise ValueError("group_size > 1 (user-level clipping) needs clipping = ghost")
         if self.noise_mode not in NOISE_MODES:
             raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
         if self.clipping not in CLIPPING_PATHS:
@@ -273,6 +295,12 @@ class AuditProbe:
 
     variable_index: int
     coordinates: np.ndarray
+
+
+def _group_mean(values, mask, k: int):
+    """[b] per-row values (already × mask) → [b/k] the mean over each group's present rows."""
+    return tf.math.divide_no_nan(tf.reduce_sum(tf.reshape(values, [-1, k]), axis=1),
+                                 tf.reduce_sum(tf.reshape(mask, [-1, k]), axis=1))
 
 
 def _entropy_seed() -> int:
@@ -323,6 +351,8 @@ class DPSGDTrainStep:
             else:
                 check_model_supported(model, self.registry)
                 detail = "tensorflow-privacy registry ghost norms + second backward pass"
+            if config.group_size > 1:
+                detail += f"; USER-LEVEL: per-patient clipping of the summed gradient of <= {config.group_size} tuples"
             _log_path_once(f"dpbert DP-SGD: per-example clipping path = {config.clipping}: {detail}; "
                            f"noise mode = {config.noise_mode} (one draw per logical batch"
                            f"{'' if config.noise_mode == 'once' else ', scaled by sqrt(P*T)'})")
@@ -357,25 +387,33 @@ class DPSGDTrainStep:
         example_mask = tf.cast(batch["example_mask"], tf.float32)
         inputs, targets = self.prepare_fn(batch["features"])
         loss_fn = lambda outputs: self.loss_fn(targets, outputs)  # noqa: E731
+        k = int(self.config.group_size)
+        # A unit (tuple, or patient of k slots) is in the batch when any of its slots is.
+        unit_mask = example_mask if k == 1 else tf.reduce_max(tf.reshape(example_mask, [-1, k]), axis=1)
         if self.config.non_private:
             grads, losses, outputs = plain_gradients(self.model, inputs, loss_fn, example_mask)
             clipped = tf.constant(0.0)
         elif self.config.clipping == "ghost":
             grads, losses, norms, outputs = ghost.clipped_gradient_sum(
-                self.model, inputs, loss_fn, example_mask, self.config.clip_norm)
+                self.model, inputs, loss_fn, example_mask, self.config.clip_norm, group_size=k)
             grads = [_dense(g) for g in grads]
-            clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * example_mask)
+            clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * unit_mask)
         else:
             grads, losses, norms, outputs = tfp_two_pass_clipped_gradients(
                 self.model, self.registry, inputs, loss_fn, example_mask, self.config.clip_norm)
             clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * example_mask)
         stats = {"loss_sum": tf.reduce_sum(losses), "examples": tf.reduce_sum(example_mask),
-                 "clipped": clipped}
+                 "clipped": clipped, "units": tf.reduce_sum(unit_mask)}
         if self.config.loss_bound is not None:
-            stats["loss_clipped_sum"] = tf.reduce_sum(
-                tf.clip_by_value(losses, 0.0, float(self.config.loss_bound)) * example_mask)
+            bounded = tf.clip_by_value(losses, 0.0, float(self.config.loss_bound)) * example_mask
+            # Per unit: a patient's mean over its own tuples (still in [0, bound]).
+            stats["loss_clipped_sum"] = tf.reduce_sum(bounded) if k == 1 else tf.reduce_sum(
+                _group_mean(bounded, example_mask, k))
         if self.metrics_fn is not None:
-            stats.update(self.metrics_fn(targets, outputs, example_mask))
+            if k == 1:
+                stats.update(self.metrics_fn(targets, outputs, example_mask))
+            else:
+                stats.update(self.metrics_fn(targets, outputs, example_mask, group_size=k))
         return grads, stats
 
     def _replica_accumulate(self, batch, round_index):

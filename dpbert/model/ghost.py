@@ -26,6 +26,20 @@ the whole model:
    Xᵀ(w ⊙ G), bias Σ w ⊙ G, embedding rows scattered with weights, LayerNorm Σ_i w_i g_i. This
    replaces a second backward pass through the network.
 
+Per-GROUP norms (user-level DP-SGD, ``group_size = k``): the batch is laid out as consecutive
+groups of k rows (one patient's ≤ k tuples, padded slots masked out); each row is still its
+OWN model input (its own forward pass: no attention across a group's sequences). The clipped
+unit is the group's SUMMED gradient Σ_j ∇ℓ_j. For a linear layer its squared norm is
+‖Σ_j X_jᵀG_j‖² = ‖X_Uᵀ G_U‖² with X_U, G_U the rows of all k sequences stacked ([k·r, a] and
+[k·r, o]): ghost ⟨X_U X_Uᵀ, G_U G_Uᵀ⟩ = Σ_{t,s∈U}(a_t·a_s)(g_t·g_s) over all token pairs of
+the group (cost (k·r)²(a+o)), or the instantiated per-example [a, o] gradients summed over the
+group (cost k·r·a·o) — mixed rule ghost iff k·r(a+o) < a·o. Both are the reshape
+[b, r, ·] → [b/k, k·r, ·] of the per-example tensors. Bias, LayerNorm: per-example gradient
+vectors summed over the group. Embedding: rows of the same token anywhere in the group summed
+(the ids reshaped to [b/k, k·L]). Every row of a group gets its group's clip factor
+min(1, C/‖Σ_j ∇ℓ_j‖) (times its slot mask), so the group's clipped contribution has norm ≤ C.
+``group_size = 1`` is per-example clipping.
+
 Cost ≈ forward + activation backward + per-layer weight products (what a normal backward does)
 + the norms, so close to a non-private step. ``check_against_brute_force`` in the tests compares
 both the norms and S with per-example gradients computed one example at a time.
@@ -51,6 +65,18 @@ class LayerEntry:
     variables: list  # the layer's trainable variables, in the order grad_fn returns them
     sqr_norm_fn: Callable  # (base_grads) -> [b]
     grad_fn: Callable  # (base_grads, weights [b]) -> list aligned with ``variables``
+
+
+#: cache key of the group size k (rows per clipped group)
+GROUP = "group_size"
+
+
+def _group_sum(t, k: int):
+    """[b, ...] → [b/k, ...]: the sum over each group of k consecutive rows."""
+    if k == 1:
+        return t
+    shape = tf.shape(t)
+    return tf.reduce_sum(tf.reshape(t, tf.concat([[-1, k], shape[1:]], axis=0)), axis=1)
 
 
 def _prod(values) -> int:
@@ -82,20 +108,25 @@ class _EinsumOp:
             self.equation, self.bias_axes, len(self.z.shape))
 
     def sqr_norm(self, grad, cache: Dict) -> tf.Tensor:
+        """Squared norms per group of k = ``cache[GROUP]`` rows (k = 1: per example)."""
+        k = int(cache.get(GROUP, 1))
         g3 = self.g3(grad)
-        if self.use_ghost:
-            key = ("xxt", id(self.x))
+        if self.rows * k * (self.a + self.o) < self.a * self.o:  # ghost on the group's k·r rows
+            key = ("xxt", id(self.x), k)
+            xu = self.x3 if k == 1 else tf.reshape(self.x3, [-1, k * self.rows, self.a])
+            gu = g3 if k == 1 else tf.reshape(g3, [-1, k * self.rows, self.o])
             if key not in cache:
-                cache[key] = tf.matmul(self.x3, self.x3, transpose_b=True)
-            norms = tf.reduce_sum(cache[key] * tf.matmul(g3, g3, transpose_b=True), axis=[1, 2])
+                cache[key] = tf.matmul(xu, xu, transpose_b=True)
+            norms = tf.reduce_sum(cache[key] * tf.matmul(gu, gu, transpose_b=True), axis=[1, 2])
         else:
             per_example = tf.matmul(self.x3, g3, transpose_a=True)  # [b, a, o]
             cache[("pe", id(self))] = per_example
-            norms = tf.reduce_sum(tf.square(per_example), axis=[1, 2])
+            norms = tf.reduce_sum(tf.square(_group_sum(per_example, k)), axis=[1, 2])
         if self.bias is not None:
             axes = self._bias_axes()
             qg = tf.reduce_sum(grad, axis=axes) if axes else grad
-            norms += tf.reduce_sum(tf.square(tf.reshape(qg, [tf.shape(qg)[0], -1])), axis=1)
+            qg = tf.reshape(qg, [tf.shape(qg)[0], -1])
+            norms += tf.reduce_sum(tf.square(_group_sum(qg, k)), axis=1)
         return norms
 
     def weighted_grads(self, grad, weights, cache: Dict) -> List[tf.Tensor]:
@@ -162,7 +193,10 @@ def embedding_computation(layer, args, kwargs, tape, cache):
     per_row = _prod(ids.shape[1:])
 
     def sqr_norm_fn(grads):
-        return registry_function_utils.embedding_sqr_norm_fn(grads[0].values, ids)
+        k = int(cache.get(GROUP, 1))
+        # A group's rows of the same token (in any of its k sequences) are summed first.
+        group_ids = ids if k == 1 else tf.reshape(ids, [-1, k * per_row])
+        return registry_function_utils.embedding_sqr_norm_fn(grads[0].values, group_ids)
 
     def grad_fn(grads, weights):
         g = grads[0]
@@ -197,7 +231,9 @@ def layer_norm_computation(layer, args, kwargs, tape, cache):
         layer.gamma, layer.beta = gamma, beta
 
     def sqr_norm_fn(grads):
-        return tf.add_n([tf.reduce_sum(tf.square(tf.reshape(g, [tf.shape(g)[0], -1])), axis=1) for g in grads])
+        k = int(cache.get(GROUP, 1))
+        return tf.add_n([tf.reduce_sum(tf.square(_group_sum(tf.reshape(g, [tf.shape(g)[0], -1]), k)), axis=1)
+                         for g in grads])
 
     def grad_fn(grads, weights):
         return [tf.tensordot(weights, g, axes=1) for g in grads]
@@ -259,14 +295,23 @@ def is_registered(layer) -> bool:
 
 
 def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, example_mask, clip_norm: float,
-                         training: bool = True):
+                         training: bool = True, group_size: int = 1):
     """S = Σ_i mask_i·min(1, C/‖∇ℓ_i‖)·∇ℓ_i in ``model.trainable_variables`` order.
 
     ``loss_fn(outputs) -> [b]`` per-example losses. Returns ``(grads, losses, norms, outputs)``
     with ``losses`` already multiplied by the mask and ``norms`` the unclipped gradient norms.
+
+    ``group_size = k > 1``: rows i = g·k … g·k + k − 1 form group g (b divisible by k) and
+    S = Σ_g min(1, C/‖Σ_{i∈g} mask_i ∇ℓ_i‖)·Σ_{i∈g} mask_i ∇ℓ_i; ``norms`` is then ``[b/k]``,
+    the norm of each group's summed gradient (module docstring).
     """
     example_mask = tf.cast(example_mask, tf.float32)
-    cache: Dict = {}
+    k = int(group_size)
+    if k < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if k > 1 and example_mask.shape[0] is not None and example_mask.shape[0] % k:
+        raise ValueError(f"batch of {example_mask.shape[0]} rows is not a whole number of groups of {k}")
+    cache: Dict = {GROUP: k}
     entries: List[LayerEntry] = []
     tape = tf.GradientTape(watch_accessed_variables=False)
 
@@ -299,7 +344,10 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
         start += len(e.base)
     sqr = tf.add_n([e.sqr_norm_fn(g) for e, g in zip(entries, per_entry)])
     norms = tf.sqrt(tf.maximum(sqr, 0.0))
-    weights = tf.stop_gradient(clip_norm / tf.maximum(norms, clip_norm) * example_mask)
+    factors = clip_norm / tf.maximum(norms, clip_norm)
+    if k > 1:  # every row of a group gets its group's clip factor
+        factors = tf.repeat(factors, k)
+    weights = tf.stop_gradient(factors * example_mask)
     by_var = {}
     for e, g in zip(entries, per_entry):
         for var, grad in zip(e.variables, e.grad_fn(g, weights)):

@@ -55,12 +55,14 @@ def _ensure_devices(replicas: int):
 
 def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip: float,
                 batch_size: int, steps: int = 30, seed: Optional[int] = None,
-                noise_mode: str = "once") -> Dict:
+                noise_mode: str = "once", group_size: int = 1) -> Dict:
     """Run ``steps`` real DP-SGD steps with zero gradients and measure the update noise.
 
     Returns a dict with ``measured_std``, ``expected_std`` (= σ·C/B), ``paper_std`` (σ√(P·T)·C/B,
     what per-shard noise would give), ``ratio``, ``ci95``, ``tolerance``, ``passed`` and the
-    auxiliary checks. ``seed=None``: OS entropy.
+    auxiliary checks. ``seed=None``: OS entropy. ``group_size = k > 1``: patient mode (user-level
+    DP-SGD): ``batch_size`` is B_patients, each round holds m patients × k slots per replica and
+    the step clips per group of k; the expected std is still σ·C/B_patients.
     """
     _ensure_devices(replicas)
     import tensorflow as tf
@@ -83,7 +85,8 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
         optimizer = tf_keras.optimizers.SGD(learning_rate=1.0)
     config = dpsgd.DPSGDConfig(clip_norm=clip, noise_multiplier=noise_multiplier,
                                expected_batch_size=float(batch_size), noise_mode=noise_mode,
-                               noise_seed=seed, replicas=replicas, accumulation_steps=accumulation)
+                               noise_seed=seed, replicas=replicas, accumulation_steps=accumulation,
+                               group_size=group_size)
     specials = [0, 1, 2, 3, 4]
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, 4, 0.15)
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
@@ -93,11 +96,11 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     from dpbert.model.masking import example_keys
 
     def masked_round():
-        ids = rng.integers(5, spec.vocab_size, (replicas * m_per, spec.max_seq_length)).astype(np.int32)
+        ids = rng.integers(5, spec.vocab_size, (replicas * m_per * group_size, spec.max_seq_length)).astype(np.int32)
         features = mask_fn(ids, example_keys(0, 0, np.arange(ids.shape[0])))
-        return {k: v.reshape((replicas, m_per) + v.shape[1:]) for k, v in features.items()}
+        return {k: v.reshape((replicas, m_per * group_size) + v.shape[1:]) for k, v in features.items()}
 
-    rounds = [{"features": masked_round(), "example_mask": np.zeros((replicas, m_per), np.float32)}
+    rounds = [{"features": masked_round(), "example_mask": np.zeros((replicas, m_per * group_size), np.float32)}
               for _ in range(accumulation)]
 
     def snapshot() -> np.ndarray:
@@ -136,7 +139,7 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     }
     return {
         "replicas": replicas, "accumulation": accumulation, "noise_multiplier": noise_multiplier,
-        "clip": clip, "batch_size": batch_size, "steps": steps, "noise_mode": noise_mode,
+        "clip": clip, "batch_size": batch_size, "steps": steps, "noise_mode": noise_mode, "group_size": group_size,
         "strategy": type(strategy).__name__, "coordinates": int(noise.shape[1]), "samples": int(m),
         "measured_std": measured, "expected_std": expected, "paper_std": paper, "target_std": target,
         "ratio": measured / target,

@@ -175,3 +175,97 @@ def pack_rounds(data, indices: np.ndarray, micro_batch: int, replicas: int,
         return {k: v[r] for k, v in features.items()} if isinstance(features, dict) else features[r]
 
     return [{"features": round_features(r), "example_mask": mask[r]} for r in range(rounds)]
+
+
+# --------------------------------------------------------------------------- user-level (patients)
+def group_rows(patient_keys) -> "PatientGroups":
+    """Group row indices by patient key (``dpbert.data.splits.patient_key`` of each row)."""
+    return PatientGroups.from_keys(patient_keys)
+
+
+class PatientGroups:
+    """The rows of each patient and a 64-bit id per patient derived from the patient's own key
+    (sha256), never from its position among the other patients."""
+
+    def __init__(self, members: List[np.ndarray], ids: np.ndarray):
+        if not members:
+            raise ValueError("no patient")
+        self.members, self.ids = members, np.asarray(ids, dtype=np.uint64)
+
+    @classmethod
+    def from_keys(cls, patient_keys) -> "PatientGroups":
+        import hashlib
+
+        index: Dict[str, List[int]] = {}
+        for row, key in enumerate(patient_keys):
+            if key is None or key == "":
+                raise ValueError(f"row {row} has no patient id")
+            index.setdefault(str(key), []).append(row)
+        ids = [int.from_bytes(hashlib.sha256(k.encode("utf-8")).digest()[:8], "little") for k in index]
+        return cls([np.asarray(rows, dtype=np.int64) for rows in index.values()], np.asarray(ids, np.uint64))
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+def patient_rows(groups: PatientGroups, patient: int, k: int, key: int, step: int) -> np.ndarray:
+    """The ≤ k rows patient ``patient`` contributes at ``step``: all of them if it has ≤ k,
+    else k drawn uniformly without replacement by a PRF of (secret key, the patient's own id,
+    step) — a function of that patient's data and the secret only (the others' rows, their
+    number and the patient's index do not enter)."""
+    rows = groups.members[patient]
+    if rows.size <= k:
+        return rows
+    rng = np.random.default_rng([int(key) & ((1 << 64) - 1), int(groups.ids[patient]), int(step)])
+    return np.sort(rows[rng.choice(rows.size, size=k, replace=False)])
+
+
+class PatientPoissonSampler(PoissonSampler):
+    """User-level sampling: each PATIENT independently in the step's batch with probability q
+    (= B_patients / n_patients planned); each sampled patient brings ``patient_rows`` (≤ k)."""
+
+    def __init__(self, groups: PatientGroups, q: float, k: int, key: int, seed: Optional[int] = None):
+        super().__init__(len(groups), q, seed=seed)
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self.groups, self.k, self.key = groups, int(k), int(key)
+
+    def sample_patients(self, step: int = 0) -> List[np.ndarray]:
+        """The rows of each sampled patient (one array of ≤ k row indices per patient)."""
+        return [patient_rows(self.groups, int(p), self.k, self.key, step) for p in self.sample(step)]
+
+
+def pack_patient_rounds(data, patients: List[np.ndarray], k: int, micro_patients: int, replicas: int,
+                        max_rounds: Optional[int] = None) -> List[Dict[str, object]]:
+    """Pack the sampled patients into R ≥ 1 rounds ``{"features": [P, m·k, ...], "example_mask":
+    [P, m·k]}``: m patients per replica per round, patient j of a replica in slots j·k … j·k + k − 1
+    (its ≤ k rows first, the rest padding with mask 0). ``data``: array ``[n, ...]`` or mapping,
+    indexed by row. The layout ``dpbert.model.ghost`` clips per group of k slots."""
+    per_round = micro_patients * replicas
+    b = len(patients)
+    rounds = max(1, int(math.ceil(b / per_round)))
+    if max_rounds is not None and rounds > max_rounds:
+        raise PoissonOverflowError(
+            f"batch of {b} patients needs {rounds} rounds > cap {max_rounds}; refusing to drop patients")
+    slots = rounds * per_round * k
+    source = np.full(slots, -1, dtype=np.int64)
+    for j, rows in enumerate(patients):
+        if len(rows) > k:
+            raise ValueError(f"patient {j} brings {len(rows)} rows > k = {k}")
+        source[j * k:j * k + len(rows)] = rows
+    present = source >= 0
+    shape = (rounds, replicas, micro_patients * k)
+
+    def pack(array):
+        array = np.asarray(array)
+        out = np.zeros((slots,) + array.shape[1:], dtype=array.dtype)
+        out[present] = array[source[present]]
+        return out.reshape(shape + array.shape[1:])
+
+    features = {name: pack(v) for name, v in data.items()} if isinstance(data, Mapping) else pack(data)
+    mask = present.astype(np.float32).reshape(shape)
+
+    def round_features(r):
+        return {name: v[r] for name, v in features.items()} if isinstance(features, dict) else features[r]
+
+    return [{"features": round_features(r), "example_mask": mask[r]} for r in range(rounds)]

@@ -280,14 +280,18 @@ def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask
         labels, weights = targets
         return dpsgd.per_example_mlm_loss(labels, logits, weights)
 
-    def metrics_fn(targets, logits, example_mask):
+    def metrics_fn(targets, logits, example_mask, group_size: int = 1):
         labels, weights = targets
         weights = weights * example_mask[:, tf.newaxis]
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
         per_example = tf.math.divide_no_nan(tf.reduce_sum(correct * weights, axis=1), tf.reduce_sum(weights, axis=1))
+        if group_size > 1:  # per patient: the mean accuracy of its own tuples, still in [0, 1]
+            accuracy_sum = tf.reduce_sum(dpsgd._group_mean(per_example * example_mask, example_mask, group_size))  # pylint: disable=protected-access
+        else:
+            accuracy_sum = tf.reduce_sum(per_example * example_mask)
         return {"correct": tf.reduce_sum(correct * weights), "predictions": tf.reduce_sum(weights),
-                # Σ_i accuracy_i ∈ [0, 1] per example: sensitivity 1 (dpbert.model.diagnostics).
-                "accuracy_sum": tf.reduce_sum(per_example * example_mask)}
+                # Σ_i accuracy_i ∈ [0, 1] per unit: sensitivity 1 (dpbert.model.diagnostics).
+                "accuracy_sum": accuracy_sum}
 
     return mask_fn, prepare_fn, loss_fn, metrics_fn
 
@@ -299,6 +303,21 @@ def mlm_rounds(mask_fn, token_ids: np.ndarray, example_ids: np.ndarray, indices:
     indices = np.asarray(indices, dtype=np.int64)
     features = mask_fn(token_ids[indices], masking.example_keys(mask_key, step, example_ids[indices]))
     return sampling.pack_rounds(features, np.arange(indices.size), micro_batch, replicas)
+
+
+def mlm_patient_rounds(mask_fn, token_ids: np.ndarray, example_ids: np.ndarray, patients, mask_key: int,
+                       step: int, k: int, micro_patients: int, replicas: int):
+    """The rounds of one user-level MLM step: each sampled patient's ≤ k rows masked by (key,
+    step, their own ids), packed k slots per patient (``sampling.pack_patient_rounds``)."""
+    rows = np.concatenate([np.asarray(p, dtype=np.int64) for p in patients]) if patients else \
+        np.zeros(0, np.int64)
+    features = mask_fn(token_ids[rows], masking.example_keys(mask_key, step, example_ids[rows])) if rows.size \
+        else mask_fn(token_ids[:1], masking.example_keys(mask_key, step, example_ids[:1]))
+    local, start = [], 0
+    for p in patients:  # positions of each patient's rows in ``features``
+        local.append(np.arange(start, start + len(p)))
+        start += len(p)
+    return sampling.pack_patient_rounds(features, local, k, micro_patients, replicas)
 
 
 # --------------------------------------------------------------------------- ledger
@@ -352,7 +371,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
               export_saved_model: bool = True, stop_after_steps: Optional[int] = None,
               strategy: Optional[tf.distribute.Strategy] = None,
               vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None,
-              example_ids: Optional[np.ndarray] = None, initial_weights: Optional[list] = None) -> TrainResult:
+              example_ids: Optional[np.ndarray] = None, initial_weights: Optional[list] = None,
+              patient_keys: Optional[Sequence[str]] = None) -> TrainResult:
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
     ``plan``: the ``dpbert.privacy.plan.TrainingPlan`` the budget was checked against (q, steps,
@@ -369,6 +389,10 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     mask depends on them). ``initial_weights``: the MLM model's starting weights (``get_weights()``
     order), e.g. the public start of ``dpbert.model.public_warmup``, instead of
     ``init_from_checkpoint``; a resumed run restores its checkpoint over them.
+    ``patient_keys`` ``[n]``: each row's patient (``dpbert.data.splits.patient_key``), required by a
+    plan with ``unit == "patient"`` (user-level DP-SGD: patients Poisson-sampled at the plan's q,
+    ≤ k rows each chosen by a secret PRF of (key, patient, step), the patient's summed gradient
+    clipped to C; ``dpbert.model.dpsgd``).
     """
     t0 = time.time()
     tc = training_config
@@ -402,6 +426,13 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     n_planned, q, expected_batch = plan.dataset_size, plan.sampling_probability, plan.expected_batch_size
     steps_planned = plan.steps
     P, T, m = plan.replicas, plan.accumulation_steps, plan.micro_batch
+    patient_unit = getattr(plan, "unit", "tuple") == "patient"
+    k = plan.max_contributions if patient_unit else 1
+    groups = None
+    if patient_unit:
+        if patient_keys is None or len(patient_keys) != n:
+            raise ValueError(f"a patient-unit plan needs patient_keys for each of the {n} rows")
+        groups = sampling.group_rows(patient_keys)
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -423,6 +454,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         # The accounted σ depends on the diagnostics: a resume must not change them.
         "diagnostics": dataclasses.asdict(diagnostics.config_of(tc)),
     }
+    if patient_unit:  # only then: a tuple-level state directory resumes as before
+        run_config.update(unit="patient", max_contributions=k)
     if not resume and (ckpt_dir.exists() or ledger_path.exists()):
         old = _read_json(ledger_path, {})
         log.warning("resume=False: discarding checkpoints in %s (previous chain executed %s DP steps)",
@@ -445,7 +478,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     dp_config = dpsgd.DPSGDConfig(
         clip_norm=tc.clip_norm, noise_multiplier=tc.noise_multiplier, expected_batch_size=expected_batch,
         non_private=tc.non_private, noise_mode=noise_mode, noise_seed=tc.noise_seed, replicas=P,
-        accumulation_steps=T, loss_bound=diag.loss_bound if release_diagnostics else None)
+        accumulation_steps=T, loss_bound=diag.loss_bound if release_diagnostics else None, group_size=k)
     gradient_sigma = dp_config.effective_noise_multiplier
     # What the accountant must charge per step: the gradient and the released diagnostics together.
     accounted_sigma = diagnostics.effective_noise_multiplier(gradient_sigma, diag) if release_diagnostics \
@@ -488,14 +521,19 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     diag_rng = np.random.default_rng(None if tc.noise_seed is None else [int(tc.noise_seed), 0xD1A6, start_step])
     # The MLM masks' key: secret (OS entropy), fresh for every process; a test seed makes it fixed.
     mask_key = secrets.randbits(64) if tc.noise_seed is None else (int(tc.noise_seed) * 7919 + 17)
-    if tc.sampling == "poisson":
+    if patient_unit:
+        # The secret key of each patient's choice of ≤ k tuples (OS entropy; a test seed fixes it).
+        choice_key = secrets.randbits(63) if tc.noise_seed is None else int(tc.noise_seed) * 104729 + 3
+        sampler = sampling.PatientPoissonSampler(groups, q, k, choice_key, seed=sampling_seed)
+    elif tc.sampling == "poisson":
         sampler = sampling.PoissonSampler(n, q, seed=sampling_seed)
     else:
         sampler = sampling.ShuffleSampler(n, tc.batch_size, key=_shuffle_key(output_dir, tc.noise_seed))
     # The planned n only: the exact number of rows is a private count and never goes to a log line.
-    log.info("train_mlm: planned n=%d, %s sampling q=%.6g, E[batch]=%.2f, P=%d, T=%d, m=%d, "
-             "sigma=%s, C=%s, non_private=%s, steps %d→%d", n_planned, tc.sampling, q, expected_batch,
-             P, T, m, tc.noise_multiplier, tc.clip_norm, tc.non_private, start_step, steps_planned)
+    log.info("train_mlm: planned n=%d %s, %s sampling q=%.6g, E[batch]=%.2f, P=%d, T=%d, m=%d, "
+             "sigma=%s, C=%s, non_private=%s, steps %d→%d", n_planned,
+             f"patients (<= {k} tuples each, user-level)" if patient_unit else "tuples", tc.sampling, q,
+             expected_batch, P, T, m, tc.noise_multiplier, tc.clip_norm, tc.non_private, start_step, steps_planned)
 
     writer = tf.summary.create_file_writer(str(tb_dir))
     # A progress bar on a terminal; elsewhere (TFX logs, CI, a pipe) one log line every 30 s.
@@ -513,8 +551,12 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
                 raise SimulatedCrash(f"simulated crash after {steps_this_run} steps (at step {step})")
             ledger["steps_executed"] += 1  # write-ahead: a step that starts is charged
             _write_json_atomic(ledger_path, ledger)
-            indices = sampler.sample(step)
-            rounds = mlm_rounds(mask_fn, token_ids, example_ids, indices, mask_key, step, m, P)
+            if patient_unit:
+                rounds = mlm_patient_rounds(mask_fn, token_ids, example_ids, sampler.sample_patients(step),
+                                            mask_key, step, k, m, P)
+            else:
+                indices = sampler.sample(step)
+                rounds = mlm_rounds(mask_fn, token_ids, example_ids, indices, mask_key, step, m, P)
             stats = stepper.run_step(rounds)
             step += 1
             steps_this_run += 1
@@ -527,7 +569,9 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
             if release_diagnostics:
                 exact_sums.append({k: float(stats[k]) for k in ("loss_clipped_sum", "accuracy_sum", "clipped",
                                                                 "examples")})
-                shown = diagnostics.release(stats, gradient_sigma, expected_batch, diag, diag_rng)
+                # Per unit: a patient counts once in the batch size (its loss/accuracy are its means).
+                shown = diagnostics.release(dict(stats, examples=stats["units"]) if patient_unit else stats,
+                                            gradient_sigma, expected_batch, diag, diag_rng)
             elif tc.non_private:  # the baseline's artifact is private: its exact curve is what it shows
                 shown = {"loss": loss, "accuracy": last_accuracy, "batch_size": examples,
                          "clipped_fraction": stats["clipped"] / examples if examples else 0.0}

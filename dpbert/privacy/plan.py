@@ -12,6 +12,12 @@ applied). Nothing else computes n, q or the number of steps.
   the trainer agree (both used to round differently: 11 planned, 12 executed);
 * expected batch = q · n under Poisson sampling, B under shuffling;
 * micro-batch m = B / (P · T) examples per replica per accumulation round.
+
+The unit (``privacy.unit``): ``tuple`` — n, B, q count tuples; ``patient`` (user-level DP-SGD) —
+n is the PUBLIC number of patients (``training.dataset_patients``, held-out ones included, times
+1 − holdout), B = ``training.batch_size`` the expected number of PATIENTS per step, q = B / n the
+patient sampling rate, m patients per replica per round, each bringing ≤ k =
+``privacy.max_tuples_per_patient`` tuples (``max_contributions``): ``micro_batch_rows`` = m·k.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from typing import Optional
 from dpbert.privacy import _checks
 
 SAMPLING_MODES = ("poisson", "shuffle")
+UNITS = ("tuple", "patient")
 
 
 def steps_for(examples: int, batch_size: int, epochs: float) -> int:
@@ -45,6 +52,8 @@ class TrainingPlan:
     steps: int                 # optimizer steps the run will take
     replicas: int              # P
     accumulation_steps: int    # T
+    unit: str = "tuple"        # tuple | patient (n, B, q count patients)
+    max_contributions: int = 1  # k: tuples per patient per step (patient unit), 1 per tuple
 
     @property
     def expected_batch_size(self) -> float:
@@ -59,17 +68,25 @@ class TrainingPlan:
         return self.batch_size // (self.replicas * self.accumulation_steps)
 
     @property
+    def micro_batch_rows(self) -> int:
+        """Rows (sequences) per replica per round: m·k for the patient unit, m per tuple."""
+        return self.micro_batch * (self.max_contributions if self.unit == "patient" else 1)
+
+    @property
     def epochs(self) -> float:
         return self.steps * self.batch_size / self.dataset_size
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        out.update(expected_batch_size=self.expected_batch_size, micro_batch=self.micro_batch)
+        out.update(expected_batch_size=self.expected_batch_size, micro_batch=self.micro_batch,
+                   micro_batch_rows=self.micro_batch_rows)
         return out
 
 
-def plan_training(training_config, dataset_size: int, holdout_fraction: float = 0.0) -> TrainingPlan:
-    """The plan of ``training_config`` (``dpbert.config.TrainingConfig``) over a public n.
+def plan_training(training_config, dataset_size: int, holdout_fraction: float = 0.0, unit: str = "tuple",
+                  max_contributions: int = 1) -> TrainingPlan:
+    """The plan of ``training_config`` (``dpbert.config.TrainingConfig``) over a public n (tuples,
+    or patients with ``unit="patient"``, each contributing ≤ ``max_contributions`` = k tuples).
 
     ``holdout_fraction`` f: patients held out of training (``dpbert.data.splits``, each
     independently); the plan's n is the public n·(1 − f), rounded — the expected number of
@@ -77,6 +94,11 @@ def plan_training(training_config, dataset_size: int, holdout_fraction: float = 
     with f = 0 (it already counts members only).
     """
     n = _checks.integer("dataset_size", dataset_size, 1)
+    _checks.choice("unit", unit, UNITS)
+    k = _checks.integer("max_contributions", max_contributions, 1) if unit == "patient" else 1
+    if unit == "patient" and training_config.sampling != "poisson":
+        raise ValueError("privacy.unit = patient (user-level DP-SGD) needs training.sampling = poisson "
+                         f"(patients Poisson-sampled), got {training_config.sampling!r}")
     if not 0.0 <= float(holdout_fraction) < 1.0:
         raise ValueError(f"holdout_fraction must be in [0, 1), got {holdout_fraction!r}")
     n = max(1, int(math.floor(n * (1.0 - float(holdout_fraction)) + 0.5)))
@@ -94,4 +116,12 @@ def plan_training(training_config, dataset_size: int, holdout_fraction: float = 
         steps = steps_for(n, B, tc.epochs)
     return TrainingPlan(dataset_size=n, batch_size=B, sampling=tc.sampling,
                         sampling_probability=min(1.0, B / n), steps=steps, replicas=P,
-                        accumulation_steps=T)
+                        accumulation_steps=T, unit=unit, max_contributions=k)
+
+
+def plan_for_config(config, dataset_size: int) -> TrainingPlan:
+    """The plan of a whole ``dpbert.config.Config`` over a public n of its unit (tuples, or
+    patients for ``privacy.unit: patient``), with the membership holdout."""
+    unit = config.privacy.unit
+    return plan_training(config.training, dataset_size, config.membership.holdout_patient_fraction, unit=unit,
+                         max_contributions=config.privacy.max_tuples_per_patient)
