@@ -412,6 +412,42 @@ def ner_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return {"f1": fmt(f1) if f1 is not None else None, "per_type": per_type_rows, "table": generic_table(table)}
 
 
+#: The utility table's rows (issue 16) and which of them are released (``dpbert.release``).
+UTILITY_LABELS = (("random", "random init"), ("public", "public start"), ("dp", "DP in-domain"),
+                  ("non_private", "non-private in-domain"))
+
+
+def utility_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The report's ``utility`` section for the run page: one row per model that ran (held-out MLM
+    loss and accuracy, NER F1 mean ± std), each marked released or operator-only (the
+    non-private row), and the gains kept (operator-only: they use the non-private row)."""
+    from dpbert.release import RELEASED_UTILITY_ROWS
+
+    utility = report.get("utility")
+    if not isinstance(utility, dict) or not isinstance(utility.get("rows"), dict) or not utility["rows"]:
+        return None
+    rows = []
+    for key, label in UTILITY_LABELS:
+        r = utility["rows"].get(key)
+        if not isinstance(r, dict):
+            continue
+        mean, std = number(r.get("ner_f1_mean")), number(r.get("ner_f1_std"))
+        rows.append({"key": key, "label": label, "loss": fmt(number(r.get("heldout_mlm_loss"))),
+                     "accuracy": fmt(number(r.get("heldout_mlm_accuracy"))),
+                     "f1": "—" if mean is None else f"{mean:.4f} ± {(std or 0.0):.4f}",
+                     "released": key in RELEASED_UTILITY_ROWS})
+    gains = []
+    for key, label in (("gain_kept_mlm_loss", "gain kept, held-out MLM loss"), ("gain_kept_ner_f1", "gain kept, NER F1")):
+        if key in utility:
+            value, std = number(utility.get(key)), number(utility.get(key + "_std"))
+            gains.append({"label": label, "value": fmt(value) + ("" if std is None or value is None else f" ± {fmt(std)}")})
+    reference = utility.get("reference")
+    return {"rows": rows, "gains": gains, "seeds": fmt(number(utility.get("ner_seeds"))),
+            "reference": str(reference) if reference else "—",
+            "no_public_row": "public" not in utility["rows"],
+            "uncertainty": utility.get("uncertainty") if isinstance(utility.get("uncertainty"), str) else None}
+
+
 def generic_table(value: Any) -> Optional[Dict[str, Any]]:
     """A list of dicts, a dict of dicts or a list of lists as ``{columns, rows}`` of texts."""
     if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
@@ -504,6 +540,26 @@ def interrupted_view(report: Dict[str, Any]) -> Optional[str]:
     return text + "; re-running the same command resumes it (from the trainer's last checkpoint)."
 
 
+def audit_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The white-box audit next to the ledger: rows, and the verdict (consistent, and whether the
+    audit had the power to refute the claimed ε at all)."""
+    audit = report.get("audit")
+    if not isinstance(audit, dict) or audit.get("epsilon_lower_bound") is None:
+        return None
+    rows = [("ε lower bound (audit)", audit.get("epsilon_lower_bound")),
+            ("ε upper bound (accountant, gradient release)", audit.get("epsilon_upper_bound")),
+            ("ε_T in the ledger", audit.get("epsilon_train_ledger")),
+            ("power: bound with every guess right", audit.get("max_reachable_lower_bound")),
+            ("positive control: same run, noise off", audit.get("positive_control_lower_bound")),
+            ("gradient canaries", audit.get("canaries")), ("confidence", audit.get("confidence")),
+            ("δ", audit.get("delta")), ("steps", audit.get("steps")), ("q", audit.get("q"))]
+    upper, reach = audit.get("epsilon_upper_bound"), audit.get("max_reachable_lower_bound")
+    return {"rows": [{"label": k, "value": fmt(v)} for k, v in rows if v is not None],
+            "consistent": _bool_flag(audit.get("consistent")),
+            "powerful": isinstance(upper, (int, float)) and isinstance(reach, (int, float)) and reach > upper,
+            "control_detected": _bool_flag(audit.get("positive_control_exceeds_upper_bound"))}
+
+
 def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
     """The context of the run page."""
     canary = report.get("canary") or {}
@@ -514,12 +570,14 @@ def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
         "warnings": warnings_view(report),
         "dag": dag(run),
         "ledger": ledger(run),
+        "whitebox_audit": audit_view(report),
         "vocab": vocab_rows(report),
         "vocab_operator_only": vocab_operator_only(run, report),
         "pretraining": pretraining_rows(report),
         "baseline": baseline_rows(report),
         "loss_curves": sorted(loss_curves(run, report)),
         "ner": ner_view(report),
+        "utility": utility_view(report),
         # NER's "dp" row is the main model's: operator-only when that model is not DP.
         "ner_operator_only": marked_private(run, schema.NER_REPORT) or not any(
             not _bool_flag(a.properties.get(schema.NON_PRIVATE))

@@ -40,7 +40,7 @@ from dpbert.config import Config, CorpusConfig
 
 log = logging.getLogger(__name__)
 
-#: m, gradient canaries: the reachable bound is 5.62 at δ = 1e-5 (95 %), above the demo's
+#: m, gradient canaries: the reachable bound is 5.51 at δ = 1e-5 (95 %), above the demo's
 #: gradient ε_T = 4.97, so the noise-off control can refute the demo's claim (README).
 DEFAULT_CANARIES = 10_000
 #: Vocabulary test trials on each of D and D′ (seconds on 2 cores at N = 256).

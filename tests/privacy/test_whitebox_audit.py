@@ -98,6 +98,19 @@ def test_max_reachable_lower_bound_is_the_bound_with_every_guess_right():
     assert reachable == pytest.approx(5.09, abs=0.01)
 
 
+def test_a_perfect_scorer_reaches_the_white_box_grid_bound_on_a_real_half_draw():
+    # The (m/2, m/2) choice needs exactly m/2 canaries in; the white-box grid's (45 %, 45 %) does not.
+    m = 10_000
+    grid = wa.whitebox_k_grid(m)
+    assert len(grid) == 12 and (4500, 4500) in grid and max(a + b for a, b in grid) == 9000
+    for seed in range(3):
+        included = audit.draw_inclusion(m, np.random.default_rng(seed))
+        perfect = audit.audit_best_of(included.astype(float), included, grid, beta=0.05, delta=DELTA)
+        assert perfect["accuracy"] == 1.0
+        assert perfect["epsilon_lower_bound"] == pytest.approx(wa.max_reachable_lower_bound(m, 0.05, DELTA, grid))
+    assert wa.max_reachable_lower_bound(m, 0.05, DELTA, grid) == pytest.approx(5.51, abs=0.01)
+
+
 # ------------------------------------------------------------------------------ positive controls
 def test_positive_control_a_noise_off_exceeds_the_claimed_epsilon(data):
     res = _audit(data, noise_multiplier=SIGMA_MID, canaries=2000, noise_scale=0.0, seed=11,
@@ -121,7 +134,7 @@ def test_positive_control_b_noise_too_small_by_sqrt_pt_is_detected_with_1e4_cana
     assert res["noise_multiplier_applied"] == pytest.approx(1.0) and res["canaries"] == 10_000
     assert res["epsilon_upper_bound"] == pytest.approx(1.065, abs=0.01)
     assert res["epsilon_lower_bound"] > res["epsilon_upper_bound"], res
-    assert res["max_reachable_lower_bound"] == pytest.approx(5.62, abs=0.01)
+    assert res["max_reachable_lower_bound"] == pytest.approx(5.51, abs=0.01)  # white-box grid, m = 10⁴
 
 
 @pytest.mark.parametrize("seed,accumulation", [(0, 1), (1, 1), (2, 2)])

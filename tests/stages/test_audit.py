@@ -10,7 +10,7 @@ import pytest
 from dpbert import exit_codes, schema
 from dpbert.config import load_config
 from dpbert.evaluate.audit import AuditInconsistencyError
-from dpbert.privacy.whitebox_audit import max_reachable_lower_bound
+from dpbert.privacy.whitebox_audit import max_reachable_lower_bound, whitebox_k_grid
 from dpbert.stages import audit
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,7 +30,7 @@ def test_audit_of_the_configured_training_on_the_embedded_corpus_is_public():
     # the plan of the configured run: q = B / (n·(1 − holdout)) with the public n = 200
     assert res["q"] == pytest.approx(8 / 140) and res["steps"] == 8 and res["canaries"] == 400
     assert res["consistent"] and 0 <= res["epsilon_lower_bound"] <= res["epsilon_upper_bound"]
-    assert res["max_reachable_lower_bound"] == pytest.approx(max_reachable_lower_bound(400, 0.05, 1e-5))
+    assert res["max_reachable_lower_bound"] == pytest.approx(max_reachable_lower_bound(400, 0.05, 1e-5, whitebox_k_grid(400)))
 
 
 def test_audit_of_a_user_corpus_is_operator_only(tmp_path):
