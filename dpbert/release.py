@@ -4,7 +4,8 @@ ONE explicit list (``RELEASED``). Everything else a run writes stays with the op
 
 released (DP-covered)                                     covered by
   DPVocabulary       vocab.txt, tokenizer.json, the noisy  ε_V (vocabulary record)
-                     histogram of kept words, dp_event.json
+                     histogram of kept words, dp_event.json,
+                     token_sources.json (public / DP ids)
   PretrainedModel    model/ (weights), tokenizer/,         ε_total (vocabulary + training: the
   (the DP model)     tensorboard/ (DP diagnostics only),   weights are trained on the DP vocabulary)
                      dp_events.json
@@ -19,7 +20,8 @@ released (DP-covered)                                     covered by
 
 operator-only (``private = 1`` on the artifact, never in a bundle): WordTuples (raw text), CanaryList
 (canary secrets and insertion key), the non-private baseline model, MembershipReport (attack
-scores on private rows), NerReport rows of the non-private model, the trainer's state directory
+scores on private rows), NerReport rows of the non-private model (and the utility table's gains
+kept, which use it), the trainer's state directory
 (exact training curves, checkpoints, keys), and any file of a released artifact not in the list
 (``train_result.json``: exact diagnostics; ``canary_counts.json``: insertions per canary;
 ``run_config.json``; the CanaryReport's ``exposure.json`` with the non-private exposures).
@@ -61,7 +63,8 @@ class ReleasedPart:
 
 #: The one list of what is released.
 RELEASED = (
-    ReleasedPart(schema.DP_VOCABULARY, ("vocab.txt", "tokenizer.json", "histogram.jsonl", "dp_event.json"),
+    ReleasedPart(schema.DP_VOCABULARY, ("vocab.txt", "tokenizer.json", "histogram.jsonl", "dp_event.json",
+                                        schema.TOKEN_SOURCES_FILE),
                  "epsilon_vocab", "vocabulary", required=("vocab.txt",)),
     ReleasedPart(schema.PRETRAINED_MODEL, (schema.MODEL_DIR, schema.TOKENIZER_DIR, schema.TENSORBOARD_DIR,
                                            schema.DP_EVENTS_FILE), "epsilon_total", "model",
@@ -290,16 +293,23 @@ RELEASED_REPORT = {
     "privacy": None,  # every ledger key (the ledger is released: privacy_report.json)
     "vocab": ("size", "words_kept", "sigma", "threshold", "epsilon"),
     # the DP model's diagnostics as its artifact reports them (DP estimates: dpbert.privacy.diagnostics)
-    "pretraining": ("steps", "initial_mlm_loss", "final_mlm_loss", "loss_curve", "final_mlm_accuracy",
+    "pretraining": ("steps", "initial_mlm_loss", "final_mlm_loss", "loss_curve", "loss_curve_steps",
+                    "final_mlm_accuracy",
                     "clipped_fraction", "diagnostics"),
     "ner": ("f1", "per_type"),
     "canary": ("audit_epsilon_lower_bound", "audit_max_reachable_lower_bound"),
     # public rows, the DP vocabulary and public parameters only (dpbert.stages.audit)
     "audit": None,
+    # The utility table (issue 16): the rows of RELEASED_UTILITY_ROWS only (computed on public
+    # text and public NER data from the DP model and public models); the non-private row and the
+    # gains kept (a function of it) are operator-only.
+    "utility": ("rows", "reference", "ner_seeds"),
 }
+#: The utility rows that may be released (``released_view`` drops ``non_private``).
+RELEASED_UTILITY_ROWS = ("random", "public", "dp")
 #: What ``released_view`` leaves out, for the reader of the view.
 OPERATOR_ONLY = ("component timings", "non-private model (losses, NER rows)", "canary exposures",
-                 "membership inference", "corpus counts")
+                 "membership inference", "corpus counts", "utility: non-private row and gains kept")
 
 
 def _number(value) -> Optional[float]:
@@ -318,7 +328,7 @@ def releasable(report: Dict[str, Any]) -> bool:
 def released_view(report: Dict[str, Any]) -> Dict[str, Any]:
     """``dpbert report --released``: an allow-list of ``build_report``'s DP values — the ε ledger,
     the DP vocabulary's size and ε, the DP model's (DP) training diagnostics, its NER F1 on public
-    data and the one-run audit's bound. The other sections are computed on private data without
+    data, the utility table's random / public / DP rows and the one-run audit's bound. The other sections are computed on private data without
     noise (``OPERATOR_ONLY``) and are dropped. A run that cannot be released (ε = ∞, over budget)
     keeps only its ledger."""
     out: Dict[str, Any] = {"run_id": report.get("run_id"), "pipeline": report.get("pipeline"),
@@ -336,6 +346,9 @@ def released_view(report: Dict[str, Any]) -> Dict[str, Any]:
         if section == "vocab" and values.get(schema.NON_PRIVATE):
             continue  # exact counts: operator-only (and the run is not releasable anyway)
         out[section] = dict(values) if keys is None else {k: values.get(k) for k in keys}
+        if section == "utility" and isinstance(values.get("rows"), dict):
+            out[section]["rows"] = {name: dict(row) for name, row in values["rows"].items()
+                                    if name in RELEASED_UTILITY_ROWS and isinstance(row, dict)}
     return out
 
 

@@ -95,6 +95,8 @@ DP_TOKENS = "dp_tokens"
 
 # PretrainedModel (also NON_PRIVATE, STEPS_TAKEN_TOTAL, DP_EVENTS, ...)
 INITIAL_MLM_LOSS = "initial_mlm_loss"
+#: The true training step of each point of ``loss_curve`` (the curve is subsampled).
+LOSS_CURVE_STEPS = "loss_curve_steps"
 FINAL_MLM_LOSS = "final_mlm_loss"
 LOSS_CURVE = "loss_curve"
 #: The public start (no ε, outside the ledger; ``dpbert.model.public_warmup``): the checkpoint,

@@ -20,6 +20,13 @@
    event built from the plan plus what actually ran (``steps_taken_total``, the σ applied), from
    which the accountant recomputes ε.
 
+``privacy.unit: patient`` (user-level DP-SGD): every trained-on tuple must carry a patient id
+(:class:`PatientIdsMissing` otherwise); the rows are grouped by patient, the plan is over the
+PUBLIC number of patients (``training.dataset_patients`` · (1 − holdout), else a DP count of the
+trained-on patients, sensitivity 1), ``training.batch_size`` patients per step, each bringing
+≤ k = ``privacy.max_tuples_per_patient`` tuples, and the DP event is per patient
+(``sampling_unit: patient``). Appended audit canaries are one patient each.
+
 With ``model.init: minilm`` the model starts from the PUBLIC start (:func:`public_start_weights`,
 ``dpbert.model.public_warmup``): the checkpoint's first ``model.public_layers`` layers and a
 non-private MLM warm-up of ``model.public_warmup_steps`` steps on text shipped in the repository
@@ -71,7 +78,7 @@ def state_dir(pipeline_root: str, key_material: str) -> str:
 
 
 #: PretrainedModel property: the training step of each ``loss_curve`` point (``curve_steps``).
-LOSS_CURVE_STEPS = "loss_curve_steps"
+LOSS_CURVE_STEPS = schema.LOSS_CURVE_STEPS
 
 
 def _curve_indices(n: int, points: int) -> List[int]:
@@ -107,8 +114,20 @@ def training_patients(tuples_dir: str, membership: MembershipConfig):
     return split.train, split.key_id
 
 
-def training_rows(tokenizer, tuples_dir: str, train_patients: Optional[frozenset], max_seq_length: int):
-    """(``[n, max_seq_length]`` token ids, ``[n]`` record ids) of the trained-on tuples, in file order."""
+class PatientIdsMissing(ValueError):
+    """``privacy.unit: patient`` on a corpus whose tuples do not all carry a patient id."""
+
+
+PATIENT_IDS_MISSING = ("privacy.unit = patient needs a patient id on every tuple, and {count} trained-on tuple(s) "
+                       "have none: use JSONL with a patient_id field, a MIMIC NOTEEVENTS CSV (SUBJECT_ID) or the "
+                       "synthetic corpus — or set privacy.unit = tuple")
+
+
+def training_rows(tokenizer, tuples_dir: str, train_patients: Optional[frozenset], max_seq_length: int,
+                  with_patients: bool = False):
+    """(``[n, max_seq_length]`` token ids, ``[n]`` record ids) of the trained-on tuples, in file order;
+    ``with_patients``: also each row's patient key (``splits.patient_key``), and every tuple must
+    have a real patient id (:class:`PatientIdsMissing`)."""
     import numpy as np
 
     from dpbert.data.splits import patient_key
@@ -119,15 +138,24 @@ def training_rows(tokenizer, tuples_dir: str, train_patients: Optional[frozenset
     if not kept:
         raise ValueError("no training tuple left after holding patients out")
     token_ids = tokenize_tuples(tokenizer, (t.words for t in kept), max_seq_length)
-    return token_ids, np.array([t.record_id for t in kept], dtype=np.int64)
+    row_ids = np.array([t.record_id for t in kept], dtype=np.int64)
+    if not with_patients:
+        return token_ids, row_ids
+    missing = sum(1 for t in kept if not getattr(t, "patient_id", None))
+    if missing:
+        raise PatientIdsMissing(PATIENT_IDS_MISSING.format(count=missing))
+    return token_ids, row_ids, [patient_key(t) for t in kept]
 
 
 DP_COUNT_FILE = "dp_count.json"
 
 
-def plan_for(tc: TrainingConfig, membership: MembershipConfig, rows: int, state: str, unit_cap: int = 1):
+def plan_for(tc: TrainingConfig, membership: MembershipConfig, rows: int, state: str, unit_cap: int = 1,
+             privacy: Optional[PrivacyConfig] = None):
     """(TrainingPlan, count record or None): over the public ``training.dataset_size`` with the
     holdout fraction, else over a DP count of the ``rows`` trained on (``dpbert.privacy.count``).
+    ``privacy.unit == "patient"``: ``rows`` is the number of trained-on PATIENTS and the public n
+    ``training.dataset_patients`` (the DP count of patients has sensitivity 1).
 
     The DP count is drawn ONCE per state directory and kept there (private): a resumed run plans
     with the same released n̂ (same q, so the checkpoint resumes) and the count is charged once.
@@ -135,8 +163,12 @@ def plan_for(tc: TrainingConfig, membership: MembershipConfig, rows: int, state:
     from dpbert.privacy import count
     from dpbert.privacy.plan import plan_training
 
-    if tc.dataset_size is not None:
-        return plan_training(tc, tc.dataset_size, membership.holdout_patient_fraction), None
+    patient_unit = privacy is not None and privacy.unit == "patient"
+    unit = "patient" if patient_unit else "tuple"
+    k = privacy.max_tuples_per_patient if patient_unit else 1
+    public_n = tc.dataset_patients if patient_unit else tc.dataset_size
+    if public_n is not None:
+        return plan_training(tc, public_n, membership.holdout_patient_fraction, unit=unit, max_contributions=k), None
     path = os.path.join(state, DP_COUNT_FILE)
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -149,6 +181,9 @@ def plan_for(tc: TrainingConfig, membership: MembershipConfig, rows: int, state:
         os.makedirs(state, exist_ok=True)
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"released": n_hat}, f)
+    if patient_unit:  # a count of patients: sensitivity 1; the record names the ledger's unit (k)
+        return (plan_training(tc, n_hat, unit=unit, max_contributions=k),
+                count.count_event(tc.count_noise_multiplier, n_hat, unit="patient", max_contributions=k))
     return plan_training(tc, n_hat), count.count_event(tc.count_noise_multiplier, n_hat)
 
 
@@ -210,29 +245,37 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
 
     mc, pc, membership = model_config, privacy_config, membership_config
     tc = dataclasses.replace(training_config, non_private=True) if non_private else training_config
-    if pc.unit == "patient" and not tc.non_private:
-        # The accountant would charge k-fold group privacy, but nothing here caps the examples
-        # per patient at k: refuse rather than report an ε that does not hold.
-        raise ValueError("privacy.unit = patient is supported by the vocabulary stage only; "
-                         "DP-SGD pre-training needs privacy.unit = tuple")
+    patient_unit = pc.unit == "patient"
 
     tokenizer = load_tokenizer(vocabulary_dir)
     train_patients, holdout_key_id = training_patients(tuples_dir, membership)
-    token_ids, row_ids = training_rows(tokenizer, tuples_dir, train_patients, mc.max_seq_length)
+    patient_keys = None
+    if patient_unit:  # user-level DP-SGD: rows grouped by patient (every tuple must have one)
+        token_ids, row_ids, patient_keys = training_rows(tokenizer, tuples_dir, train_patients, mc.max_seq_length,
+                                                         with_patients=True)
+    else:
+        token_ids, row_ids = training_rows(tokenizer, tuples_dir, train_patients, mc.max_seq_length)
     state = state_dir(pipeline_root, json.dumps(
         [tuples_dir, vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
          dataclasses.asdict(membership), int(tc.non_private), canaries_dir], sort_keys=True))
-    plan, count_record = plan_for(tc, membership, int(token_ids.shape[0]), state)
+    units = len(set(patient_keys)) if patient_unit else int(token_ids.shape[0])
+    plan, count_record = plan_for(tc, membership, units, state, privacy=pc)
     if plan.batch_size > plan.dataset_size:
+        what = "patients" if patient_unit else "tuples"
+        public = "training.dataset_patients" if patient_unit else "training.dataset_size"
         raise ValueError(f"training.batch_size {plan.batch_size} exceeds the planned number of trained-on "
-                         f"tuples {plan.dataset_size} ({'training.dataset_size × (1 − holdout)' if count_record is None else 'a DP count'})")
+                         f"{what} {plan.dataset_size} ({public + ' × (1 − holdout)' if count_record is None else 'a DP count'})")
     canary_counts = None
     if canaries_dir is not None:
         from dpbert.stages.canary import apply_canaries
 
         # Canaries are test data inserted per row; they do not change the planned q.
-        token_ids, row_ids, canary_counts = apply_canaries(token_ids, row_ids, canaries_dir, mc.max_seq_length,
-                                                           rows_planned=plan.dataset_size)
+        rows_before = int(token_ids.shape[0])
+        token_ids, row_ids, canary_counts = apply_canaries(
+            token_ids, row_ids, canaries_dir, mc.max_seq_length,
+            rows_planned=plan.dataset_size * (plan.max_contributions if patient_unit else 1))
+        if patient_unit:  # each appended audit canary is a patient of its own
+            patient_keys = list(patient_keys) + [f"canary:{int(r)}" for r in row_ids[rows_before:]]
     n = int(token_ids.shape[0])
     specials = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
     # No exact count in a log line: the plan's n is public (or a DP count).
@@ -252,7 +295,8 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
     result = train_mlm(token_ids, specials, tokenizer.get_vocab_size(), mc, tc, state, plan=plan, resume=True,
                        progress=True, vocab_tokens=vocab_tokens, stop_after_steps=stop_after_steps,
                        export_saved_model=export_saved_model, example_ids=row_ids,
-                       public_checkpoint_dir=checkpoint, initial_weights=initial_weights)
+                       public_checkpoint_dir=checkpoint, initial_weights=initial_weights,
+                       patient_keys=patient_keys)
     _copy_artifact_files(state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
 
     seeded = tc.noise_seed is not None and not tc.non_private
@@ -268,11 +312,15 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
         from dpbert.privacy.accountant import dpsgd_epsilon
 
         sigma = result.effective_noise_multiplier
-        record = events.dpsgd_event(sigma, plan.batch_size,
-                                    events.accounted_dataset_size(plan.sampling, plan.dataset_size, n),
-                                    result.steps_taken_total, plan.sampling)
+        if patient_unit:  # user-level: patients Poisson-sampled at the planned rate, per-patient event
+            record = events.dpsgd_event(sigma, plan.batch_size, plan.dataset_size, result.steps_taken_total,
+                                        plan.sampling, plan.max_contributions, unit="patient")
+        else:
+            record = events.dpsgd_event(sigma, plan.batch_size,
+                                        events.accounted_dataset_size(plan.sampling, plan.dataset_size, n),
+                                        result.steps_taken_total, plan.sampling)
         epsilon = dpsgd_epsilon(sigma, record["sampling_probability"], result.steps_taken_total,
-                                tc.delta, plan.sampling)
+                                tc.delta, plan.sampling, user_level=patient_unit)
     records = ([count_record] if count_record is not None and not (tc.non_private or seeded) else []) + [record]
     if count_record is not None and not (tc.non_private or seeded):
         from dpbert.privacy.accountant import ledger
@@ -303,6 +351,9 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
         schema.STEPS_PLANNED: result.steps_planned,
         # The plan's n: public (training.dataset_size·(1 − holdout)) or a DP count — never exact.
         "planned_dataset_size": plan.dataset_size,
+        # What n, B and q count: tuples, or patients (user-level DP-SGD, ≤ k tuples each).
+        "privacy_unit": "patient" if patient_unit else "tuple",
+        "max_tuples_per_patient": plan.max_contributions if patient_unit else None,
         "dataset_size_source": "public" if count_record is None else "dp_count",
         "delta": tc.delta,
         "epsilon_train": epsilon,
