@@ -58,15 +58,17 @@ the implementation does.
 What it can and cannot detect
 -----------------------------
 * It tests the released noisy sums g̃_t against the claimed (σ, q, T). Measured on the tiny
-  model (tests/privacy/test_whitebox_audit.py; q = 0.1, T = 60, δ = 1e-5, 95 %): noise off
-  (``noise_scale = 0``) at a claimed ε = 2.76 with m = 2000 → lower bound 3.98 (detected);
-  noise too small by 3 (a √(P·T) normalisation bug at P·T = 9) at a claimed ε = 1.07 with
-  m = 10⁴ → 1.46 (detected); the honest runs → 0.82–1.02 at ε = 2.76 (m = 2000) and 0.51 at
-  ε = 1.07 (m = 10⁴). Honest ratios lower / claimed over ε_T ≈ 2, 4, 8: 0.20–0.25 at m = 10³,
-  0.24–0.37 at m = 10⁴ (``benchmarks/audit_power.py``).
-* It cannot see a factor-2 noise bug at ε ≈ 1 (measured: 1.02 < 1.07 at m = 10⁴; the direct
+  model (tests/privacy/test_whitebox_audit.py; q = 0.1, T = 60, δ = 1e-5, 95 %; orthogonal
+  canaries, white-box grid): noise off (``noise_scale = 0``) at a claimed ε = 2.76 with
+  m = 2000 → lower bound 4.96 (detected; reachable 5.50); noise too small by 3 (a √(P·T)
+  normalisation bug at P·T = 9) at a claimed ε = 1.07 with m = 10⁴ → 1.50 (detected); the
+  honest runs → 0.80–0.94 at ε = 2.76 (m = 2000) and 0.37 at ε = 1.07 (m = 10⁴). Honest ratios
+  lower / claimed at ε_T ≈ 2, 4, 8: 0.14–0.21 at m = 10³, 0.26–0.32 at m = 10⁴
+  (``benchmarks/audit_power.py``). On the demo configuration (450 steps, q = 64/1400): honest
+  1.81, noise-off control 5.51 against the accountant's 4.97 (README).
+* It cannot see a factor-2 noise bug at ε ≈ 1 (measured: 0.94 < 1.07 at m = 10⁴; the direct
   noise-std check ``dpbert.model.noise_check`` is the test for small factors), nor any violation
-  above ``max_reachable_lower_bound`` (≈ 5.6 whatever m): a one-run audit only refutes claims
+  above ``max_reachable_lower_bound`` (≈ 5.5 whatever m): a one-run audit only refutes claims
   below that, and an honest run's bound is far from tight.
 * It audits the gradient canary neighbour: add/remove one clipped gradient of norm C under the
   step code's accumulation, all-reduce and single noise draw, Poisson-sampled with q, for T
