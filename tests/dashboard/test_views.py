@@ -115,3 +115,18 @@ def test_release_boundary_flags():
     assert page["ner_operator_only"] and not page["vocab_operator_only"]
     only_baseline = RunInfo("r", "p", 0, [ComponentRun("T", 1, "COMPLETE", 0, 1, [], [base])])
     assert views.run_page(only_baseline, {})["ner_operator_only"]  # NER's "dp" row is then the non-private model
+
+
+def test_whitebox_audit_view_says_whether_it_could_refute_and_whether_the_control_fired():
+    report = {"audit": {"epsilon_lower_bound": 1.81, "epsilon_upper_bound": 4.97, "epsilon_train_ledger": 5.25,
+                        "max_reachable_lower_bound": 5.51, "positive_control_lower_bound": 5.51,
+                        "positive_control_exceeds_upper_bound": 1, "consistent": 1, "canaries": 10000,
+                        "confidence": 0.95}}
+    view = views.audit_view(report)
+    assert view["consistent"] and view["powerful"] and view["control_detected"]
+    labels = {r["label"]: r["value"] for r in view["rows"]}
+    assert labels["ε lower bound (audit)"] == views.fmt(1.81) and "ε_T in the ledger" in labels
+    report["audit"].update(epsilon_upper_bound=8.0, consistent=0, positive_control_exceeds_upper_bound=0)
+    view = views.audit_view(report)
+    assert not view["consistent"] and not view["powerful"] and not view["control_detected"]
+    assert views.audit_view({}) is None
