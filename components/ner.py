@@ -1,5 +1,5 @@
-"""NerEvaluator: entity-extraction F1 after fine-tuning (Hoory et al.'s Table 2) and held-out
-MLM loss, for the DP model, the non-private model and the model without domain pre-training.
+"""NerEvaluator: the utility table — held-out MLM loss and accuracy, NER F1 over seeds and the
+gain kept — for the random, public-start, DP and non-private models (issue 16).
 
 Adapter over ``dpbert.stages.ner``.
 """
@@ -8,7 +8,7 @@ from tfx.dsl.component.experimental.decorators import component
 
 from components.artifacts import NerReport, PretrainedModel
 from components.common import set_properties
-from dpbert.config import NerConfig, section_from_json
+from dpbert.config import ModelConfig, NerConfig, TrainingConfig, section_from_json
 
 
 @component
@@ -18,10 +18,14 @@ def NerEvaluator(
     ner_config: Parameter[str],
     tuple_words: Parameter[int],
     code_version: Parameter[str],
+    model_config: Parameter[str],
+    training_config: Parameter[str],
     baseline_model: InputArtifact[PretrainedModel] = None,
 ):
     from dpbert.stages.ner import ner_evaluation
 
     result = ner_evaluation(model.uri, report.uri, section_from_json(NerConfig, ner_config), tuple_words,
-                            baseline_model_dir=None if baseline_model is None else baseline_model.uri)
+                            baseline_model_dir=None if baseline_model is None else baseline_model.uri,
+                            model_config=section_from_json(ModelConfig, model_config),
+                            training_config=section_from_json(TrainingConfig, training_config))
     set_properties(report, {**result.properties, "code_version": code_version})

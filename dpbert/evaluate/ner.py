@@ -432,11 +432,45 @@ def build_token_classifier(encoder, num_labels: int, max_seq_length: int, dropou
     return tf_keras.Model(inputs=input_ids, outputs=logits, name="ner_token_classifier")
 
 
+def split_dev(sentences: Sequence[Sentence], fraction: float, seed: int = 0
+              ) -> Tuple[List[Sentence], List[Sentence]]:
+    """(train, dev): a random ``fraction`` of the TRAINING sentences held out as the dev split
+    for early stopping (at least one sentence each when ``fraction > 0`` and there are two or
+    more; the test split is never touched). The choice depends on ``seed`` only, not on the
+    fine-tuning seed, so every model and seed sees the same dev sentences."""
+    sentences = list(sentences)
+    k = int(round(float(fraction) * len(sentences)))
+    if fraction > 0 and len(sentences) >= 2:
+        k = min(max(k, 1), len(sentences) - 1)
+    else:
+        k = 0
+    dev_index = set(np.random.default_rng([int(seed), 0xDE5]).permutation(len(sentences))[:k].tolist())
+    return ([s for i, s in enumerate(sentences) if i not in dev_index],
+            [s for i, s in enumerate(sentences) if i in dev_index])
+
+
+def _lengths(input_ids: np.ndarray, pad_id: int) -> np.ndarray:
+    """Length of each row up to its last non-pad position."""
+    if input_ids.size == 0:
+        return np.zeros(len(input_ids), np.int64)
+    nonpad = input_ids != pad_id
+    return np.where(nonpad.any(axis=1), input_ids.shape[1] - np.argmax(nonpad[:, ::-1], axis=1), 1)
+
+
+def _trimmed(batch: np.ndarray, lengths: np.ndarray, multiple: int = 8) -> np.ndarray:
+    """The batch cut to its longest row rounded up to ``multiple`` (fewer padded positions: the
+    encoder masks padding out of attention, so the outputs at real positions are unchanged)."""
+    width = min(batch.shape[1], int(-(-int(lengths.max()) // multiple) * multiple))
+    return batch[:, :width]
+
+
 def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: TokenizerLike,
                        train_sentences: Sequence[Sentence], test_sentences: Sequence[Sentence],
                        epochs: int, *, max_seq_length: int = 128, batch_size: int = 16,
                        learning_rate: float = 5e-5, dropout: float = 0.1,
                        entity_types: Optional[Sequence[str]] = None, seed: Optional[int] = 0,
+                       dev_sentences: Optional[Sequence[Sentence]] = None, patience: Optional[int] = None,
+                       dynamic_length: bool = True, train_encoder: bool = True, features_cache: Optional[dict] = None,
                        cls_id: int = CLS_ID, sep_id: int = SEP_ID, pad_id: int = PAD_ID,
                        unk_id: int = UNK_ID) -> dict:
     """Fine-tune ``encoder_builder()`` + a token-classification head on ``train_sentences``
@@ -447,8 +481,26 @@ def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: Tokeniz
     The step is a ``tf.function`` without autograph (tracing a Keras ``fit`` step through
     autograph costs ~10 s of CPU per process; the step has no Python control flow to convert).
 
+    Early stopping (``dev_sentences``, carved from the TRAINING data by :func:`split_dev`): after
+    every epoch the dev entity F1 is measured; the weights of the best epoch (first best on ties)
+    are restored before testing, and training stops after ``patience`` epochs without a better
+    dev F1 (None: never stops early). Without a dev split the last epoch is tested.
+
+    Speed (``dynamic_length``): every batch is cut to its longest window rounded up to 8
+    positions (padding is masked out of attention, so nothing else changes) and the encoder is
+    called through ``Model.call`` so a shorter batch is accepted; test and dev windows are
+    predicted in length order. A fixed ``max_seq_length`` batch is used when it is False.
+
+    ``train_encoder=False`` (a linear probe, ``ner.mode: probe``): the encoder is frozen and run
+    ONCE per window (``features_cache``: a dict shared by the calls of one encoder, so several
+    seeds reuse the same forward passes); only the head is trained, on the first-piece features,
+    in batches of ``batch_size`` words. Orders of magnitude cheaper than fine-tuning; it measures
+    what the pre-trained representations hold, not what fine-tuning can make of them.
+
     Returns the :func:`entity_scores` dict plus ``labels`` (the label list), ``loss_history``
-    (mean training loss per epoch), ``predictions`` (tags per test sentence) and counts.
+    (mean training loss per epoch), ``dev_f1_history``, ``best_epoch`` (1-based; None without a
+    dev split), ``best_dev_f1``, ``restored_dev_f1`` (the dev F1 of the weights tested: equal to
+    ``best_dev_f1``), ``predictions`` (tags per test sentence) and counts.
     """
     import tensorflow as tf
     import tf_keras
@@ -457,20 +509,38 @@ def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: Tokeniz
         raise ValueError(f"epochs must be >= 0, got {epochs}")
     if seed is not None:
         tf_keras.utils.set_random_seed(int(seed))
-    labels = label_list(train_sentences, entity_types)
+    dev_sentences = list(dev_sentences or [])
+    labels = label_list(list(train_sentences) + dev_sentences, entity_types)
     label_to_id = {label: i for i, label in enumerate(labels)}
     kwargs = dict(cls_id=cls_id, sep_id=sep_id, pad_id=pad_id, unk_id=unk_id)
     train = encode_sentences(train_sentences, tokenizer, label_to_id, max_seq_length, **kwargs)
     test = encode_sentences(test_sentences, tokenizer, label_to_id, max_seq_length, **kwargs)
+    dev = encode_sentences(dev_sentences, tokenizer, label_to_id, max_seq_length, **kwargs) if dev_sentences else None
 
-    model = build_token_classifier(encoder_builder(), len(labels), max_seq_length, dropout, seed)
+    if not train_encoder:
+        return _probe_and_score(encoder_builder, train, dev, test, labels, train_sentences, dev_sentences,
+                                test_sentences, epochs, batch_size, learning_rate, dropout, seed, patience, pad_id,
+                                int(max_seq_length), features_cache)
+    encoder = encoder_builder()
+    head_dropout = tf_keras.layers.Dropout(dropout, seed=seed, name="ner_dropout")
+    classifier = tf_keras.layers.Dense(
+        int(len(labels)), name="ner_classifier",
+        kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02, seed=seed))
+
+    def logits_of(ids, training):
+        # ``call`` skips the functional input-shape check: a batch may be shorter than L.
+        outputs = encoder.call(ids, training=training) if dynamic_length else encoder(ids, training=training)
+        return classifier(head_dropout(_sequence_output(outputs), training=training))
+
+    logits_of(tf.zeros((1, int(max_seq_length)), tf.int32), False)  # build the head
     optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
-    variables = model.trainable_variables
+    variables = encoder.trainable_variables + classifier.trainable_variables
+    all_variables = encoder.variables + classifier.variables
 
     @tf.function(autograph=False, reduce_retracing=True)
     def train_step(ids, targets, weights):
         with tf.GradientTape() as tape:
-            logits = model(ids, training=True)
+            logits = logits_of(ids, True)
             per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
             loss = tf.reduce_sum(per_token * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
         grads = tape.gradient(loss, variables)
@@ -479,38 +549,170 @@ def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: Tokeniz
 
     @tf.function(autograph=False, reduce_retracing=True)
     def predict_step(ids):
-        return tf.argmax(model(ids, training=False), axis=-1, output_type=tf.int32)
+        return tf.argmax(logits_of(ids, False), axis=-1, output_type=tf.int32)
+
+    def predict(encoded: EncodedNer, sentences) -> List[Tuple[str, ...]]:
+        n = len(encoded.input_ids)
+        predicted_ids = np.zeros((n, int(max_seq_length)), np.int32)
+        lengths = _lengths(encoded.input_ids, pad_id)
+        order = np.argsort(lengths, kind="stable") if dynamic_length else np.arange(n)
+        step = max(int(batch_size), 32)
+        for start in range(0, n, step):
+            idx = order[start:start + step]
+            chunk = encoded.input_ids[idx]
+            if dynamic_length:
+                chunk = _trimmed(chunk, lengths[idx])
+            predicted_ids[idx, :chunk.shape[1]] = predict_step(tf.constant(chunk)).numpy()
+        return decode_predictions(encoded, predicted_ids, labels, sentences)
 
     weights = (train.labels != IGNORE_LABEL).astype(np.float32)
     targets = np.where(train.labels == IGNORE_LABEL, 0, train.labels).astype(np.int32)
+    train_lengths = _lengths(train.input_ids, pad_id)
     order_rng = np.random.default_rng(seed)
     loss_history: List[float] = []
+    dev_history: List[float] = []
+    best_f1, best_epoch, best_weights, since_best = -1.0, None, None, 0
     n_train, bs = len(train.input_ids), int(batch_size)
-    for _ in range(int(epochs) if n_train else 0):
+    for epoch in range(int(epochs) if n_train else 0):
         order = order_rng.permutation(n_train)
         losses, sizes = [], []
         for start in range(0, n_train, bs):
             idx = order[start:start + bs]
-            loss = train_step(tf.constant(train.input_ids[idx]), tf.constant(targets[idx]),
-                              tf.constant(weights[idx]))
+            ids, tg, wt = train.input_ids[idx], targets[idx], weights[idx]
+            if dynamic_length:
+                ids = _trimmed(ids, train_lengths[idx])
+                tg, wt = tg[:, :ids.shape[1]], wt[:, :ids.shape[1]]
+            loss = train_step(tf.constant(ids), tf.constant(tg), tf.constant(wt))
             losses.append(float(loss))
-            sizes.append(float(weights[idx].sum()))
+            sizes.append(float(wt.sum()))
         loss_history.append(float(np.average(losses, weights=np.maximum(sizes, 1e-12))))
+        if dev is None:
+            continue
+        dev_f1 = entity_scores([s.tags for s in dev_sentences], predict(dev, dev_sentences))["f1"]
+        dev_history.append(float(dev_f1))
+        if dev_f1 > best_f1:
+            best_f1, best_epoch, since_best = dev_f1, epoch + 1, 0
+            best_weights = [v.numpy() for v in all_variables]
+        else:
+            since_best += 1
+            if patience is not None and since_best >= int(patience):
+                break
+    restored_dev_f1 = dev_history[-1] if dev_history else None
+    if best_weights is not None and best_epoch != len(loss_history):
+        for v, value in zip(all_variables, best_weights):
+            v.assign(value)
+        # A check that costs one dev pass: the restored weights score the best epoch's dev F1.
+        restored_dev_f1 = entity_scores([s.tags for s in dev_sentences], predict(dev, dev_sentences))["f1"]
 
-    predicted_ids = np.zeros((len(test.input_ids), int(max_seq_length)), np.int32)
-    for start in range(0, len(test.input_ids), max(bs, 32)):
-        chunk = test.input_ids[start:start + max(bs, 32)]
-        predicted_ids[start:start + len(chunk)] = predict_step(tf.constant(chunk)).numpy()
-    predictions = decode_predictions(test, predicted_ids, labels, test_sentences)
+    predictions = predict(test, test_sentences)
     result = entity_scores([s.tags for s in test_sentences], predictions)
     result.update({
         "labels": labels,
         "loss_history": loss_history,
+        "dev_f1_history": dev_history,
+        "best_epoch": best_epoch,
+        "best_dev_f1": None if best_epoch is None else float(best_f1),
+        "restored_dev_f1": restored_dev_f1,
         "predictions": predictions,
         "train_sentences": len(train_sentences),
+        "dev_sentences": len(dev_sentences),
         "test_sentences": len(test_sentences),
         "train_windows": int(n_train),
         "test_windows": int(len(test.input_ids)),
         "epochs": int(epochs),
+        "epochs_run": len(loss_history),
+        "mode": "finetune",
+    })
+    return result
+
+
+def first_piece_features(encoder, encoded: EncodedNer, pad_id: int = PAD_ID, batch_size: int = 64) -> np.ndarray:
+    """``float32 [n_words, H]``: the encoder's output at every first piece of ``encoded``, in the
+    order of ``np.nonzero(encoded.first_piece >= 0)``; one forward pass per window, in length
+    order, each batch cut to its longest window."""
+    import tensorflow as tf
+
+    n = len(encoded.input_ids)
+    lengths = _lengths(encoded.input_ids, pad_id)
+    order = np.argsort(lengths, kind="stable")
+    per_row: List[Optional[np.ndarray]] = [None] * n
+    call = tf.function(lambda ids: _sequence_output(encoder.call(ids, training=False)), autograph=False,
+                       reduce_retracing=True)
+    for start in range(0, n, batch_size):
+        idx = order[start:start + batch_size]
+        chunk = _trimmed(encoded.input_ids[idx], lengths[idx])
+        out = call(tf.constant(chunk)).numpy()
+        for j, r in enumerate(idx):
+            cols = np.nonzero(encoded.first_piece[r, :chunk.shape[1]] >= 0)[0]
+            per_row[r] = out[j, cols]
+    rows = [p for p in per_row if p is not None and len(p)]
+    width = rows[0].shape[1] if rows else 0
+    return np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, width), np.float32)
+
+
+def _probe_and_score(encoder_builder, train: EncodedNer, dev: Optional[EncodedNer], test: EncodedNer, labels,
+                     train_sentences, dev_sentences, test_sentences, epochs, batch_size, learning_rate, dropout,
+                     seed, patience, pad_id, max_seq_length, cache) -> dict:
+    """:func:`finetune_and_score` with a frozen encoder (see its docstring)."""
+    import tensorflow as tf
+    import tf_keras
+
+    cache = {} if cache is None else cache
+    if "train" not in cache:
+        encoder = encoder_builder()
+        for name, encoded in (("train", train), ("dev", dev), ("test", test)):
+            cache[name] = None if encoded is None else first_piece_features(encoder, encoded, pad_id)
+    x_train, x_dev, x_test = cache["train"], cache["dev"], cache["test"]
+    y_train = train.labels[train.first_piece >= 0].astype(np.int32)
+    head = tf_keras.Sequential([tf_keras.layers.Dropout(dropout, seed=seed), tf_keras.layers.Dense(
+        len(labels), kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02, seed=seed))])
+    head.build((None, x_train.shape[1]))
+    optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
+
+    @tf.function(autograph=False, reduce_retracing=True)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=head(x, training=True)))
+        optimizer.apply_gradients(zip(tape.gradient(loss, head.trainable_variables), head.trainable_variables))
+        return loss
+
+    def predict(features, encoded, sentences):
+        ids = np.zeros(encoded.input_ids.shape, np.int32)
+        if len(features):
+            ids[encoded.first_piece >= 0] = np.argmax(head(features, training=False).numpy(), axis=-1)
+        return decode_predictions(encoded, ids, labels, sentences)
+
+    rng = np.random.default_rng(seed)
+    loss_history, dev_history = [], []
+    best_f1, best_epoch, best_weights, since_best = -1.0, None, None, 0
+    bs = max(int(batch_size), 1) * 16  # words, not windows: ~16 labelled words per window
+    for epoch in range(int(epochs) if len(y_train) else 0):
+        order = rng.permutation(len(y_train))
+        losses = [float(step(tf.constant(x_train[order[i:i + bs]]), tf.constant(y_train[order[i:i + bs]])))
+                  for i in range(0, len(order), bs)]
+        loss_history.append(float(np.mean(losses)))
+        if dev is None:
+            continue
+        dev_f1 = entity_scores([s.tags for s in dev_sentences], predict(x_dev, dev, dev_sentences))["f1"]
+        dev_history.append(float(dev_f1))
+        if dev_f1 > best_f1:
+            best_f1, best_epoch, since_best, best_weights = dev_f1, epoch + 1, 0, head.get_weights()
+        else:
+            since_best += 1
+            if patience is not None and since_best >= int(patience):
+                break
+    restored_dev_f1 = dev_history[-1] if dev_history else None
+    if best_weights is not None and best_epoch != len(loss_history):
+        head.set_weights(best_weights)
+        restored_dev_f1 = entity_scores([s.tags for s in dev_sentences], predict(x_dev, dev, dev_sentences))["f1"]
+    predictions = predict(x_test, test, test_sentences)
+    result = entity_scores([s.tags for s in test_sentences], predictions)
+    result.update({
+        "labels": labels, "loss_history": loss_history, "dev_f1_history": dev_history, "best_epoch": best_epoch,
+        "best_dev_f1": None if best_epoch is None else float(best_f1), "restored_dev_f1": restored_dev_f1,
+        "predictions": predictions, "train_sentences": len(train_sentences), "dev_sentences": len(dev_sentences),
+        "test_sentences": len(test_sentences), "train_windows": int(len(train.input_ids)),
+        "test_windows": int(len(test.input_ids)), "epochs": int(epochs), "epochs_run": len(loss_history),
+        "mode": "probe",
     })
     return result

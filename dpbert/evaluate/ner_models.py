@@ -1,48 +1,85 @@
 """Which encoders the NER evaluator compares, and how each is rebuilt (no TFX here).
 
-Rows of the paper's Table 2: the DP-pretrained model, the non-private model trained on the same
-data, and the same architecture without domain pre-training (the public initialization: the
-public checkpoint when ``model.init = minilm``, otherwise a random initialization). Every row
-uses the DP vocabulary, so the comparison isolates pre-training.
+The rows of the utility table (``dpbert.evaluate.utility``): ``random`` (the architecture and
+vocabulary, random initialization), ``public`` (the public start the DP trainer starts from —
+``model.init: minilm``, ``model.public_layers``, the public warm-up — with the run's vocabulary,
+no in-domain pre-training), ``dp`` and ``non_private``. Every row uses the run's vocabulary, so
+the comparison isolates pre-training.
 """
 from __future__ import annotations
 
+import logging
 import os
-from typing import Callable, Dict, List, Optional, Sequence
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from dpbert.evaluate import ner
-from dpbert.evaluate.mlm_loss import heldout_mlm_loss
+from dpbert.evaluate.mlm_loss import heldout_mlm_metrics
+from dpbert.evaluate.utility import f1_summary
+
+log = logging.getLogger("dpbert.ner")
 
 
-def encoder_builder(model_dir: Optional[str], spec=None, seed: int = 0) -> Callable[[], object]:
-    """A fresh encoder with the weights in ``model_dir`` (None: ``spec`` randomly initialized)."""
+def encoder_builder(model_dir: Optional[str], spec=None, seed: int = 0, weights=None) -> Callable[[], object]:
+    """A fresh encoder with the weights in ``model_dir``; with ``model_dir`` None: ``spec``
+    randomly initialized (``seed``), then given the MLM ``weights`` when not None."""
+    return lambda: mlm_builder(model_dir, spec, seed, weights, encoder=True)()
+
+
+def mlm_builder(model_dir: Optional[str], spec=None, seed: int = 0, weights=None,
+                encoder: bool = False) -> Callable[[], object]:
+    """As :func:`encoder_builder`, the MLM model (``encoder=True``: the encoder)."""
     from dpbert.model.bert import build_bert, load_bert
 
     def build():
-        if model_dir is None:
-            return build_bert(spec, seed=seed).encoder
-        return load_bert(os.path.join(model_dir, "model")).encoder
+        if model_dir is not None:
+            models = load_bert(os.path.join(model_dir, "model"))
+        else:
+            models = build_bert(spec, seed=seed)
+            if weights is not None:
+                models.mlm.set_weights(weights)
+        return models.encoder if encoder else models.mlm
 
     return build
 
 
 def evaluate_rows(rows: Dict[str, Callable[[], object]], mlm_builders: Dict[str, Callable[[], object]],
-                  tokenizer, train: Sequence[ner.Sentence], test: Sequence[ner.Sentence],
-                  heldout_ids: np.ndarray, special_ids: List[int], mask_id: int, max_predictions: int,
-                  epochs: int, learning_rate: float, batch_size: int, max_seq_length: int,
-                  seed: int = 0) -> Dict[str, dict]:
-    """F1 (micro, per type) after fine-tuning each row's encoder, and each row's held-out MLM loss."""
-    results = {}
+                  tokenizer, train: Sequence[ner.Sentence], dev: Sequence[ner.Sentence],
+                  test: Sequence[ner.Sentence], heldout_ids: np.ndarray, special_ids: List[int], mask_id: int,
+                  max_predictions: int, *, epochs: int, learning_rate: float, batch_size: int, max_seq_length: int,
+                  seeds: Sequence[int], patience: Optional[int], mlm_seed: int = 0, mode: str = "finetune"
+                  ) -> Tuple[Dict[str, dict], Dict[str, dict]]:
+    """(results, per-row MLM sums): for each row, NER F1 after fine-tuning (``mode = probe``: a
+    linear probe of the frozen encoder) once per seed of ``seeds`` (early stopping on ``dev``),
+    its mean and std, the mean per-type F1 and the best epochs; the held-out MLM loss and
+    accuracy (one pass over ``heldout_ids``)."""
+    results, mlm_rows = {}, {}
     for name, build in rows.items():
-        scores = ner.finetune_and_score(build, tokenizer, train, test, epochs, max_seq_length=max_seq_length,
-                                        batch_size=batch_size, learning_rate=learning_rate, seed=seed)
-        mlm = mlm_builders[name]()
+        t0 = time.time()
+        cache: dict = {}  # probe: the frozen encoder's features, computed once for every seed
+        runs = [ner.finetune_and_score(build, tokenizer, train, test, epochs, max_seq_length=max_seq_length,
+                                       batch_size=batch_size, learning_rate=learning_rate, seed=int(seed),
+                                       dev_sentences=dev, patience=patience, train_encoder=mode == "finetune",
+                                       features_cache=cache) for seed in seeds]
+        t_ner = time.time() - t0
+        mlm = heldout_mlm_metrics(mlm_builders[name](), heldout_ids, special_ids, mask_id, max_predictions,
+                                  seed=mlm_seed)
+        f1 = f1_summary([r["f1"] for r in runs])
+        types = sorted({t for r in runs for t in r["per_type"]})
         results[name] = {
-            "f1": scores["f1"], "precision": scores["precision"], "recall": scores["recall"],
-            "per_type": {t: v["f1"] for t, v in scores["per_type"].items()},
-            "heldout_mlm_loss": heldout_mlm_loss(mlm, heldout_ids, special_ids, mask_id, max_predictions,
-                                                 seed=seed),
+            "f1": f1["mean"], "f1_mean": f1["mean"], "f1_std": f1["std"], "f1_seeds": [r["f1"] for r in runs],
+            "precision": float(np.mean([r["precision"] for r in runs])),
+            "recall": float(np.mean([r["recall"] for r in runs])),
+            "per_type": {t: float(np.mean([r["per_type"].get(t, {}).get("f1", 0.0) for r in runs])) for t in types},
+            "best_epochs": [r["best_epoch"] for r in runs],
+            "dev_f1": [r["best_dev_f1"] for r in runs],
+            "heldout_mlm_loss": mlm["loss"], "heldout_mlm_accuracy": mlm["accuracy"],
+            "ner_seconds": round(t_ner, 1), "mlm_seconds": round(time.time() - t0 - t_ner, 1),
         }
-    return results
+        mlm_rows[name] = {"row_loss_sum": mlm["row_loss_sum"], "row_count": mlm["row_count"]}
+        log.info("ner: %s F1 %.4f ± %.4f over %d seeds (best epochs %s), held-out MLM loss %.3f, accuracy %.3f "
+                 "(%.0f s)", name, f1["mean"], f1["std"], len(runs), results[name]["best_epochs"], mlm["loss"],
+                 mlm["accuracy"], time.time() - t0)
+    return results, mlm_rows

@@ -1,19 +1,30 @@
-"""NerEvaluator's stage: entity-extraction F1 after fine-tuning (Hoory et al.'s Table 2) and
-held-out MLM loss, for the DP model, the non-private model and the model without domain
-pre-training.
+"""NerEvaluator's stage: the run's utility table (issue 16) — held-out MLM loss and accuracy and
+NER entity F1 (mean ± std over ``ner.seeds`` fine-tuning seeds, Hoory et al.'s Table 2) for the
+rows ``random``, ``public`` (the public start, when ``model.init: minilm``), ``dp`` and
+``non_private`` (with the baseline), and the gain kept (``dpbert.evaluate.utility``).
 
 The held-out text is freshly generated synthetic notes (a seed no training run uses): public by
-construction, in the training domain.
+construction, in the training domain, never trained on. The NER data is public (the bundled
+BC5CDR subset or the user's ``ner.train_path`` / ``ner.test_path``); the dev split of early
+stopping is carved from its TRAINING sentences (``ner.dev_fraction``), never from the test split.
+
+The ``public`` row is rebuilt exactly as the DP trainer builds its start
+(``dpbert.stages.pretrain.public_start_weights``: the checkpoint's first ``model.public_layers``
+layers, the run's vocabulary, ``model.public_warmup_steps`` of MLM warm-up on the shipped public
+text with ``training.seed``): it reads no private artifact. With ``model.init: random`` the public
+start IS the ``random`` row, so there is no ``public`` row and the gains are measured from
+``random`` (``utility.reference``).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import time
 from typing import Optional
 
 from dpbert import schema
-from dpbert.config import NerConfig
+from dpbert.config import ModelConfig, NerConfig, TrainingConfig
 from dpbert.stages.result import StageResult
 
 log = logging.getLogger("dpbert.ner")
@@ -21,20 +32,15 @@ log = logging.getLogger("dpbert.ner")
 HELDOUT_SEED = 987654321
 HELDOUT_PATIENTS = 10
 REPORT_FILE = "ner_report.json"
+#: The report property holding the utility table (``dpbert.report``'s ``utility`` section).
+UTILITY = "utility"
 
 
-def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_words: int,
-                   baseline_model_dir: Optional[str] = None) -> StageResult:
-    """Fine-tune and test each model (``dp``, ``non_dp`` with a baseline, ``no_pretraining``) on
-    the NER data (``ner.train_path`` or the bundled BC5CDR subset); write ``ner_report.json``."""
-    from dpbert.data.synthetic import generate_notes
-    from dpbert.data.tuples import corpus_tuples
+def load_ner_data(cfg: NerConfig):
+    """(train, dev, test, source): the user's IOB files or the bundled BC5CDR subset; the dev
+    split carved from the training sentences (after ``max_train_sentences``)."""
     from dpbert.evaluate import ner
-    from dpbert.evaluate.ner_models import encoder_builder, evaluate_rows
-    from dpbert.model.bert import build_bert, load_bert
-    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer, tokenize_tuples
 
-    cfg = config
     if cfg.train_path:
         train, test = ner.read_conll(cfg.train_path), ner.read_conll(cfg.test_path)
         source = "user data"
@@ -43,38 +49,78 @@ def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_wor
         source = "bundled BC5CDR subset (CC BY 4.0)"
     if cfg.max_train_sentences:
         train = train[: cfg.max_train_sentences]
-    tokenizer = load_tokenizer(os.path.join(model_dir, schema.TOKENIZER_DIR))
+    train, dev = ner.split_dev(train, cfg.dev_fraction, cfg.seed)
+    return train, dev, test, source
+
+
+def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_words: int,
+                   baseline_model_dir: Optional[str] = None, model_config: Optional[ModelConfig] = None,
+                   training_config: Optional[TrainingConfig] = None) -> StageResult:
+    """Build the utility table of the DP model in ``model_dir`` (and the baseline's); write
+    ``ner_report.json``. ``model_config`` / ``training_config`` (seed, mask_probability): how the
+    trainer built its public start (None or ``model.init: random``: no ``public`` row)."""
+    from dpbert.data.synthetic import generate_notes
+    from dpbert.data.tuples import corpus_tuples
+    from dpbert.evaluate.ner_models import encoder_builder, evaluate_rows, mlm_builder
+    from dpbert.evaluate.utility import utility_table
+    from dpbert.model.bert import load_bert
+    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer, tokenize_tuples
+
+    cfg = config
+    t0 = time.time()
+    train, dev, test, source = load_ner_data(cfg)
+    tokenizer_dir = os.path.join(model_dir, schema.TOKENIZER_DIR)
+    tokenizer = load_tokenizer(tokenizer_dir)
     spec = load_bert(os.path.join(model_dir, schema.MODEL_DIR)).spec
     specials = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
     heldout = tokenize_tuples(tokenizer, (t.words for t in corpus_tuples(
         generate_notes(patients=HELDOUT_PATIENTS, seed=HELDOUT_SEED), tuple_words)), spec.max_seq_length)
 
-    rows = {"dp": encoder_builder(model_dir)}
-    mlm = {"dp": lambda: load_bert(os.path.join(model_dir, schema.MODEL_DIR)).mlm}
+    # Same architecture and vocabulary, random initialization.
+    rows = {"random": encoder_builder(None, spec, seed=cfg.seed)}
+    mlm = {"random": mlm_builder(None, spec, seed=cfg.seed)}
+    public_record = None
+    if model_config is not None and model_config.init == "minilm":
+        from dpbert.stages.pretrain import public_start_weights
+
+        tc = training_config or TrainingConfig()
+        weights, public_record, _ = public_start_weights(model_config, tc, tokenizer, tokenizer_dir)
+        rows["public"] = encoder_builder(None, spec, seed=tc.seed, weights=weights)
+        mlm["public"] = mlm_builder(None, spec, seed=tc.seed, weights=weights)
+    rows["dp"], mlm["dp"] = encoder_builder(model_dir), mlm_builder(model_dir)
     if baseline_model_dir is not None:
-        rows["non_dp"] = encoder_builder(baseline_model_dir)
-        mlm["non_dp"] = lambda: load_bert(os.path.join(baseline_model_dir, schema.MODEL_DIR)).mlm
-    # Same architecture and vocabulary, no domain pre-training.
-    rows["no_pretraining"] = encoder_builder(None, spec, seed=cfg.seed)
-    mlm["no_pretraining"] = lambda: build_bert(spec, seed=cfg.seed).mlm
-    log.info("ner: fine-tuning %s on %d sentences, testing on %d (%s)", list(rows), len(train), len(test), source)
-    results = evaluate_rows(rows, mlm, tokenizer, train, test, heldout, specials, tokenizer.token_to_id("[MASK]"),
-                            spec.max_predictions, cfg.epochs, cfg.learning_rate, cfg.batch_size,
-                            spec.max_seq_length, cfg.seed)
+        rows["non_private"], mlm["non_private"] = encoder_builder(baseline_model_dir), mlm_builder(baseline_model_dir)
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    log.info("ner: fine-tuning %s × %d seeds on %d sentences (dev %d), testing on %d (%s)", list(rows), len(seeds),
+             len(train), len(dev), len(test), source)
+    results, mlm_rows = evaluate_rows(
+        rows, mlm, tokenizer, train, dev, test, heldout, specials, tokenizer.token_to_id("[MASK]"),
+        spec.max_predictions, epochs=cfg.epochs, learning_rate=cfg.learning_rate, batch_size=cfg.batch_size,
+        max_seq_length=spec.max_seq_length, seeds=seeds, patience=cfg.patience, mlm_seed=cfg.seed, mode=cfg.mode)
+    utility = utility_table({name: {"heldout_mlm_loss": r["heldout_mlm_loss"],
+                                    "heldout_mlm_accuracy": r["heldout_mlm_accuracy"],
+                                    "ner_f1_mean": r["f1_mean"], "ner_f1_std": r["f1_std"]}
+                             for name, r in results.items()}, len(seeds), mlm_rows, bootstrap_seed=cfg.seed)
+    seconds = round(time.time() - t0, 1)
     os.makedirs(report_dir, exist_ok=True)
     with open(os.path.join(report_dir, REPORT_FILE), "w", encoding="utf-8") as f:
-        json.dump({"data": source, "rows": results}, f, indent=2)
-    table = [{"model": name, **{k: v for k, v in r.items() if k != "per_type"}, **{
-        f"f1_{t}": f for t, f in r["per_type"].items()}} for name, r in results.items()]
-    log.info("ner: %s", {k: (round(v["f1"], 4), round(v["heldout_mlm_loss"], 3)) for k, v in results.items()})
+        f.write(schema.dumps({"data": source, "seeds": seeds, "rows": results, UTILITY: utility,
+                              "public_start": public_record, "seconds": seconds}, indent=2))
+    table = [{"model": name, **{k: v for k, v in r.items() if k not in ("per_type", "f1_seeds", "best_epochs",
+                                                                         "dev_f1", "f1")},
+              **{f"f1_{t}": f for t, f in r["per_type"].items()}} for name, r in results.items()]
+    log.info("ner: utility %s; gain kept: MLM loss %s, NER F1 %s (%.0f s)",
+             {k: (round(v["f1_mean"], 4), round(v["heldout_mlm_loss"], 3)) for k, v in results.items()},
+             utility["gain_kept_mlm_loss"], utility["gain_kept_ner_f1"], seconds)
     return StageResult(properties={
-        "f1": results["dp"]["f1"], "per_type": results["dp"]["per_type"], "table": table,
-        "data": source, "train_sentences": len(train), "test_sentences": len(test), "epochs": cfg.epochs,
+        "f1": results["dp"]["f1_mean"], "f1_std": results["dp"]["f1_std"], "per_type": results["dp"]["per_type"],
+        "table": table, UTILITY: utility, "data": source, "train_sentences": len(train),
+        "dev_sentences": len(dev), "test_sentences": len(test), "epochs": cfg.epochs, "seeds": len(seeds),
+        "mode": cfg.mode,
         "heldout_mlm_loss_dp": results["dp"]["heldout_mlm_loss"],
-        "heldout_mlm_loss_no_pretraining": results["no_pretraining"]["heldout_mlm_loss"],
-        "dp_beats_no_pretraining_mlm": int(results["dp"]["heldout_mlm_loss"]
-                                           < results["no_pretraining"]["heldout_mlm_loss"]),
+        "heldout_mlm_accuracy_dp": results["dp"]["heldout_mlm_accuracy"],
+        "seconds": seconds,
         # With the non-private baseline's row, the report holds a model trained on private data
-        # without noise: operator-only.
-        schema.PRIVATE: int(any(name not in ("dp", "no_pretraining") for name in results)),
+        # without noise: operator-only (the released view keeps the public / DP rows only).
+        schema.PRIVATE: int(any(name not in ("dp", "public", "random") for name in results)),
     })

@@ -1,0 +1,119 @@
+"""The utility table of dpbert.stages.ner (issue 16) without TFX, tiny models: a user's IOB files
+(ner.train_path / test_path), the dev split carved from the TRAINING sentences, the rows and the
+public row being exactly the DP trainer's public start."""
+import json
+import shutil
+
+import pytest
+
+from dpbert import schema
+from dpbert.config import ModelConfig, NerConfig, TrainingConfig
+from dpbert.stages import ner as stage
+
+TRAIN = [("Aspirin", "B-Drug"), ("caused", "O"), ("renal", "B-Problem"), ("failure", "I-Problem"), (".", "O")]
+TEST = [("Heparin", "B-Drug"), ("and", "O"), ("fever", "B-Problem"), (".", "O")]
+
+
+def _iob(path, sentence, copies):
+    lines = []
+    for i in range(copies):
+        lines += ["-DOCSTART-\tO", ""] if i == 0 else []
+        lines += [f"{tok}\tNN\t{tag}" for tok, tag in sentence] + [""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return str(path)
+
+
+def _tiny_models(tmp_path, vocabulary_dir, names=("dp", "non_private")):
+    from dpbert.model.bert import BertSpec, build_bert, save_bert
+    from dpbert.vocab.wordpiece import load_tokenizer
+
+    spec = BertSpec(vocab_size=load_tokenizer(vocabulary_dir).get_vocab_size(), hidden_size=16, num_layers=1,
+                    num_heads=2, intermediate_size=32, max_seq_length=32, max_predictions=5)
+    dirs = {}
+    for seed, name in enumerate(names, start=1):
+        dirs[name] = tmp_path / name
+        save_bert(build_bert(spec, seed=seed), dirs[name] / schema.MODEL_DIR)
+        shutil.copytree(vocabulary_dir, dirs[name] / schema.TOKENIZER_DIR)
+    return dirs
+
+
+def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
+    train_path = _iob(tmp_path / "train.tsv", TRAIN, 20)
+    test_path = _iob(tmp_path / "test.tsv", TEST, 6)
+    cfg = NerConfig(enabled=True, train_path=train_path, test_path=test_path, epochs=2, seeds=2, batch_size=8,
+                    dev_fraction=0.25, patience=1)
+    train, dev, test, source = stage.load_ner_data(cfg)
+    assert source == "user data" and (len(train), len(dev), len(test)) == (15, 5, 6)
+    assert all(s.tokens[0] == "Aspirin" for s in train + dev) and all(s.tokens[0] == "Heparin" for s in test)
+    dirs = _tiny_models(tmp_path, vocabulary_dir)
+    result = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report"), cfg, 24,
+                                  baseline_model_dir=str(dirs["non_private"]),
+                                  model_config=ModelConfig(), training_config=TrainingConfig())
+    props = result.properties
+    assert props["data"] == "user data" and set(props["per_type"]) == {"Drug", "Problem"}
+    assert (props["train_sentences"], props["dev_sentences"], props["test_sentences"], props["seeds"]) == (15, 5, 6, 2)
+    utility = props[stage.UTILITY]
+    # model.init = random: no public row; the gains are measured from the random row
+    assert list(utility["rows"]) == ["random", "dp", "non_private"] and utility["reference"] == "random"
+    for row in utility["rows"].values():
+        assert set(row) == {"heldout_mlm_loss", "heldout_mlm_accuracy", "ner_f1_mean", "ner_f1_std"}
+        assert row["heldout_mlm_loss"] > 0 and 0 <= row["heldout_mlm_accuracy"] <= 1
+        assert 0 <= row["ner_f1_mean"] <= 1 and row["ner_f1_std"] >= 0
+    assert props["f1"] == utility["rows"]["dp"]["ner_f1_mean"]
+    assert props[schema.PRIVATE] == 1  # the non-private row: operator-only
+    report = json.loads((tmp_path / "report" / stage.REPORT_FILE).read_text())
+    assert len(report["rows"]["dp"]["f1_seeds"]) == 2 and report["seeds"] == [0, 1]
+    assert all(1 <= e <= 2 for e in report["rows"]["dp"]["best_epochs"])
+    # without the baseline the artifact may be released
+    alone = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report2"), cfg, 24)
+    assert alone.properties[schema.PRIVATE] == 0 and alone.properties[stage.UTILITY]["gain_kept_ner_f1"] is None
+
+
+def test_the_dev_split_comes_from_the_training_sentences_only():
+    cfg = NerConfig(enabled=True, max_train_sentences=200, dev_fraction=0.1)
+    train, dev, test, _ = stage.load_ner_data(cfg)
+    assert (len(train), len(dev)) == (180, 20) and len(test) == 300
+    from dpbert.evaluate import ner
+
+    bundled_train = set(ner.bundled_bc5cdr("train")[:200])
+    assert set(dev) <= bundled_train and set(train) <= bundled_train and not set(dev) & set(train)
+    assert stage.load_ner_data(cfg)[1] == dev  # the same dev split for every model and seed
+
+
+@pytest.fixture
+def public_checkpoint(tmp_path):
+    from tests.model.fake_checkpoint import write_checkpoint
+
+    write_checkpoint(tmp_path / "public")
+    return tmp_path / "public"
+
+
+def test_the_public_row_is_the_dp_trainers_public_start(tmp_path, public_checkpoint):
+    """A "DP" model that IS the trainer's public start (zero DP steps) scores exactly as the public
+    row: the evaluator rebuilds the same start (checkpoint, public layers, warm-up, seed)."""
+    from dpbert.model import bert as bert_lib
+    from dpbert.model import init_public
+    from dpbert.stages.pretrain import public_start_weights
+    from dpbert.vocab import public
+    from dpbert.vocab.wordpiece import save_vocabulary
+
+    tokenizer, record = public.build_vocabulary("public", public_checkpoint)
+    save_vocabulary(tokenizer, tmp_path / "vocabulary")
+    mc = ModelConfig(max_seq_length=32, dropout=0.0, init="minilm", init_dir=str(public_checkpoint), public_layers=1,
+                     public_warmup_steps=2, public_warmup_batch_size=4)
+    tc = TrainingConfig(seed=7)
+    weights, _, _ = public_start_weights(mc, tc, tokenizer, str(tmp_path / "vocabulary"))
+    spec = init_public.spec_for_public(mc, tokenizer.get_vocab_size(), tc.mask_probability, public_checkpoint)
+    models = bert_lib.build_bert(spec, seed=0)
+    models.mlm.set_weights(weights)
+    bert_lib.save_bert(models, tmp_path / "dp" / schema.MODEL_DIR)
+    shutil.copytree(tmp_path / "vocabulary", tmp_path / "dp" / schema.TOKENIZER_DIR)
+    cfg = NerConfig(enabled=True, epochs=1, seeds=1, max_train_sentences=12, batch_size=8)
+    result = stage.ner_evaluation(str(tmp_path / "dp"), str(tmp_path / "report"), cfg, 24,
+                                  model_config=mc, training_config=tc)
+    rows = result.properties[stage.UTILITY]["rows"]
+    assert list(rows) == ["random", "public", "dp"] and result.properties[stage.UTILITY]["reference"] == "public"
+    assert rows["public"]["heldout_mlm_loss"] == pytest.approx(rows["dp"]["heldout_mlm_loss"], rel=1e-6)
+    assert rows["public"]["heldout_mlm_accuracy"] == pytest.approx(rows["dp"]["heldout_mlm_accuracy"])
+    assert rows["random"]["heldout_mlm_loss"] != pytest.approx(rows["dp"]["heldout_mlm_loss"], rel=1e-3)
+    assert result.properties[schema.PRIVATE] == 0
