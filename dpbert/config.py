@@ -299,22 +299,13 @@ class NerConfig:
     #: IOB/CoNLL files; null = the bundled BC5CDR subset (dpbert/resources/ner/bc5cdr).
     train_path: Optional[str] = None
     test_path: Optional[str] = None
+    #: At most this many epochs; the epoch with the best dev F1 is kept (early stopping).
     epochs: int = 3
     learning_rate: float = 1e-3
     batch_size: int = 16
     max_train_sentences: Optional[int] = None
-    seed: int = 0
-
-    def validate(self, prefix: str):
-        _check(self.epochs >= 0, f"{prefix}.epochs", "must be >= 0", self.epochs)
-        _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
-    #: At most this many epochs; the epoch with the best dev F1 is kept (early stopping).
-        _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
-        _check((self.train_path is None) == (self.test_path is None), f"{prefix}.test_path",
-               "and ner.train_path must be given together", self.test_path)
-
     #: The first fine-tuning seed; the seeds are seed, seed + 1, … (``seeds`` of them).
-
+    seed: int = 0
     #: Fine-tuning seeds per model: the table shows F1 mean ± std over them (>= 3 for a std).
     seeds: int = 3
     #: Fraction of the TRAINING sentences held out as the dev split (early stopping; never the test split).
@@ -325,16 +316,25 @@ class NerConfig:
     #: sentence, a linear head trained per seed: minutes → seconds for a MiniLM-size model; give it
     #: a larger learning_rate, e.g. 0.01, and more epochs, e.g. 30).
     mode: str = "finetune"
-@dataclasses.dataclass
-class MembershipConfig:
-    """Membership inference (Jagannatha et al. 2021): patients held out of pre-training are the
-    non-members of the attacks (``MembershipInference``), which run when the fraction is > 0."""
 
+    def validate(self, prefix: str):
+        _check(self.epochs >= 0, f"{prefix}.epochs", "must be >= 0", self.epochs)
+        _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
+        _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
         _check(self.seeds >= 1, f"{prefix}.seeds", "must be >= 1", self.seeds)
         _check(0 <= self.dev_fraction < 1, f"{prefix}.dev_fraction", "must be in [0, 1)", self.dev_fraction)
         _check(self.patience is None or self.patience >= 1, f"{prefix}.patience", "must be >= 1 (or null)",
                self.patience)
         _check(self.mode in ("finetune", "probe"), f"{prefix}.mode", "must be finetune or probe", self.mode)
+        _check((self.train_path is None) == (self.test_path is None), f"{prefix}.test_path",
+               "and ner.train_path must be given together", self.test_path)
+
+
+@dataclasses.dataclass
+class MembershipConfig:
+    """Membership inference (Jagannatha et al. 2021): patients held out of pre-training are the
+    non-members of the attacks (``MembershipInference``), which run when the fraction is > 0."""
+
     #: Fraction of the PATIENTS held out of pre-training (both trainers): each patient is held out
     #: independently by a keyed PRF (``dpbert.data.splits``) whose secret key the ingestion draws
     #: from OS entropy and keeps in the private WordTuples artifact. 0 = train on every patient.
