@@ -94,6 +94,36 @@ AUDIT_KEYS = ("epsilon_lower_bound", "epsilon_upper_bound", "epsilon_train_ledge
               "positive_control_exceeds_upper_bound", "seconds")
 
 
+#: The ``utility`` section (the NerReport's ``utility`` property, ``dpbert.evaluate.utility``):
+#: its rows (in this order, those that ran), their columns and the gains with their uncertainty.
+UTILITY_ROWS = ("random", "public", "dp", "non_private")
+UTILITY_COLUMNS = ("heldout_mlm_loss", "heldout_mlm_accuracy", "ner_f1_mean", "ner_f1_std")
+UTILITY_GAINS = ("gain_kept_mlm_loss", "gain_kept_mlm_loss_std", "gain_kept_ner_f1", "gain_kept_ner_f1_std")
+
+
+def utility_section(ner: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """``{"rows": {name: {column: number|None}}, "reference", "ner_seeds", gains…, "uncertainty"}``
+    from the NerReport's properties; None when the run has no utility table."""
+    def number(v):
+        if isinstance(v, str):
+            v = schema.decode(v)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    table = ner.get("utility")
+    if isinstance(table, str):
+        table = schema.decode(table)
+    if not isinstance(table, dict) or not isinstance(table.get("rows"), dict):
+        return None
+    rows = table["rows"]
+    out: Dict[str, Any] = {"rows": {name: {c: number(rows[name].get(c)) for c in UTILITY_COLUMNS}
+                                    for name in UTILITY_ROWS if isinstance(rows.get(name), dict)}}
+    out["reference"] = table.get("reference") if table.get("reference") in UTILITY_ROWS else None
+    out["ner_seeds"] = number(table.get("ner_seeds"))
+    out.update({k: number(table.get(k)) for k in UTILITY_GAINS})
+    out["uncertainty"] = table.get("uncertainty") if isinstance(table.get("uncertainty"), str) else None
+    return out
+
+
 def build_report(run: RunInfo) -> Dict[str, Any]:
     ledger = _props(run, schema.PRIVACY_REPORT)
     vocab = _props(run, schema.DP_VOCABULARY)
@@ -133,6 +163,11 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
         "corpus": corpus_section(run),
         "warnings": report_warnings(run),
     }
+    utility = utility_section(ner)
+    if utility is not None:
+        # Issue 16: random / public / dp / non_private rows and the gain kept (released_view keeps
+        # the public and DP rows only: the non-private row and the gains use the private baseline).
+        report["utility"] = utility
     if audit:
         # The white-box one-run audit (dpbert.stages.audit): released next to the ledger's ε.
         report["audit"] = {k: audit.get(k) for k in AUDIT_KEYS}
@@ -242,6 +277,9 @@ def format_report(report: Dict[str, Any]) -> str:
             if isinstance(f1, dict):
                 f1 = f1.get("f1")
             lines.append(f"  f1[{t}]{'':<{max(0, 19 - len(t))}} {fmt(f1)}")
+    utility = report.get("utility")
+    if isinstance(utility, dict) and isinstance(utility.get("rows"), dict) and utility["rows"]:
+        lines += format_utility(utility, fmt)
     canary = report.get("canary") or {}
     if canary.get("groups"):
         lines += ["", "canary exposure:", "  pattern  occurrences  exposure_dp  exposure_non_dp"]
@@ -275,6 +313,29 @@ def format_report(report: Dict[str, Any]) -> str:
                 lines.append(f"  {str(a.get('name', '')):<20} {fmt(a.get('advantage')):>9} {fmt(a.get('auc')):>6}"
                              f"  {fmt(a.get('advantage_bound'))}")
     return "\n".join(lines)
+
+
+def format_utility(utility: Dict[str, Any], fmt=None) -> List[str]:
+    """The utility table as text lines (rows, then the gains kept when present)."""
+    fmt = fmt or (lambda v: "-" if v is None else f"{v:.4g}")
+    rows = utility["rows"]
+    reference = utility.get("reference")
+    lines = ["", f"utility (NER F1 over {fmt(utility.get('ner_seeds'))} fine-tuning seeds; gains from the "
+                 f"{reference or '-'} row):",
+             f"  {'model':<12} {'MLM loss':>9} {'MLM acc':>8} {'NER F1':>17}"]
+    for name in UTILITY_ROWS:
+        r = rows.get(name)
+        if not isinstance(r, dict):
+            continue
+        f1 = "-" if r.get("ner_f1_mean") is None else f"{r['ner_f1_mean']:.4f} ± {(r.get('ner_f1_std') or 0):.4f}"
+        lines.append(f"  {name:<12} {fmt(r.get('heldout_mlm_loss')):>9} {fmt(r.get('heldout_mlm_accuracy')):>8} {f1:>17}")
+    if reference != "public" and "public" not in rows:
+        lines.append("  (model.init = random: the public start is the random row)")
+    for key, label in (("gain_kept_mlm_loss", "gain kept, MLM loss"), ("gain_kept_ner_f1", "gain kept, NER F1")):
+        if key in utility:
+            std = utility.get(key + "_std")
+            lines.append(f"  {label:<24} {fmt(utility.get(key))}" + (f" ± {fmt(std)}" if std is not None else ""))
+    return lines
 
 
 def epsilon_summary(report: Dict[str, Any]) -> List[str]:

@@ -127,6 +127,10 @@ def create_components(config: Config) -> List:
             model=trainer.outputs["model"],
             ner_config=section_to_json(config.ner),
             tuple_words=config.privacy.tuple_words,
+            # The utility table's public row: the trainer's public start (model.init, public
+            # layers, warm-up) with the training seed and masking (issue 16).
+            model_config=section_to_json(config.model),
+            training_config=section_to_json(config.training, ("seed", "mask_probability")),
             code_version=_core_version("components.ner"),
             **baseline_input,
         ))
