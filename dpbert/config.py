@@ -62,7 +62,10 @@ class CorpusConfig:
 class PrivacyConfig:
     #: Words per tuple N: the unit of privacy is one N-word tuple.
     tuple_words: int = 256
-    #: tuple | patient. With "patient", each patient contributes at most max_tuples_per_patient.
+    #: tuple | patient. With "patient", each patient contributes at most max_tuples_per_patient
+    #: (the vocabulary's cap, and user-level DP-SGD: patients Poisson-sampled, training.batch_size
+    #: = expected PATIENTS per step, each patient's summed gradient over <= k tuples clipped to C;
+    #: needs patient ids in the corpus and training.dataset_patients or a DP count of patients).
     unit: str = "tuple"
     max_tuples_per_patient: int = 8
     #: Total ε the run may spend (vocabulary + training); None = no budget enforced.
@@ -187,6 +190,10 @@ class TrainingConfig:
     #: with privacy.epsilon_budget; null without a budget = the trainer plans from a DP count of
     #: its rows (Gaussian, ``count_noise_multiplier``, charged in the ledger). Never the exact count.
     dataset_size: Optional[int] = None
+    #: privacy.unit = patient: the PUBLIC number of patients (held-out ones included) that plans
+    #: q = B / n_patients and the steps, as dataset_size does for tuples. Required with a budget
+    #: and the patient unit; null without a budget = a DP count of the trained-on patients.
+    dataset_patients: Optional[int] = None
     #: Noise multiplier of the DP count used when dataset_size is null (``dpbert.privacy.count``).
     count_noise_multiplier: float = 20.0
     #: Release the per-step loss, accuracy, clipped fraction and batch size as DP estimates
@@ -226,6 +233,8 @@ class TrainingConfig:
         _check(self.epochs is None or self.epochs > 0, f"{prefix}.epochs", "must be > 0", self.epochs)
         _check(self.dataset_size is None or self.dataset_size >= 1, f"{prefix}.dataset_size",
                "must be >= 1", self.dataset_size)
+        _check(self.dataset_patients is None or self.dataset_patients >= 1, f"{prefix}.dataset_patients",
+               "must be >= 1", self.dataset_patients)
         _check(self.count_noise_multiplier > 0, f"{prefix}.count_noise_multiplier", "must be > 0",
                self.count_noise_multiplier)
         _check(self.diagnostics_noise_ratio > 0, f"{prefix}.diagnostics_noise_ratio", "must be > 0",
@@ -430,6 +439,9 @@ class Config:
             raise ConfigError(f"vocab.source = {self.vocab.source} needs model.init = minilm (the public "
                               f"checkpoint whose WordPiece vocabulary it keeps), got model.init = "
                               f"{self.model.init!r}")
+        if self.privacy.unit == "patient" and self.training.sampling != "poisson" and not self.training.non_private:
+            raise ConfigError("privacy.unit = patient (user-level DP-SGD) needs training.sampling = poisson, "
+                              f"got {self.training.sampling!r}")
         if self.vocab.non_private and self.privacy.epsilon_budget is not None:
             raise ConfigError("vocab.non_private is refused when privacy.epsilon_budget is set "
                               "(a non-private vocabulary has ε = ∞)")
@@ -443,7 +455,12 @@ class Config:
                     # A fixed seed makes every noise draw predictable: the mechanism is not DP.
                     raise ConfigError(f"{field} is for tests only and is refused when privacy.epsilon_budget "
                                       f"is set: a fixed noise seed makes the noise predictable (ε = ∞)")
-            if self.training.dataset_size is None and not self.training.non_private:
+            if self.privacy.unit == "patient" and not self.training.non_private:
+                if self.training.dataset_patients is None:
+                    raise ConfigError("training.dataset_patients must be set when privacy.epsilon_budget is set "
+                                      "and privacy.unit = patient: a PUBLIC number of patients (held-out ones "
+                                      "included) to plan the patient sampling rate and the steps with")
+            elif self.training.dataset_size is None and not self.training.non_private:
                 raise ConfigError("training.dataset_size must be set when privacy.epsilon_budget is set: "
                                   "a PUBLIC number of tuples (held-out patients included) to plan q and the "
                                   "steps with before any private data is read; without a budget the trainer "

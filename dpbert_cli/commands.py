@@ -207,15 +207,34 @@ def cmd_privacy_histogram(args) -> int:
 def cmd_privacy_dpsgd(args) -> int:
     from dpbert.privacy.accountant import dpsgd_report
 
-    report = dpsgd_report(args.examples, args.batch_size, args.noise_multiplier, args.delta,
-                          epochs=args.epochs, steps=args.steps, sampling=args.sampling)
+    unit = getattr(args, "unit", "tuple")
+    if unit == "patient":
+        if args.patients is None or args.patients_per_step is None:
+            raise UserError("--unit patient needs --patients P and --patients-per-step B")
+        if args.examples is not None or args.batch_size is not None:
+            raise UserError("--unit patient takes --patients and --patients-per-step, not --examples / --batch-size")
+        if args.sampling != "poisson":
+            raise UserError("--unit patient (user-level DP-SGD) samples patients with --sampling poisson only")
+        report = dpsgd_report(args.patients, args.patients_per_step, args.noise_multiplier, args.delta,
+                              epochs=args.epochs, steps=args.steps, sampling=args.sampling,
+                              max_contributions=args.max_tuples_per_patient, unit="patient")
+    else:
+        if args.examples is None or args.batch_size is None:
+            raise UserError("--examples N and --batch-size B are required (or --unit patient with --patients "
+                            "and --patients-per-step)")
+        if args.patients is not None or args.patients_per_step is not None:
+            raise UserError("--patients / --patients-per-step need --unit patient")
+        report = dpsgd_report(args.examples, args.batch_size, args.noise_multiplier, args.delta,
+                              epochs=args.epochs, steps=args.steps, sampling=args.sampling)
     if args.json:
         print_json(report)
     else:
+        per = (f", per patient (user-level: {report['batch_size']} of {report['examples']} patients per step, "
+               f"<= {report['max_contributions']} tuples each)" if report["unit"] == "patient" else "")
         print(f"DP-SGD ({report['sampling']} sampling, q = {report['sampling_probability']:.4g}, "
               f"{report['steps']} steps, σ = {report['noise_multiplier']}): "
               f"ε = {report['epsilon_pld']:.4g} (PLD), {report['epsilon_rdp']:.4g} (RDP) "
-              f"at δ = {report['delta']:.3g}")
+              f"at δ = {report['delta']:.3g}{per}")
     return exit_codes.OK
 
 

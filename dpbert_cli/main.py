@@ -109,9 +109,19 @@ def _add_privacy_parser(sub):
                         "0.5 = Google DP library's split)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=commands.cmd_privacy_histogram)
-    q = psub.add_parser("dpsgd", help="ε of DP-SGD (RDP and PLD accountants)")
-    q.add_argument("--examples", type=int, required=True, help="n, training examples (tuples)")
-    q.add_argument("--batch-size", type=int, required=True, help="B, logical batch size")
+    q = psub.add_parser("dpsgd", help="ε of DP-SGD (RDP and PLD accountants), per tuple or per patient")
+    q.add_argument("--unit", choices=("tuple", "patient"), default="tuple",
+                   help="unit of privacy: tuple (default: --examples, --batch-size) or patient (user-level "
+                        "DP-SGD: --patients, --patients-per-step; the ε is per patient)")
+    q.add_argument("--examples", type=int, help="n, training examples (tuples); --unit tuple")
+    q.add_argument("--batch-size", type=int, help="B, logical batch size (tuples); --unit tuple")
+    q.add_argument("--patients", type=int, metavar="P",
+                   help="public number of patients trained on; --unit patient")
+    q.add_argument("--patients-per-step", type=int, metavar="B",
+                   help="expected patients per step (q = B/P); --unit patient")
+    q.add_argument("--max-tuples-per-patient", type=int, default=8, metavar="K",
+                   help="k, tuples a sampled patient contributes per step (recorded; the per-patient "
+                        "ε does not depend on it); --unit patient, default 8")
     q.add_argument("--noise-multiplier", type=float, required=True)
     q.add_argument("--delta", type=float, required=True)
     g = q.add_mutually_exclusive_group(required=True)

@@ -7,6 +7,11 @@ with a budget, ``dpbert.config``) or ``dpbert budget --examples N``: the guard n
 private corpus (an exact count is a data-dependent choice and would reach the terminal). Without
 a budget and without a public n there is nothing to check before the run: the trainer plans from
 a DP count and the accountant charges it.
+
+``privacy.unit: patient`` (user-level DP-SGD): n is the PUBLIC number of PATIENTS
+(``training.dataset_patients``, or ``--examples N`` read as patients), B = ``training.batch_size``
+patients per step, and the planned ledger is per patient. A corpus whose first document has no
+patient id is refused here (exit 2) before anything runs.
 """
 from __future__ import annotations
 
@@ -18,15 +23,27 @@ from dpbert.config import Config, ConfigError
 
 def preflight_corpus(config: Config):
     """Open the corpus and read its first document, so a missing path, an empty corpus or a CSV
-    without a TEXT column fails before anything is written."""
+    without a TEXT column fails before anything is written. With ``privacy.unit: patient`` the
+    document must carry a patient id (the trainer refuses any tuple without one later)."""
     from dpbert.data.corpus import iter_documents
 
-    next(iter(iter_documents(config.corpus)))
+    first = next(iter(iter_documents(config.corpus)))
+    if config.privacy.unit == "patient" and not getattr(first, "patient_id", None):
+        raise ConfigError(patient_ids_missing_message(config.corpus.path or "synthetic"))
+
+
+def patient_ids_missing_message(corpus_format: str) -> str:
+    return (f"privacy.unit = patient needs a patient id on every document, and this corpus ({corpus_format}) "
+            f"has none: use JSONL with a patient_id field, a MIMIC NOTEEVENTS CSV (SUBJECT_ID) or the "
+            f"synthetic corpus — or set privacy.unit = tuple")
 
 
 def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> Optional[int]:
-    """The public n to plan with: ``dataset_size`` if given, else ``training.dataset_size``, else
-    None (never a count of the private corpus)."""
+    """The public n to plan with: ``dataset_size`` if given, else ``training.dataset_size``
+    (``training.dataset_patients`` for the patient unit), else None (never a count of the private
+    corpus)."""
+    if config.privacy.unit == "patient":
+        return dataset_size or config.training.dataset_patients or None
     return dataset_size or config.training.dataset_size or None
 
 
@@ -34,8 +51,19 @@ HOW_TO_GIVE_N = ("give the PUBLIC number of tuples of your dataset (a public fig
                  "held-out patients included) with --examples N or --set training.dataset_size=N")
 
 
+HOW_TO_GIVE_PATIENTS = ("give the PUBLIC number of patients of your dataset (held-out patients included) "
+                        "with --examples N or --set training.dataset_patients=N (privacy.unit = patient)")
+
+
 def _require_public_n(config: Config, dataset_size: Optional[int]) -> int:
     n = public_dataset_size(config, dataset_size)
+    if config.privacy.unit == "patient":
+        if n is None:
+            raise ConfigError(f"training.dataset_patients is not set: {HOW_TO_GIVE_PATIENTS}")
+        if n < config.training.batch_size:
+            raise ConfigError(f"training.batch_size = {config.training.batch_size} patients per step is larger "
+                              f"than the public number of patients n = {n}: {HOW_TO_GIVE_PATIENTS}")
+        return n
     if n is None:
         raise ConfigError(f"training.dataset_size is not set: {HOW_TO_GIVE_N}; the pipeline itself plans "
                           f"from a DP count when it is unset and no budget is set")
@@ -52,10 +80,9 @@ def _require_public_n(config: Config, dataset_size: Optional[int]) -> int:
 def training_plan(config: Config, dataset_size: Optional[int] = None):
     """The ``dpbert.privacy.plan.TrainingPlan`` (n, q, steps) of ``config`` over
     ``public_dataset_size(config, dataset_size)``."""
-    from dpbert.privacy.plan import plan_training
+    from dpbert.privacy.plan import plan_for_config
 
-    return plan_training(config.training, _require_public_n(config, dataset_size),
-                         config.membership.holdout_patient_fraction)
+    return plan_for_config(config, _require_public_n(config, dataset_size))
 
 
 def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
@@ -82,7 +109,9 @@ def _fmt(x) -> str:
 def planned_statement(ledger: dict) -> str:
     budget = ledger.get("epsilon_budget")
     lines = [
-        f"planned privacy ledger (n = {ledger['dataset_size']} tuples, {ledger['steps']} steps, "
+        f"planned privacy ledger (n = {ledger['dataset_size']} "
+        f"{'patients, ≤ %s tuples each' % ledger.get('max_contributions') if ledger.get('unit') == 'patient' else 'tuples'}"
+        f", {ledger['steps']} steps, "
         f"{ledger['sampling']} sampling, q = {ledger['sampling_probability']:.4g}):",
         f"  ε_vocab             = {_fmt(ledger['epsilon_vocab'])}",
         f"  ε_train             = {_fmt(ledger['epsilon_train'])}",

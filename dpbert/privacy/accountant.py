@@ -15,6 +15,10 @@ pessimistic). With steps from epochs, steps = ceil(epochs·n/B). Reference value
 RDP ε = 2.597, PLD ε = 2.382 — PLD is tighter because RDP's conversion to (ε, δ) is lossy.
 Shuffled fixed-size batches: no amplification, zero-out adjacency (σ per occurrence),
 see ``events`` for the derivation and the count of occurrences.
+Patient unit (user-level DP-SGD, ``unit="patient"``): n and B count PATIENTS; each patient is
+Poisson-sampled at q = B/n and its summed gradient over ≤ k tuples is clipped to C, so the
+per-patient event is the same SelfComposed(PoissonSampled(q, Gaussian(σ)), steps) at the
+patient rate (``events``); no group-privacy factor.
 
 tensorflow-privacy 0.9.0's ``compute_dp_sgd_privacy_statement`` defaults to
 ``used_microbatching=True``, which halves σ (microbatches of > 1 example double the add/remove
@@ -130,18 +134,23 @@ def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str) -> float:
 
 def dpsgd_epsilon(noise_multiplier: float, sampling_probability: float, steps: int, delta: float,
                   sampling: str = "poisson", accountant: str = "pld",
-                  max_contributions: int = 1) -> float:
-    """ε of ``steps`` DP-SGD steps at δ (event: ``events.dpsgd_dp_event``)."""
+                  max_contributions: int = 1, user_level: bool = False) -> float:
+    """ε of ``steps`` DP-SGD steps at δ (event: ``events.dpsgd_dp_event``); ``user_level``: per
+    patient, q the patient sampling rate."""
     delta = _checks.probability("delta", delta)
     event = _events.dpsgd_dp_event(noise_multiplier, sampling_probability, steps, sampling,
-                                   max_contributions)
+                                   max_contributions, user_level)
     return _epsilon(event, delta, accountant)
 
 
 def dpsgd_report(examples: int, batch_size: int, noise_multiplier: float, delta: float,
                  epochs: Optional[float] = None, steps: Optional[int] = None,
-                 sampling: str = "poisson", max_contributions: int = 1) -> Dict[str, Any]:
+                 sampling: str = "poisson", max_contributions: int = 1,
+                 unit: Optional[str] = None) -> Dict[str, Any]:
     """ε of DP-SGD on n = ``examples`` with batch B (give exactly one of epochs and steps).
+
+    ``unit="patient"``: user-level DP-SGD — ``examples`` is the number of PATIENTS, ``batch_size``
+    the expected patients per step, the ε is per patient (epochs are passes over the patients).
 
     Returns: examples, batch_size, noise_multiplier, delta, steps, epochs (= steps·B/n),
     sampling_probability (B/n), sampling, adjacency, unit, max_contributions, epsilon_rdp,
@@ -157,7 +166,7 @@ def dpsgd_report(examples: int, batch_size: int, noise_multiplier: float, delta:
     if steps is None:
         steps = steps_for(examples, batch_size, epochs)
     record = _events.dpsgd_event(noise_multiplier, batch_size, examples, steps, sampling,
-                                 max_contributions)
+                                 max_contributions, unit=unit)
     event = _events.dp_event_from_dict(record["event"])
     report = {
         "examples": examples, "batch_size": batch_size, "noise_multiplier": float(noise_multiplier),
@@ -173,6 +182,8 @@ def dpsgd_report(examples: int, batch_size: int, noise_multiplier: float, delta:
     if sampling == "shuffle":
         report["participations"] = record["participations"]
         report["straddling"] = record["straddling"]
+    if record.get("sampling_unit") == "patient":
+        report.update(patients=examples, patients_per_step=batch_size, sampling_unit="patient")
     return report
 
 
@@ -352,14 +363,17 @@ def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]
     """The ε a configuration WILL spend, from the configuration alone (no private data read).
 
     ``dataset_size``: n, the number of tuples (a public lower bound is fine: the trainer samples
-    with the planned q = B/n); default ``config.training.dataset_size``.
+    with the planned q = B/n); default ``config.training.dataset_size`` — for
+    ``privacy.unit: patient`` the number of PATIENTS, default ``training.dataset_patients``
+    (user-level DP-SGD: B patients per step, the training event per patient).
     Returns the ``ledger`` fields plus epsilon_budget, within_budget (epsilon_total_pld ≤ budget;
     True without a budget), dataset_size, batch_size, sampling, sampling_probability,
     noise_multiplier, vocab_event and train_events (the records the run should write).
     """
     privacy, vocab_cfg, train_cfg = config.privacy, config.vocab, config.training
+    patient_unit = privacy.unit == "patient"
     if dataset_size is None:
-        dataset_size = train_cfg.dataset_size
+        dataset_size = getattr(train_cfg, "dataset_patients", None) if patient_unit else train_cfg.dataset_size
     if dataset_size is None:
         raise ValueError("dataset_size must be given (or training.dataset_size set), got None")
     n = _checks.integer("dataset_size", dataset_size, 1)
@@ -380,7 +394,8 @@ def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]
         vocab_record = _events.histogram_event(report)
         delta_vocab = report["delta"]
 
-    plan = plan_training(train_cfg, n, config.membership.holdout_patient_fraction)
+    plan = plan_training(train_cfg, n, config.membership.holdout_patient_fraction, unit=privacy.unit,
+                         max_contributions=k)
     n = plan.dataset_size
     steps = plan.steps
     if train_cfg.non_private:
@@ -389,7 +404,8 @@ def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]
         # The σ the trainer will record: the gradient's σ combined with its DP diagnostics.
         sigma = _diagnostics.effective_noise_multiplier(train_cfg.noise_multiplier,
                                                         _diagnostics.config_of(train_cfg))
-        train_record = _events.dpsgd_event(sigma, train_cfg.batch_size, n, steps, train_cfg.sampling, k)
+        train_record = _events.dpsgd_event(sigma, train_cfg.batch_size, n, steps, train_cfg.sampling, k,
+                                           unit=privacy.unit)
     result = ledger(vocab_record, [train_record], delta_vocab + train_cfg.delta)
     budget = privacy.epsilon_budget
     result.update({

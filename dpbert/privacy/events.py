@@ -29,7 +29,9 @@ Training (``dpsgd_event``):
   {"schema", "mechanism": "dp_sgd", "stage": "train", "event": <DpEvent>,
    "sampling": "poisson" | "shuffle", "steps", "noise_multiplier", "sampling_probability",
    "batch_size", "dataset_size", "unit", "max_contributions", "adjacency",
-   and for shuffle "participations" (E) and "straddling" (bool)}
+   and for shuffle "participations" (E) and "straddling" (bool),
+   and for user-level DP-SGD "sampling_unit": "patient" (then batch_size / dataset_size count
+   patients and q is the patient sampling rate)}
   ``event`` is rebuilt from the parameters when read and must match (a record cannot claim an
   event its parameters do not give).
 
@@ -53,7 +55,16 @@ poisson (add/remove one example, which dp-accounting's PoissonSampledDpEvent ass
   (1 − q_k)·N(0) + q_k·N(μ_j) with q_k = 1 − (1 − q)^k, ‖μ_j‖ ≤ kC; the hockey-stick divergence
   is jointly convex, and each component is a post-processing (x ↦ (‖μ_j‖/kC)x + independent
   Gaussian) of the pair with ‖μ‖ = kC, so the step is dominated by
-  PoissonSampled(q_k, Gaussian(σ/k)). Valid but loose for large k.
+  PoissonSampled(q_k, Gaussian(σ/k)). Valid but loose for large k. This group-privacy bound is
+  what an example-level sampler gives a patient; the trainer does NOT use it for the patient unit:
+
+poisson, user-level (``sampling_unit: patient``, ``privacy.unit: patient``): each PATIENT joins
+  each step independently with probability q = B_patients / n_patients and brings ≤ k of its
+  tuples, chosen by its own data and secret randomness; the clipped unit is the patient's SUMMED
+  gradient (‖g_u‖ ≤ C, ``dpbert.model.dpsgd``). Adding or removing one patient is then exactly
+  adding or removing one Poisson-sampled element of sensitivity C:
+  SelfComposed(PoissonSampled(q, Gaussian(σ)), steps), the same event as per tuple, at the
+  patient rate and with no k in it (Charles et al. 2024, Chua et al. 2024).
 
 shuffle (``dpbert.model.sampling.ShuffleSampler``: consecutive windows of B over ONE stream of
   independent uniform permutations of the n examples, keyed by a secret and continued across a
@@ -213,16 +224,24 @@ ADJACENCY = {"poisson": "add_or_remove_one", "shuffle": "zero_out"}
 
 
 def dpsgd_dp_event(noise_multiplier: float, sampling_probability: float, steps: int,
-                   sampling: str = "poisson", max_contributions: int = 1) -> dp_accounting.DpEvent:
+                   sampling: str = "poisson", max_contributions: int = 1,
+                   user_level: bool = False) -> dp_accounting.DpEvent:
     """The dp-accounting event of ``steps`` DP-SGD steps (derivations in the module docstring).
 
     ``sampling_probability`` is q = B/n (for shuffle it fixes n/B; q ≤ 1, i.e. B ≤ n).
+    ``user_level``: the patients themselves are Poisson-sampled at rate q and each patient's
+    summed gradient is clipped to C: PoissonSampled(q, Gaussian(σ)) per patient, k does not enter.
     """
     sigma = _checks.positive("noise_multiplier", noise_multiplier)
     q = _checks.fraction("sampling_probability", sampling_probability)
     steps = _checks.integer("steps", steps, 1)
     _checks.choice("sampling", sampling, SAMPLING)
     k = _checks.integer("max_contributions", max_contributions, 1)
+    if user_level:
+        if sampling != "poisson":
+            raise ValueError("user-level DP-SGD samples patients with Poisson sampling only")
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
     if sampling == "poisson":
         q_k = -math.expm1(k * math.log1p(-q)) if q < 1 else 1.0   # 1 − (1 − q)^k
         return dp_accounting.SelfComposedDpEvent(
@@ -245,8 +264,14 @@ def accounted_dataset_size(sampling: str, planned: int, trained: int) -> int:
 
 
 def dpsgd_event(noise_multiplier: float, batch_size: int, dataset_size: int, steps: int,
-                sampling: str = "poisson", max_contributions: int = 1) -> Dict[str, Any]:
-    """The training record of ``steps`` steps with expected batch B over n examples (q = B/n)."""
+                sampling: str = "poisson", max_contributions: int = 1,
+                unit: Optional[str] = None) -> Dict[str, Any]:
+    """The training record of ``steps`` steps with expected batch B over n examples (q = B/n).
+
+    ``unit="patient"``: user-level DP-SGD — B and n count PATIENTS (q = B/n the patient rate),
+    each bringing ≤ k = ``max_contributions`` tuples; the record says ``sampling_unit: patient``
+    and its event is PoissonSampled(q, Gaussian(σ)) per patient. Without ``unit`` (legacy), k > 1
+    means example-level sampling with the group-privacy bound."""
     noise_multiplier = _checks.positive("noise_multiplier", noise_multiplier)
     batch_size = _checks.integer("batch_size", batch_size, 1)
     dataset_size = _checks.integer("dataset_size", dataset_size, 1)
@@ -255,15 +280,22 @@ def dpsgd_event(noise_multiplier: float, batch_size: int, dataset_size: int, ste
     k = _checks.integer("max_contributions", max_contributions, 1)
     if batch_size > dataset_size:
         raise ValueError(f"batch_size must be <= dataset_size ({dataset_size}), got {batch_size}")
+    if unit is not None:
+        _checks.choice("unit", unit, ("tuple", "patient"))
+    user_level = unit == "patient"
+    if unit == "tuple" and k != 1:
+        raise ValueError(f"unit tuple has max_contributions 1, got {k}")
     q = batch_size / dataset_size
     record = {
         "schema": SCHEMA, "mechanism": "dp_sgd", "stage": "train",
-        "event": dp_event_to_dict(dpsgd_dp_event(noise_multiplier, q, steps, sampling, k)),
+        "event": dp_event_to_dict(dpsgd_dp_event(noise_multiplier, q, steps, sampling, k, user_level)),
         "sampling": sampling, "steps": steps, "noise_multiplier": noise_multiplier,
         "sampling_probability": q, "batch_size": batch_size, "dataset_size": dataset_size,
-        "unit": "tuple" if k == 1 else "patient", "max_contributions": k,
+        "unit": "tuple" if (k == 1 and not user_level) else "patient", "max_contributions": k,
         "adjacency": ADJACENCY[sampling],
     }
+    if user_level:
+        record["sampling_unit"] = "patient"
     if sampling == "shuffle":
         record["participations"], record["straddling"] = shuffle_participations(steps, q)
     return validate_record(record)
@@ -310,8 +342,13 @@ def validate_record(record) -> Dict[str, Any]:
             record["threshold_delta"] = max(record["threshold_delta"], actual)
             _checks.choice("unit", record["unit"], _histogram.UNITS)
         else:
+            user_level = record.get("sampling_unit", "tuple") == "patient"
+            if user_level and record["unit"] != "patient":
+                raise ValueError("a record with sampling_unit patient must have unit patient")
+            _checks.choice("sampling_unit", record.get("sampling_unit", "tuple"), ("tuple", "patient"))
             expected = dpsgd_dp_event(record["noise_multiplier"], record["sampling_probability"],
-                                      record["steps"], record["sampling"], record["max_contributions"])
+                                      record["steps"], record["sampling"], record["max_contributions"],
+                                      user_level)
             q = record["batch_size"] / record["dataset_size"]
             if not math.isclose(record["sampling_probability"], q, rel_tol=1e-12):
                 raise ValueError(f"sampling_probability must be batch_size/dataset_size = {q}, "

@@ -55,6 +55,14 @@ def ledger_statement(ledger: Mapping[str, Any]) -> str:
     if budget is not None:
         verdict = "within budget" if ledger.get("within_budget") else "OVER BUDGET: run refused"
         lines += ["", f"Budget: ε ≤ {budget:g} → {verdict}"]
+    if train.get("sampling_unit") == "patient":
+        lines += ["", f"Note: user-level DP-SGD — every step Poisson-samples PATIENTS (q above is the patient rate, "
+                      f"{train.get('batch_size')} of {train.get('dataset_size')} patients expected per step); a sampled "
+                      f"patient brings at most {train.get('max_contributions')} tuples and the SUM of their gradients is "
+                      f"clipped as one vector, so ε_T is per patient (no group-privacy factor)."]
+    elif unit == "patient" and train.get("mechanism") == "dp_sgd":
+        lines += ["", "Note: the training record samples tuples, not patients: its per-patient ε is a "
+                      "group-privacy bound over the patient's tuples."]
     if train.get("sampling") == "shuffle":
         lines += ["", "Note: shuffled fixed-size batches are accounted without privacy amplification."]
     if ledger.get("non_private"):

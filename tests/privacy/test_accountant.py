@@ -286,12 +286,14 @@ def test_planned_ledger_patient_unit_and_non_private():
                             4000)
     assert plan["unit"] == "patient" and plan["max_contributions"] == 4
     assert plan["vocab_event"]["max_contributions"] == 4
-    # Training: PoissonSampled(1 − (1 − q)^4, Gaussian(σ/4)).
+    # Training (user-level DP-SGD, issue 17): 4000 PATIENTS, 32 per step, PoissonSampled(q, Gaussian(σ))
+    # per patient — the same event as 32 of 4000 tuples, no group-privacy factor.
     sigma = 4.0 / math.sqrt(1 + 4 / 64)  # with the DP diagnostics
-    assert plan["epsilon_train"] == pytest.approx(A.dpsgd_epsilon(sigma, 32 / 4000, 50, 1e-6, max_contributions=4))
+    assert plan["epsilon_train"] == pytest.approx(A.dpsgd_epsilon(sigma, 32 / 4000, 50, 1e-6, user_level=True))
+    assert plan["train_events"][0]["sampling_unit"] == "patient"
     tuple_plan = A.planned_ledger(_config(*common), 4000)
     assert plan["epsilon_vocab"] > tuple_plan["epsilon_vocab"]
-    assert plan["epsilon_train"] > tuple_plan["epsilon_train"]
+    assert plan["epsilon_train"] == pytest.approx(tuple_plan["epsilon_train"])
     np_plan = A.planned_ledger(_config("training.non_private=true", "training.noise_multiplier=0"), 4000)
     assert np_plan["non_private"] is True and np_plan["epsilon_total_pld"] == math.inf
     assert np_plan["within_budget"] is True                       # no budget set (refused otherwise)

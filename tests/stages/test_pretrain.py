@@ -104,10 +104,7 @@ def test_non_private_baseline_and_patient_unit(tmp_path, tuples_dir, vocabulary_
     result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tiny_training_config(steps=1), non_private=True)
     assert result.properties[schema.NON_PRIVATE] is True and result.properties[schema.PRIVATE] == 1
     assert result.epsilon == float("inf") and result.dp_event["mechanism"] == "non_private"
-    with pytest.raises(ValueError, match="privacy.unit = patient"):
-        stage.pretrain(tuples_dir, "unused", str(tmp_path / "m"), model_config=tiny_model_config(),
-                       training_config=tiny_training_config(), privacy_config=PrivacyConfig(unit="patient"),
-                       membership_config=MembershipConfig(), pipeline_root=str(tmp_path))
+    # privacy.unit = patient is no longer refused: user-level DP-SGD, tests/stages/test_pretrain_patient.py.
 
 
 def test_holdout_trains_on_the_split_membership_recomputes(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
