@@ -308,9 +308,11 @@ class NerConfig:
     #: IOB/CoNLL files; null = the bundled BC5CDR subset (dpbert/resources/ner/bc5cdr).
     train_path: Optional[str] = None
     test_path: Optional[str] = None
-    #: At most this many epochs; the epoch with the best dev F1 is kept (early stopping).
-    epochs: int = 3
-    learning_rate: float = 1e-3
+    #: At most this many epochs; the epoch with the best dev F1 is kept (early stopping). The
+    #: defaults fine-tune a public MiniLM to entity F1 ≈ 0.64-0.67 on the bundled BC5CDR subset
+    #: (dpbert.stages.ner: measured figures); ner.mode = probe wants ~0.01 and ~30 epochs.
+    epochs: int = 5
+    learning_rate: float = 2e-4
     batch_size: int = 16
     max_train_sentences: Optional[int] = None
     #: The first fine-tuning seed; the seeds are seed, seed + 1, … (``seeds`` of them).
