@@ -64,9 +64,11 @@ def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
     report = json.loads((tmp_path / "report" / stage.REPORT_FILE).read_text())
     assert len(report["rows"]["dp"]["f1_seeds"]) == 2 and report["seeds"] == [0, 1]
     assert all(1 <= e <= 2 for e in report["rows"]["dp"]["best_epochs"])
-    # without the baseline the artifact may be released
-    alone = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report2"), cfg, 24)
+    # without the baseline the artifact may be released (and the linear probe: ner.mode = probe)
+    probe = NerConfig(**{**cfg.__dict__, "mode": "probe", "learning_rate": 0.05, "epochs": 3})
+    alone = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report2"), probe, 24)
     assert alone.properties[schema.PRIVATE] == 0 and alone.properties[stage.UTILITY]["gain_kept_ner_f1"] is None
+    assert alone.properties["mode"] == "probe" and list(alone.properties[stage.UTILITY]["rows"]) == ["random", "dp"]
 
 
 def test_the_dev_split_comes_from_the_training_sentences_only():
