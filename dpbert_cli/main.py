@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("budget", help="the planned ε of a configuration against privacy.epsilon_budget "
                                       "(exit 3 when over), or the σ that meets --target-epsilon")
     _config_args(p)
-    p.add_argument("--examples", type=int, help="n, tuples to plan with (default: training.dataset_size, "
+    p.add_argument("--examples", type=int, help="n, tuples (patients with privacy.unit = patient) to plan with "
+                                                "(default: training.dataset_size / dataset_patients, "
                                                 "else counted from the corpus)")
     p.add_argument("--target-epsilon", type=float, help="print the training noise multiplier that meets "
                                                         "this ε_T instead")

@@ -32,9 +32,11 @@ def ledger_statement(ledger: Mapping[str, Any]) -> str:
         "=========================",
         f"Unit of privacy: {unit_text}; {ADJACENCY_TEXT[ledger.get('adjacency', 'add_or_remove_one')]}",
         "",
-        "Vocabulary (Gaussian noise on per-tuple word counts + threshold):",
-        f"  ε_V = {_eps(ledger.get('epsilon_vocab'))} at δ_V = {ledger.get('delta_vocab', 0):.3g}"
-        f" (of which the threshold's δ₂ = {ledger.get('delta_threshold', 0):.3g})",
+        *(["Vocabulary: the public checkpoint's (vocab.source: public; no private data read): ε_V = 0"]
+          if not ledger.get('epsilon_vocab') and not ledger.get('delta_vocab') else [
+            "Vocabulary (Gaussian noise on per-tuple word counts + threshold):",
+            f"  ε_V = {_eps(ledger.get('epsilon_vocab'))} at δ_V = {ledger.get('delta_vocab', 0):.3g}"
+            f" (of which the threshold's δ₂ = {ledger.get('delta_threshold', 0):.3g})"]),
         "",
         f"Pre-training (DP-SGD, {train.get('sampling', ledger.get('sampling', '?'))} sampling, "
         f"q = {train.get('sampling_probability', float('nan')):.4g}, noise multiplier "

@@ -45,3 +45,10 @@ def test_statement_names_the_adjacency_of_the_training_record(sampling, adjacenc
     assert text in out
     if sampling == "shuffle":
         assert "does NOT cover adding or removing" in out and "adding or removing one unit (add" not in out
+
+
+def test_public_vocabulary_is_stated_as_reading_no_private_data():
+    public = dict(_ledger(), epsilon_vocab=0.0, delta_vocab=0.0)
+    text = ledger_statement(public)
+    assert "no private data read" in text and "Gaussian noise on per-tuple word counts" not in text
+    assert "Gaussian noise on per-tuple word counts" in ledger_statement(_ledger())
