@@ -31,7 +31,11 @@ QUIET_WARNINGS = (
     ("apache_beam", "Discarding unparseable args"),
     ("apache_beam", "python-snappy"),
     ("tensorflow", "compiled metrics have yet to be built"),
+    ("tensorflow", "triggered tf.function retracing"),
 )
+#: Without --verbose only these dpbert loggers speak at INFO: training progress (one line every
+#: 30 s off a terminal). Stage summaries are in the report; the ε is printed at the end of a run.
+PROGRESS_LOGGERS = ("dpbert.model.train",)
 
 
 class QuietFilter(logging.Filter):
@@ -83,7 +87,9 @@ def _setup_logging(verbose: bool):
         for handler in logging.getLogger().handlers:
             if not any(isinstance(f, QuietFilter) for f in handler.filters):
                 handler.addFilter(QuietFilter())
-    logging.getLogger("dpbert").setLevel(logging.INFO)
+    logging.getLogger("dpbert").setLevel(logging.INFO if verbose else logging.WARNING)
+    for name in PROGRESS_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
     # absl (TFX) logs at INFO through its own handler; keep it for component progress.
     try:
         from absl import logging as absl_logging

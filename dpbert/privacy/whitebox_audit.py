@@ -285,7 +285,8 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
       spec: ``BertSpec``; default ``demo_spec(vocab, L)``.
       training_config: a ``dpbert.config.TrainingConfig`` (Poisson sampling): its batch size,
         steps, σ (the CLAIMED σ), C, δ, P, T, dataset_size, learning rate are used and the
-        keyword arguments below are ignored; default: built from them.
+        keyword arguments below are ignored (except an explicit ``dataset_size``, which overrides
+        the configuration's); default: built from them.
       batch_size, steps, noise_multiplier (σ claimed), clip_norm (C), delta, dataset_size (the
         public n that fixes q = B/n, default the number of rows), learning_rate, warmup_steps,
         accumulation_steps: the run audited (``privacy.plan.plan_training``).
@@ -353,7 +354,10 @@ def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, trainin
     if tc.sampling != "poisson" or tc.non_private:
         raise ValueError("the white-box audit audits Poisson-sampled DP-SGD (training.sampling = poisson, "
                          "not non_private): canaries are Poisson-sampled with the run's q")
-    plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else n, holdout_fraction)
+    # An explicit dataset_size (the public n of the audited unit: patients for a per-patient claim)
+    # overrides the configuration's tuple count.
+    public_n = dataset_size if dataset_size is not None else tc.dataset_size
+    plan = plan_training(tc, public_n if public_n is not None else n, holdout_fraction)
     q, T, B = plan.sampling_probability, plan.steps, plan.expected_batch_size
     sigma, C, delta = float(tc.noise_multiplier), float(tc.clip_norm), float(tc.delta)
     applied = noise_scale * sigma if noise_scale > 0 else NOISE_OFF

@@ -97,16 +97,24 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
                          "Poisson-sampled with the run's q; shuffle sampling is accounted differently)")
     token_ids, specials, vocab_size, private = audit_rows(config, tokenizer, public_only=public_only)
     holdout = config.membership.holdout_patient_fraction
-    plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else token_ids.shape[0], holdout)
+    # privacy.unit = patient: the claim is per patient at q = B/n_patients; a canary stands for one
+    # patient's clipped (summed) contribution and each audit row for one patient's tuple, sampled
+    # at that q — the same noise draw, normalisation and accounting as the user-level run (its
+    # per-group clipping of real rows is not what this audit tests: see whitebox_audit).
+    public_n = tc.dataset_patients if config.privacy.unit == "patient" else tc.dataset_size
+    public_n = int(public_n) if public_n is not None else int(token_ids.shape[0])
+    plan = plan_training(tc, public_n, holdout)
     token_ids = token_ids[: plan.dataset_size]
     spec = spec_from_config(config.model, vocab_size, tc.mask_probability)
     log.info("audit: %d gradient canaries, %d steps, q = %.4g, σ = %s (the configured run)",
              canaries, plan.steps, plan.sampling_probability, tc.noise_multiplier)
     report = whitebox_audit_report(token_ids=token_ids, spec=spec, training_config=tc, canaries=int(canaries),
+                                   dataset_size=public_n,
                                    beta=beta, seed=seed, holdout_fraction=holdout,
                                    special_token_ids=tuple(specials), mask_token_id=specials.mask)
     report["corpus"] = "configured corpus" if private else "embedded synthetic corpus (public)"
     report["upper_bound_of"] = "the gradient release (σ, q, T) at δ_T, PLD accountant"
+    report["unit"] = config.privacy.unit
     report[schema.PRIVATE] = int(private)
     return report
 

@@ -15,7 +15,8 @@ from dpbert.stages import audit
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["model.max_seq_length=32", "training.steps=8", "corpus.synthetic.patients=8", "vocab.size=300",
-        "training.batch_size=8", "training.dataset_size=200", "training.warmup_steps=0"]
+        "training.batch_size=8", "training.dataset_size=200", "training.warmup_steps=0", "privacy.unit=tuple",
+        "model.init=random", "vocab.source=dp"]
 CLI_KEYS = {"epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_bound", "canaries", "confidence",
             "positive_control_lower_bound"}
 
@@ -31,6 +32,12 @@ def test_audit_of_the_configured_training_on_the_embedded_corpus_is_public():
     assert res["q"] == pytest.approx(8 / 140) and res["steps"] == 8 and res["canaries"] == 400
     assert res["consistent"] and 0 <= res["epsilon_lower_bound"] <= res["epsilon_upper_bound"]
     assert res["max_reachable_lower_bound"] == pytest.approx(max_reachable_lower_bound(400, 0.05, 1e-5, whitebox_k_grid(400)))
+
+
+def test_a_per_patient_claim_is_audited_at_the_patient_rate():
+    res = audit.audit_training(tiny_config("privacy.unit=patient", "privacy.max_tuples_per_patient=4",
+                                           "training.dataset_patients=100"), canaries=64, seed=6)
+    assert res["unit"] == "patient" and res["q"] == pytest.approx(8 / 70) and res["dataset_size"] == 70
 
 
 def test_audit_of_a_user_corpus_is_operator_only(tmp_path):
