@@ -105,7 +105,14 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
     public_n = int(public_n) if public_n is not None else int(token_ids.shape[0])
     plan = plan_training(tc, public_n, holdout)
     token_ids = token_ids[: plan.dataset_size]
-    spec = spec_from_config(config.model, vocab_size, tc.mask_probability)
+    if config.model.init == "minilm":
+        # The public checkpoint's architecture (its first public_layers), as the trainer builds
+        # it; the audit's weights start random (the audited mechanism does not depend on them).
+        from dpbert.model.init_public import spec_for_public
+
+        spec = spec_for_public(config.model, vocab_size, tc.mask_probability, config.model.init_dir)
+    else:
+        spec = spec_from_config(config.model, vocab_size, tc.mask_probability)
     log.info("audit: %d gradient canaries, %d steps, q = %.4g, σ = %s (the configured run)",
              canaries, plan.steps, plan.sampling_probability, tc.noise_multiplier)
     report = whitebox_audit_report(token_ids=token_ids, spec=spec, training_config=tc, canaries=int(canaries),

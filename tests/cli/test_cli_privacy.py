@@ -56,7 +56,9 @@ def test_invalid_privacy_parameters_exit_2_naming_them(capsys, argv, name):
 
 
 def _tiny(tmp_path, budget):
-    return ["--set", "corpus.synthetic.patients=6", "--set", "training.batch_size=8",
+    from tests.tiny import set_args
+
+    return set_args() + ["--set", "corpus.synthetic.patients=6", "--set", "training.batch_size=8",
             "--set", "training.steps=50", "--set", f"privacy.epsilon_budget={budget}",
             "--set", f"pipeline.output_dir={tmp_path / 'out'}"]
 

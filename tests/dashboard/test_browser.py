@@ -30,7 +30,9 @@ from tests.dashboard.webdriver import Chrome, find_chromedriver, find_chromium, 
 pytestmark = pytest.mark.browser
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = ["corpus.synthetic.patients=6", "vocab.size=300", "training.steps=4", "training.batch_size=8",
+from tests.tiny import CLASSIC
+
+TINY = CLASSIC + ["corpus.synthetic.patients=6", "vocab.size=300", "training.steps=4", "training.batch_size=8",
         "model.max_seq_length=64", "vocab.sigma=2", "privacy.epsilon_budget=null", "canary.enabled=false",
         "ner.enabled=false", "training.train_non_private_baseline=false", "membership.holdout_patient_fraction=0",
         "beam.direct_running_mode=in_memory"]  # ~10 s less Beam start-up; tests/e2e covers multi-processing

@@ -9,7 +9,9 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = [
+from tests.tiny import CLASSIC
+
+TINY = CLASSIC + [
     "vocab.size=300",
     "training.steps=4",
     "training.batch_size=8",

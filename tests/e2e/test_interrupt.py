@@ -21,7 +21,9 @@ pytestmark = pytest.mark.e2e
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 60
-ARGS = ["--set", "corpus.synthetic.patients=6", "--set", "vocab.sigma=2", "--set", "vocab.size=300",
+from tests.tiny import set_args
+
+ARGS = set_args() + ["--set", "corpus.synthetic.patients=6", "--set", "vocab.sigma=2", "--set", "vocab.size=300",
         "--set", f"training.steps={STEPS}", "--set", "training.batch_size=8", "--set", "training.checkpoint_every=2",
         "--set", "model.max_seq_length=64", "--set", "privacy.epsilon_budget=null",
         "--set", "canary.enabled=false", "--set", "ner.enabled=false",

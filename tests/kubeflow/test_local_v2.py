@@ -6,7 +6,9 @@ import pytest
 
 from tests.kubeflow.conftest import task_names
 
-TINY = [
+from tests.tiny import CLASSIC
+
+TINY = CLASSIC + [
     "corpus.synthetic.patients=6",
     "vocab.sigma=2",
     "vocab.delta=1e-6",

@@ -12,11 +12,11 @@ from dpbert.config import load_config
 from dpbert.evaluate.audit import AuditInconsistencyError
 from dpbert.privacy.whitebox_audit import max_reachable_lower_bound, whitebox_k_grid
 from dpbert.stages import audit
+from tests.tiny import CLASSIC
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = ["model.max_seq_length=32", "training.steps=8", "corpus.synthetic.patients=8", "vocab.size=300",
-        "training.batch_size=8", "training.dataset_size=200", "training.warmup_steps=0", "privacy.unit=tuple",
-        "model.init=random", "vocab.source=dp"]
+TINY = CLASSIC + ["model.max_seq_length=32", "training.steps=8", "corpus.synthetic.patients=8", "vocab.size=300",
+        "training.batch_size=8", "training.dataset_size=200", "training.warmup_steps=0"]
 CLI_KEYS = {"epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_bound", "canaries", "confidence",
             "positive_control_lower_bound"}
 
