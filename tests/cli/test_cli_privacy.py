@@ -104,6 +104,7 @@ def test_run_with_a_noise_seed_and_a_budget_exits_2_naming_the_field_and_writes_
 
 
 def test_run_with_a_budget_needs_a_public_dataset_size(tmp_path, capsys):
-    code = main(["run", "--output", str(tmp_path / "out"), "--set", "training.dataset_size=null"] + _tiny(tmp_path, 1000))
+    # (after _tiny: its CLASSIC overrides set training.dataset_size)
+    code = main(["run", "--output", str(tmp_path / "out")] + _tiny(tmp_path, 1000) + ["--set", "training.dataset_size=null"])
     assert code == 2 and "training.dataset_size must be set" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -19,7 +19,9 @@ def _direct(sigma, q, steps, delta, kind="pld"):
     return acc.compose(event).get_epsilon(delta)
 
 
-@pytest.mark.parametrize("patients,per_step,sigma,steps,k", [(10_000, 100, 1.0, 500, 8), (2_000, 64, 0.9, 200, 1)])
+@pytest.mark.parametrize("patients,per_step,sigma,steps,k", [
+    pytest.param(10_000, 100, 1.0, 500, 8, marks=pytest.mark.slow),  # 84 s of PLD at q = 0.01, 500 steps
+    (2_000, 64, 0.9, 200, 1)])
 def test_per_patient_epsilon_is_poisson_sampled_gaussian_at_the_patient_rate(patients, per_step, sigma, steps, k):
     record = events.dpsgd_event(sigma, per_step, patients, steps, "poisson", k, unit="patient")
     assert record["unit"] == "patient" and record["sampling_unit"] == "patient" and record["max_contributions"] == k
