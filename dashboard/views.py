@@ -527,6 +527,14 @@ def warnings_view(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     return out
 
 
+def budget_refused_view(report: Dict[str, Any]) -> Optional[str]:
+    """A sentence for a run whose trainer refused a step over the budget (the ε already spent)."""
+    from dpbert.report import budget_refused_sentence
+
+    refused = report.get("budget_refused")
+    return budget_refused_sentence(refused).strip() if isinstance(refused, dict) else None
+
+
 def interrupted_view(report: Dict[str, Any]) -> Optional[str]:
     """A sentence for an interrupted run (``dpbert run`` marked it cancelled), else None."""
     interrupted = report.get("interrupted")
@@ -566,6 +574,7 @@ def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "run": run_summary(run),
         "interrupted": interrupted_view(report),
+        "budget_refused": budget_refused_view(report),
         "corpus": corpus_rows(report),
         "warnings": warnings_view(report),
         "dag": dag(run),

@@ -5,7 +5,8 @@ private (``private`` custom property = 1: tuples of raw text, canary secrets); i
 custom properties (decoded by ``dpbert.schema.properties``, the one reader of the artifact
 contract) and URIs.
 
-The one writer here is ``mark_interrupted`` (``dpbert run`` after SIGINT/SIGTERM): TFX leaves the
+The writers here are ``mark_budget_refused`` (the trainer refused a step over the budget: the ε
+already charged goes on the run) and ``mark_interrupted`` (``dpbert run`` after SIGINT/SIGTERM): TFX leaves the
 execution it was running in RUNNING forever, so the run is marked cancelled — the running
 executions CANCELED and, on the pipeline-run context, ``INTERRUPTED_PROPERTY`` (an interrupt
 between two components leaves no running execution) with what was running and the trainer's step.
@@ -28,6 +29,12 @@ CANCELLED = "CANCELLED"
 INTERRUPTED_PROPERTY = "dpbert_interrupted"          # 1
 INTERRUPTED_COMPONENT = "dpbert_interrupted_component"
 INTERRUPTED_STEP = "dpbert_interrupted_step"          # the trainer's step (steps started), if training
+#: Written by ``mark_budget_refused``: the trainer refused a step the privacy budget does not cover.
+BUDGET_REFUSED_PROPERTY = "dpbert_budget_refused"    # 1
+EPSILON_CHARGED = "dpbert_epsilon_charged"            # ε (PLD) of everything the run's chain charged
+DELTA_CHARGED = "dpbert_delta_charged"
+STEPS_CHARGED = "dpbert_steps_charged"                # DP-SGD steps the chain executed (write-ahead ledger)
+EPSILON_BUDGET = "dpbert_epsilon_budget"
 
 
 def metadata_path_for(output_dir: Optional[str] = None, metadata: Optional[str] = None) -> str:
@@ -172,6 +179,31 @@ def _open_writable(path: str) -> metadata_store.MetadataStore:
     return metadata_store.MetadataStore(config)
 
 
+def _newest_run_since(store, since_ms: int):
+    runs = [c for c in store.get_contexts_by_type("pipeline_run") if c.create_time_since_epoch >= since_ms]
+    return max(runs, key=lambda c: (c.create_time_since_epoch, c.id)) if runs else None
+
+
+def mark_budget_refused(path: str, since_ms: int, refusal: Dict[str, Any]) -> Optional[str]:
+    """Record on the newest pipeline run created at or after ``since_ms`` that the trainer refused
+    a step over ``privacy.epsilon_budget``, with the ε already charged (``refusal``: the trainer's
+    ``schema.BUDGET_REFUSAL_FILE``). TFX marks the trainer's execution FAILED and publishes no
+    model, so without this the privacy already spent would appear nowhere. Returns the run id."""
+    if not os.path.exists(path):
+        return None
+    store = _open_writable(path)
+    ctx = _newest_run_since(store, since_ms)
+    if ctx is None:
+        return None
+    ctx.custom_properties[BUDGET_REFUSED_PROPERTY].int_value = 1
+    ctx.custom_properties[EPSILON_CHARGED].double_value = float(refusal["epsilon_charged"])
+    ctx.custom_properties[DELTA_CHARGED].double_value = float(refusal["delta"])
+    ctx.custom_properties[STEPS_CHARGED].int_value = int(refusal["steps_charged"])
+    ctx.custom_properties[EPSILON_BUDGET].double_value = float(refusal["epsilon_budget"])
+    store.put_contexts([ctx])
+    return ctx.name
+
+
 def mark_interrupted(path: str, since_ms: int, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """Mark the newest pipeline run created at or after ``since_ms`` as cancelled: its RUNNING/NEW
     executions become CANCELED and its context gets ``INTERRUPTED_PROPERTY`` = 1, the running
@@ -184,10 +216,9 @@ def mark_interrupted(path: str, since_ms: int, step: Optional[int] = None) -> Op
     if not os.path.exists(path):
         return None
     store = _open_writable(path)
-    runs = [c for c in store.get_contexts_by_type("pipeline_run") if c.create_time_since_epoch >= since_ms]
-    if not runs:
+    ctx = _newest_run_since(store, since_ms)
+    if ctx is None:
         return None
-    ctx = max(runs, key=lambda c: (c.create_time_since_epoch, c.id))
     running = [e for e in store.get_executions_by_context(ctx.id)
                if e.last_known_state in (metadata_store_pb2.Execution.RUNNING, metadata_store_pb2.Execution.NEW)]
     component = None

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from dpbert import schema
-from dpbert.metadata import INTERRUPTED_COMPONENT, INTERRUPTED_PROPERTY, INTERRUPTED_STEP, RunInfo
+from dpbert.metadata import (BUDGET_REFUSED_PROPERTY, DELTA_CHARGED, EPSILON_BUDGET, EPSILON_CHARGED,
+                             INTERRUPTED_COMPONENT, INTERRUPTED_PROPERTY, INTERRUPTED_STEP, STEPS_CHARGED, RunInfo)
 
 #: The ledger properties the report's ``privacy`` section shows (same keys).
 LEDGER_KEYS = (schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC,
@@ -171,6 +172,13 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
     if audit:
         # The white-box one-run audit (dpbert.stages.audit): released next to the ledger's ε.
         report["audit"] = {k: audit.get(k) for k in AUDIT_KEYS}
+    if run.properties.get(BUDGET_REFUSED_PROPERTY):
+        # The trainer refused a step over the budget (dpbert.stages.pretrain): no model was
+        # published, and this is the privacy the chain has already spent (ε of its DP events).
+        report["budget_refused"] = {"epsilon_charged": run.properties.get(EPSILON_CHARGED),
+                                    "delta": run.properties.get(DELTA_CHARGED),
+                                    "steps_charged": run.properties.get(STEPS_CHARGED),
+                                    "epsilon_budget": run.properties.get(EPSILON_BUDGET)}
     if run.properties.get(INTERRUPTED_PROPERTY):
         report["interrupted"] = {"component": run.properties.get(INTERRUPTED_COMPONENT),
                                  "step": run.properties.get(INTERRUPTED_STEP)}
@@ -186,6 +194,16 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
         report["membership_inference_rows"] = membership_rows(mia.get(schema.ATTACKS),
                                                               mia.get(schema.ROC_CURVES), ledger)
     return report
+
+
+def budget_refused_sentence(refused: Dict[str, Any]) -> str:
+    """One line for a run whose trainer refused a step over ``privacy.epsilon_budget``."""
+    def num(x, spec):
+        return format(x, spec) if isinstance(x, (int, float)) else "?"
+
+    return (f"  REFUSED: over privacy.epsilon_budget = {num(refused.get('epsilon_budget'), '.4g')} — "
+            f"ε = {num(refused.get('epsilon_charged'), '.4g')} (δ = {num(refused.get('delta'), '.3g')}) already "
+            f"spent by {refused.get('steps_charged')} DP-SGD steps; no model was published")
 
 
 MODEL_LABELS = {"dp": "DP", "non_dp": "non-DP"}
@@ -241,6 +259,9 @@ def format_report(report: Dict[str, Any]) -> str:
         lines.append("  operator-only sections omitted: " + ", ".join(report.get("operator_only_omitted") or []))
         if not report.get("releasable"):
             lines.append("  NOT RELEASABLE: the run is not differentially private or is over its budget")
+    refused = report.get("budget_refused")
+    if isinstance(refused, dict):
+        lines.append(budget_refused_sentence(refused))
     interrupted = report.get("interrupted")
     if isinstance(interrupted, dict):
         where = interrupted.get("component") or "between components"

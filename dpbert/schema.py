@@ -126,6 +126,12 @@ BOOLEAN_PROPERTIES = frozenset({PRIVATE, NON_PRIVATE, WITHIN_BUDGET})
 RUN_CONFIG_FILE = "run_config.json"
 TRAIN_RESULT_FILE = "train_result.json"
 DP_LEDGER_FILE = "dp_ledger.json"
+#: Written into the trainer's (private) state directory when the privacy budget refused a step:
+#: the ε already charged by the chain (``dpbert.stages.pretrain``), read by the local runner.
+BUDGET_REFUSAL_FILE = "budget_refusal.json"
+#: The trainer state directory's configuration key (``dpbert.stages.pretrain.resume_key``): the
+#: budget guard finds the chains a run would resume by it before the DAG starts.
+RESUME_KEY_FILE = "resume_key.json"
 DP_EVENTS_FILE = "dp_events.json"
 CANARY_COUNTS_FILE = "canary_counts.json"
 #: DPVocabulary with vocab.source public or public+dp: which ids came from where.

@@ -15,7 +15,6 @@ import glob
 import json
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -23,14 +22,13 @@ from typing import Any, Dict, Optional
 
 from tfx import v1 as tfx
 
+from dpbert import schema
 from dpbert.config import Config
 from pipeline.pipeline import create_pipeline, output_paths
 
 log = logging.getLogger("dpbert")
 
-_STATE_ROOT = "_trainer_state"  # dpbert.stages.pretrain.STATE_ROOT (not imported: it pulls TensorFlow)
-_LEDGER_FILE = "dp_ledger.json"  # dpbert.model.train.LEDGER_FILE
-_RUN_CONFIG_FILE = "run_config.json"
+_LEDGER_FILE = schema.DP_LEDGER_FILE
 
 
 class RunInterrupted(Exception):
@@ -70,41 +68,55 @@ class RunInterrupted(Exception):
         return f"{head}; re-run the same command to resume; {charged}"
 
 
+class RunRefused(Exception):
+    """The trainer refused a step over ``privacy.epsilon_budget`` (``dpbert.stages.pretrain``):
+    the run failed with the ε already charged recorded on it in ML Metadata (exit 3)."""
+
+    def __init__(self, run_id: Optional[str], refusal: Dict[str, Any]):
+        self.run_id, self.refusal = run_id, refusal
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        r = self.refusal
+        return (f"the privacy budget ({r['epsilon_budget']:.4g}) covers {r['step_limit']} DP-SGD steps of this "
+                f"training chain and {r['steps_charged']} are charged: no further step was run; "
+                f"ε = {r['epsilon_charged']:.4g} (δ = {r['delta']:.3g}) already spent, recorded on the run "
+                f"(dpbert report). Raise training.noise_multiplier or privacy.epsilon_budget, or lower training.steps")
+
+
+def budget_refusal(pipeline_root: str, since: float) -> Optional[Dict[str, Any]]:
+    """The trainer's ``schema.BUDGET_REFUSAL_FILE`` written at or after ``since``, or None."""
+    from dpbert.stages.pretrain import STATE_ROOT
+
+    for path in glob.glob(os.path.join(pipeline_root, STATE_ROOT, "*", schema.BUDGET_REFUSAL_FILE)):
+        try:
+            if os.path.getmtime(path) >= since:
+                with open(path, encoding="utf-8") as f:
+                    return json.load(f)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def trainer_progress(pipeline_root: str, since: float) -> Optional[Dict[str, Any]]:
     """The state of the trainer that ran in this run: the newest write-ahead ledger under
     ``<pipeline_root>/_trainer_state`` written at or after ``since`` (seconds since the epoch).
 
     ``{"steps_executed", "checkpoint_step", "non_private"}`` or None when no trainer ran."""
+    from dpbert.stages.pretrain import chains
+
     newest, newest_mtime = None, since
-    for path in glob.glob(os.path.join(pipeline_root, _STATE_ROOT, "*", _LEDGER_FILE)):
+    for chain in chains(pipeline_root):
         try:
-            mtime = os.path.getmtime(path)
+            mtime = os.path.getmtime(os.path.join(chain["state"], _LEDGER_FILE))
         except OSError:
             continue
         if mtime >= newest_mtime:
-            newest, newest_mtime = path, mtime
+            newest, newest_mtime = chain, mtime
     if newest is None:
         return None
-    state = os.path.dirname(newest)
-    try:
-        with open(newest, encoding="utf-8") as f:
-            steps = int(json.load(f).get("steps_executed", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
-    checkpoint = None
-    try:  # tf.train.CheckpointManager's index: model_checkpoint_path: "ckpt-250"
-        with open(os.path.join(state, "checkpoints", "checkpoint"), encoding="utf-8") as f:
-            match = re.search(r'^model_checkpoint_path:\s*"[^"]*-(\d+)"', f.read(), re.M)
-        checkpoint = int(match.group(1)) if match else None
-    except OSError:
-        pass
-    non_private = False
-    try:
-        with open(os.path.join(state, _RUN_CONFIG_FILE), encoding="utf-8") as f:
-            non_private = bool(json.load(f).get("non_private"))
-    except (OSError, ValueError, AttributeError):
-        pass
-    return {"steps_executed": steps, "checkpoint_step": checkpoint, "non_private": non_private}
+    return {"steps_executed": newest["steps_executed"], "checkpoint_step": newest["checkpoint_step"] or None,
+            "non_private": newest["non_private"]}
 
 
 @contextlib.contextmanager
@@ -164,6 +176,13 @@ def run_local(config: Config) -> dict:
             checkpoint_step=progress and progress["checkpoint_step"],
             charged=None if not progress or progress["non_private"] else progress["steps_executed"],
             non_private=bool(progress and progress["non_private"])) from None
+    except Exception:
+        refusal = budget_refusal(pipeline_root, started - 1.0)
+        if refusal is None:
+            raise
+        from dpbert.metadata import mark_budget_refused
+
+        raise RunRefused(mark_budget_refused(metadata_path, int((started - 1.0) * 1000), refusal), refusal) from None
     return {"pipeline_root": pipeline_root, "metadata": metadata_path}
 
 

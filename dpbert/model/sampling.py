@@ -103,11 +103,15 @@ class ShuffleSampler:
     """Fixed-size batches of ``batch_size`` read from one continuous stream of permutations.
 
     The stream is perm_0 ‖ perm_1 ‖ …, perm_e = a permutation of the n rows drawn from
-    (``key``, e); step s takes positions [s·B, (s+1)·B) of it (a batch may straddle two epochs).
-    A batch is a function of (key, step) only, so a run resumed at step s continues the SAME
-    stream: every example takes part ceil(steps·B/n) times at most (+1 when batches straddle),
-    what the accountant charges. (Restarting the permutation at a resume, as before, used some
-    examples twice in one accounted epoch: recorded ε 11.0, true 16.9 in the review's example.)
+    (``key``, e); window w takes positions [w·B, (w+1)·B) of it (a batch may straddle two epochs).
+    A batch is a function of (key, w) only. The trainer passes w = the write-ahead ledger's count
+    of steps EXECUTED before this one (``dpbert.model.train``), not the optimizer's step: a run
+    resumed from a checkpoint at step c after executing e > c steps replays steps c…e−1 on NEW
+    windows e, e+1, …, so over the whole chain every example takes part ceil(executed·B/n) times
+    at most (+1 when batches straddle), what the accountant charges. (Indexing by the
+    checkpoint's step replayed the lost windows: 4 rows took part 3 times where the record said 2,
+    ε charged 6.57 vs 8.39 true; restarting the permutation at a resume, before that, used some
+    examples twice in one accounted epoch: recorded ε 11.0, true 16.9.)
     The key is secret (OS entropy) and is kept, with the checkpoints, in the trainer's private
     state directory so that a resume can continue the stream.
     """

@@ -46,7 +46,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Union
+from typing import Callable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -85,6 +85,14 @@ def state_lock(output_dir):
     import fcntl
 
     output_dir = Path(output_dir)
+    key = str(output_dir.resolve())
+    if key in _HELD_LOCKS:  # re-entrant within this process (the stage locks, then train_mlm)
+        _HELD_LOCKS[key] += 1
+        try:
+            yield
+        finally:
+            _HELD_LOCKS[key] -= 1
+        return
     output_dir.mkdir(parents=True, exist_ok=True)
     handle = open(output_dir / LOCK_FILE, "a+")
     try:
@@ -94,9 +102,30 @@ def state_lock(output_dir):
             raise StateDirectoryBusy(
                 f"another training run is using {output_dir} (its checkpoints and DP step ledger); "
                 f"wait for it to finish, or train into another output directory") from None
-        yield
+        _HELD_LOCKS[key] = 1
+        try:
+            yield
+        finally:
+            del _HELD_LOCKS[key]
     finally:
         handle.close()
+
+
+#: State directories whose lock this process holds (path → depth): ``flock`` locks belong to an
+#: open file description, so a second ``open`` + ``flock`` in the same process would refuse itself.
+_HELD_LOCKS: dict = {}
+
+
+class BudgetExhausted(RuntimeError):
+    """The next step would charge more than ``privacy.epsilon_budget`` covers: refused BEFORE the
+    step's write-ahead ledger entry, so no step beyond the budget ever runs. ``steps_executed``:
+    the steps charged so far (this chain), ``limit``: the most the budget covers, ``sigma``: the
+    accounted σ per step."""
+
+    def __init__(self, steps_executed: int, limit: int, sigma: float):
+        self.steps_executed, self.limit, self.sigma = int(steps_executed), int(limit), float(sigma)
+        super().__init__(f"the privacy budget covers {self.limit} DP-SGD steps and {self.steps_executed} "
+                         f"have been charged; the next step was refused")
 
 
 class SimulatedCrash(RuntimeError):
@@ -372,7 +401,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
               strategy: Optional[tf.distribute.Strategy] = None,
               vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None,
               example_ids: Optional[np.ndarray] = None, initial_weights: Optional[list] = None,
-              patient_keys: Optional[Sequence[str]] = None) -> TrainResult:
+              patient_keys: Optional[Sequence[str]] = None,
+              charge_limit: Optional[Callable[[float, int], int]] = None) -> TrainResult:
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
     ``plan``: the ``dpbert.privacy.plan.TrainingPlan`` the budget was checked against (q, steps,
@@ -393,6 +423,10 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     plan with ``unit == "patient"`` (user-level DP-SGD: patients Poisson-sampled at the plan's q,
     ≤ k rows each chosen by a secret PRF of (key, patient, step), the patient's summed gradient
     clipped to C; ``dpbert.model.dpsgd``).
+    ``charge_limit(σ_accounted, steps_needed) -> L``: the most DP steps the privacy budget covers
+    for this chain (``dpbert.stages.pretrain.budget_step_limit``), asked once with the σ the
+    accountant will charge and the ledger's count once this run finishes; a step that would make
+    the ledger exceed L is refused (:class:`BudgetExhausted`) BEFORE its write-ahead entry.
     """
     t0 = time.time()
     tc = training_config
@@ -517,6 +551,12 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     ledger["steps_executed"] = max(int(ledger.get("steps_executed", 0)), start_step)
     _write_json_atomic(ledger_path, ledger)
 
+    step_limit = None
+    if charge_limit is not None and not tc.non_private:
+        # Asked with what this chain will have charged when the run completes (earlier runs'
+        # executed steps, lost ones included, plus the steps from the checkpoint to the plan's end).
+        step_limit = int(charge_limit(accounted_sigma, int(ledger["steps_executed"]) + steps_planned - start_step))
+
     sampling_seed = None if tc.noise_seed is None else [int(tc.noise_seed), start_step]
     diag_rng = np.random.default_rng(None if tc.noise_seed is None else [int(tc.noise_seed), 0xD1A6, start_step])
     # The MLM masks' key: secret (OS entropy), fresh for every process; a test seed makes it fixed.
@@ -537,7 +577,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
 
     writer = tf.summary.create_file_writer(str(tb_dir))
     # A progress bar on a terminal; elsewhere (TFX logs, CI, a pipe) one log line every 30 s.
-    bar = _Progress(steps_planned, start_step, "DP-SGD" if not tc.non_private else "SGD") if progress else None
+    bar = _Progress(steps_planned, start_step, "DP-SGD" if not tc.non_private else "SGD (non-private)",
+                    label="exact (private)" if tc.non_private else "DP estimate") if progress else None
     losses: List[float] = []
     released: dict = {"loss": [], "accuracy": [], "clipped_fraction": [], "batch_size": []}
     exact_sums: List[dict] = []
@@ -549,13 +590,19 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         while step < steps_planned:
             if stop_after_steps is not None and steps_this_run >= stop_after_steps:
                 raise SimulatedCrash(f"simulated crash after {steps_this_run} steps (at step {step})")
+            if step_limit is not None and ledger["steps_executed"] + 1 > step_limit:
+                raise BudgetExhausted(ledger["steps_executed"], step_limit, accounted_sigma)
+            # The shuffle stream's window: the ledger's count of steps ever executed in this chain,
+            # not the checkpoint's step, so steps replayed after a crash read NEW windows and every
+            # row takes part ceil(executed·B/n) times at most — what the record charges.
+            window = ledger["steps_executed"]
             ledger["steps_executed"] += 1  # write-ahead: a step that starts is charged
             _write_json_atomic(ledger_path, ledger)
             if patient_unit:
                 rounds = mlm_patient_rounds(mask_fn, token_ids, example_ids, sampler.sample_patients(step),
                                             mask_key, step, k, m, P)
             else:
-                indices = sampler.sample(step)
+                indices = sampler.sample(window if tc.sampling == "shuffle" else step)
                 rounds = mlm_rounds(mask_fn, token_ids, example_ids, indices, mask_key, step, m, P)
             stats = stepper.run_step(rounds)
             step += 1
@@ -636,9 +683,13 @@ class _Progress:
     """Training progress: a tqdm bar when stderr is a terminal; otherwise one log line every
     ``interval`` seconds (step, rate, ETA) and one at the end, never ``\\r`` redraws in a file."""
 
-    def __init__(self, total: int, initial: int, desc: str, interval: float = 30.0, stream=None):
+    def __init__(self, total: int, initial: int, desc: str, interval: float = 30.0, stream=None,
+                 label: str = "DP estimate"):
         import sys
 
+        #: What the shown loss/accuracy are: "DP estimate" (noisy diagnostics) or, for the
+        #: non-private baseline, "exact (private)" — never to be read as a released figure.
+        self.label = label
         stream = stream if stream is not None else sys.stderr
         self.total, self.initial, self.desc, self.interval = total, initial, desc, interval
         self.step = initial
@@ -672,7 +723,8 @@ class _Progress:
         eta = f"{_duration(left / rate)}" if rate > 0 else "?"
         extra = ""
         if self.shown is not None:
-            extra = f", loss {self.shown['loss']:.3f}, accuracy {self.shown['accuracy']:.3f}"
+            extra = (f", loss {self.shown['loss']:.3f}, accuracy {self.shown['accuracy']:.3f} "
+                     f"({self.label})")
         log.info("%s: step %d/%d, %.3g steps/s, ETA %s%s", self.desc, self.step, self.total, rate, eta, extra)
 
     def close(self):

@@ -40,6 +40,13 @@ def _records(value: Union[str, bytes, Any]):
     return events.from_json(value) if isinstance(value, (str, bytes)) else value
 
 
+def ledger_delta(vocab_record, training_delta: float) -> float:
+    """δ of the composed ledger: δ_V of a DP histogram vocabulary (0 otherwise) + δ_T."""
+    vocab_record = vocab_record or {}
+    delta_vocab = vocab_record.get("delta", 0.0) if vocab_record.get("mechanism") == "dp_histogram" else 0.0
+    return delta_vocab + training_delta
+
+
 def account(report_dir: str, vocab_event, train_events, training_delta: float, privacy_config: PrivacyConfig,
             model_properties: Mapping[str, Any]) -> StageResult:
     """Compose ε_V and ε_T (basic, RDP, PLD) at δ = δ_V + δ_T; write JSON + a statement.
@@ -51,8 +58,7 @@ def account(report_dir: str, vocab_event, train_events, training_delta: float, p
     from dpbert.privacy import accountant, events, statement
 
     vocab_record, train_records = _records(vocab_event), _records(train_events)
-    delta_vocab = vocab_record.get("delta", 0.0) if vocab_record.get("mechanism") == "dp_histogram" else 0.0
-    ledger = accountant.ledger(vocab_record, train_records, delta_vocab + training_delta)
+    ledger = accountant.ledger(vocab_record, train_records, ledger_delta(vocab_record, training_delta))
     budget = privacy_config.epsilon_budget
     ledger.update({
         "epsilon_budget": budget,

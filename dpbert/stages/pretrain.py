@@ -159,6 +159,8 @@ def plan_for(tc: TrainingConfig, membership: MembershipConfig, rows: int, state:
 
     The DP count is drawn ONCE per state directory and kept there (private): a resumed run plans
     with the same released n̂ (same q, so the checkpoint resumes) and the count is charged once.
+    Call it holding ``state_lock(state)`` (:func:`pretrain` does): a run refused by the lock draws
+    no count, and the file is created exclusively.
     """
     from dpbert.privacy import count
     from dpbert.privacy.plan import plan_training
@@ -179,7 +181,9 @@ def plan_for(tc: TrainingConfig, membership: MembershipConfig, rows: int, state:
         rng = None if tc.noise_seed is None else np.random.default_rng([int(tc.noise_seed), 0xC0DE])
         n_hat = count.dp_count(rows, tc.count_noise_multiplier, unit_cap, rng=rng)
         os.makedirs(state, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
+        # Created exclusively (the caller holds the state lock too): a second count is never drawn
+        # over the first, which the chain's checkpoints and ledger were planned with.
+        with open(path, "x", encoding="utf-8") as f:
             json.dump({"released": n_hat}, f)
     if patient_unit:  # a count of patients: sensitivity 1; the record names the ledger's unit (k)
         return (plan_training(tc, n_hat, unit=unit, max_contributions=k),
@@ -220,6 +224,151 @@ def public_start_weights(mc: ModelConfig, tc: TrainingConfig, tokenizer, vocabul
     return weights, properties, directory
 
 
+def resume_key(mc: ModelConfig, tc: TrainingConfig, pc: PrivacyConfig, holdout_fraction: float,
+               non_private: bool) -> str:
+    """The configuration part of a trainer state directory's identity (no artifact URIs), stored in
+    it as ``schema.RESUME_KEY_FILE``: the budget guard (``pipeline.guard``) finds, before the DAG
+    starts, every chain a run with this configuration could resume and counts what it charged.
+    Coarser than :func:`state_dir` on purpose: two chains with one key both count (conservative)."""
+    material = json.dumps([dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
+                           float(holdout_fraction), bool(non_private)], sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()[:20]
+
+
+def _write_resume_key(state: str, key: str, non_private: bool):
+    os.makedirs(state, exist_ok=True)
+    path = os.path.join(state, schema.RESUME_KEY_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"key": key, "non_private": bool(non_private)}, f)
+    os.replace(path + ".tmp", path)
+
+
+def chain_state(state: str) -> Optional[dict]:
+    """What a trainer state directory has done, from its files alone (no TensorFlow):
+    ``{"state", "key", "non_private", "steps_executed", "checkpoint_step"}`` — the write-ahead
+    ledger's count (every step ever started, lost ones included) and the step of the newest
+    checkpoint (where a re-run resumes; 0 without one). None when ``state`` holds no ledger."""
+    import re
+
+    try:
+        with open(os.path.join(state, schema.DP_LEDGER_FILE), encoding="utf-8") as f:
+            executed = int(json.load(f).get("steps_executed", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    checkpoint = 0
+    try:  # tf.train.CheckpointManager's index: model_checkpoint_path: "ckpt-250"
+        with open(os.path.join(state, "checkpoints", "checkpoint"), encoding="utf-8") as f:
+            match = re.search(r'^model_checkpoint_path:\s*"[^"]*-(\d+)"', f.read(), re.M)
+        checkpoint = int(match.group(1)) if match else 0
+    except OSError:
+        pass
+    key, non_private = None, None
+    try:
+        with open(os.path.join(state, schema.RESUME_KEY_FILE), encoding="utf-8") as f:
+            stored = json.load(f)
+        key, non_private = stored.get("key"), bool(stored.get("non_private"))
+    except (OSError, ValueError, AttributeError):
+        pass
+    if non_private is None:
+        try:
+            with open(os.path.join(state, schema.RUN_CONFIG_FILE), encoding="utf-8") as f:
+                non_private = bool(json.load(f).get("non_private"))
+        except (OSError, ValueError, AttributeError):
+            non_private = False
+    return {"state": state, "key": key, "non_private": non_private, "steps_executed": executed,
+            "checkpoint_step": checkpoint}
+
+
+def chains(pipeline_root: str) -> List[dict]:
+    """:func:`chain_state` of every trainer state directory under ``pipeline_root``."""
+    import glob
+
+    found = (chain_state(os.path.dirname(p))
+             for p in glob.glob(os.path.join(pipeline_root, STATE_ROOT, "*", schema.DP_LEDGER_FILE)))
+    return [c for c in found if c is not None]
+
+
+def training_record(sigma: float, plan, rows: int, steps: int) -> dict:
+    """The DP-SGD record of ``steps`` executed steps of ``plan`` with accounted σ: per patient
+    (``sampling_unit: patient``) or per tuple (shuffle: over the ``rows`` actually trained on)."""
+    from dpbert.privacy import events
+
+    if getattr(plan, "unit", "tuple") == "patient":
+        return events.dpsgd_event(sigma, plan.batch_size, plan.dataset_size, steps, plan.sampling,
+                                  plan.max_contributions, unit="patient")
+    return events.dpsgd_event(sigma, plan.batch_size,
+                              events.accounted_dataset_size(plan.sampling, plan.dataset_size, rows),
+                              steps, plan.sampling)
+
+
+def charged_ledger(vocab_record, count_record, sigma: float, plan, rows: int, steps: int, training_delta: float):
+    """The run's ledger (``dpbert.privacy.accountant.ledger``, as the PrivacyAccountant composes it)
+    if the chain has executed ``steps`` DP-SGD steps: vocabulary + DP count + training."""
+    from dpbert.privacy.accountant import ledger
+    from dpbert.stages.accountant import ledger_delta
+
+    records = ([count_record] if count_record is not None else []) + \
+        ([training_record(sigma, plan, rows, steps)] if steps > 0 else [])
+    return ledger(vocab_record, records, ledger_delta(vocab_record, training_delta))
+
+
+def budget_step_limit(budget: float, vocab_record, count_record, plan, rows: int, training_delta: float):
+    """``limit(σ, needed) -> L`` for ``train_mlm(charge_limit=...)``: the largest number of executed
+    steps L ≤ ``needed`` whose composed ε (vocabulary, count and L steps at σ) is ≤ ``budget``.
+    ε grows with the steps, so a bisection over L; one accountant call when ``needed`` fits."""
+
+    def limit(sigma: float, needed: int) -> int:
+        def fits(steps: int) -> bool:
+            ledger = charged_ledger(vocab_record, count_record, sigma, plan, rows, steps, training_delta)
+            return ledger["epsilon_total_pld"] <= budget
+
+        if needed <= 0 or fits(needed):
+            return max(int(needed), 0)
+        lo, hi = 0, int(needed)  # fits(hi) is False; lo = 0 steps adds nothing to charge
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    return limit
+
+
+class TrainingBudgetRefused(RuntimeError):
+    """The trainer refused a step the privacy budget does not cover (exit 3 in ``dpbert run``).
+    ``refusal``: what ``schema.BUDGET_REFUSAL_FILE`` holds (ε already charged, steps, budget)."""
+
+    def __init__(self, message: str, refusal: dict):
+        super().__init__(message)
+        self.refusal = refusal
+
+
+def _refuse(state: str, refused, budget: float, vocab_record, count_record, plan, rows: int,
+            training_delta: float):
+    """Record what the chain has charged when the budget refused a step, then raise
+    :class:`TrainingBudgetRefused`: the ε spent is written (private state dir, read by the local
+    runner into ML Metadata) before the run fails."""
+    from dpbert.privacy import events
+
+    spent = charged_ledger(vocab_record, count_record, refused.sigma, plan, rows, refused.steps_executed,
+                           training_delta)
+    refusal = {
+        "epsilon_charged": spent["epsilon_total_pld"], "delta": spent["delta"],
+        "epsilon_train_charged": spent.get("epsilon_train"), "steps_charged": refused.steps_executed,
+        "step_limit": refused.limit, "epsilon_budget": budget,
+        "train_events": json.loads(events.to_json(
+            ([count_record] if count_record is not None else []) +
+            ([training_record(refused.sigma, plan, rows, refused.steps_executed)] if refused.steps_executed else []))),
+    }
+    path = os.path.join(state, schema.BUDGET_REFUSAL_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(refusal, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+    raise TrainingBudgetRefused(
+        f"privacy.epsilon_budget = {budget:.4g} covers {refused.limit} DP-SGD steps of this training chain and "
+        f"{refused.steps_executed} are already charged (ε = {spent['epsilon_total_pld']:.4g} at "
+        f"δ = {spent['delta']:.3g} spent so far); no further step was run", refusal)
+
+
 @dataclasses.dataclass
 class PretrainResult(StageResult):
     train: Any = None           # dpbert.model.train.TrainResult
@@ -233,13 +382,18 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
              training_config: TrainingConfig, privacy_config: PrivacyConfig,
              membership_config: MembershipConfig, pipeline_root: str,
              canaries_dir: Optional[str] = None, non_private: bool = False,
-             stop_after_steps: Optional[int] = None, export_saved_model: bool = True) -> PretrainResult:
+             stop_after_steps: Optional[int] = None, export_saved_model: bool = True,
+             vocab_event=None) -> PretrainResult:
     """Pre-train on the tuples under ``tuples_dir``; write the model artifact into ``model_dir``.
 
     ``non_private``: the baseline (no clipping, no noise, ε = ∞) whatever
     ``training.non_private`` says. ``stop_after_steps``: tests (see ``CRASH_AFTER_STEPS_ENV``).
+    ``vocab_event``: the DPVocabulary's DP record (JSON text or dict); with
+    ``privacy.epsilon_budget`` the trainer never executes a step whose composed ε (vocabulary,
+    DP count, every step the chain ever executed) exceeds the budget
+    (:class:`TrainingBudgetRefused`, the ε charged so far recorded first).
     """
-    from dpbert.model.train import train_mlm
+    from dpbert.model.train import BudgetExhausted, state_lock, train_mlm
     from dpbert.privacy import events
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
 
@@ -259,128 +413,134 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
         [tuples_dir, vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
          dataclasses.asdict(membership), int(tc.non_private), canaries_dir], sort_keys=True))
     units = len(set(patient_keys)) if patient_unit else int(token_ids.shape[0])
-    plan, count_record = plan_for(tc, membership, units, state, privacy=pc)
-    if plan.batch_size > plan.dataset_size:
-        what = "patients" if patient_unit else "tuples"
-        public = "training.dataset_patients" if patient_unit else "training.dataset_size"
-        raise ValueError(f"training.batch_size {plan.batch_size} exceeds the planned number of trained-on "
-                         f"{what} {plan.dataset_size} ({public + ' × (1 − holdout)' if count_record is None else 'a DP count'})")
-    canary_counts = None
-    if canaries_dir is not None:
-        from dpbert.stages.canary import apply_canaries
+    with state_lock(state):  # held through training: a refused concurrent run draws no DP count
+        _write_resume_key(state, resume_key(mc, tc, pc, membership.holdout_patient_fraction, tc.non_private),
+                          tc.non_private)
+        plan, count_record = plan_for(tc, membership, units, state, privacy=pc)
+        if plan.batch_size > plan.dataset_size:
+            what = "patients" if patient_unit else "tuples"
+            public = "training.dataset_patients" if patient_unit else "training.dataset_size"
+            raise ValueError(f"training.batch_size {plan.batch_size} exceeds the planned number of trained-on "
+                             f"{what} {plan.dataset_size} ({public + ' × (1 − holdout)' if count_record is None else 'a DP count'})")
+        canary_counts = None
+        if canaries_dir is not None:
+            from dpbert.stages.canary import apply_canaries
 
-        # Canaries are test data inserted per row; they do not change the planned q.
-        rows_before = int(token_ids.shape[0])
-        token_ids, row_ids, canary_counts = apply_canaries(
-            token_ids, row_ids, canaries_dir, mc.max_seq_length,
-            rows_planned=plan.dataset_size * (plan.max_contributions if patient_unit else 1))
-        if patient_unit:  # each appended audit canary is a patient of its own
-            patient_keys = list(patient_keys) + [f"canary:{int(r)}" for r in row_ids[rows_before:]]
-    n = int(token_ids.shape[0])
-    specials = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
-    # No exact count in a log line: the plan's n is public (or a DP count).
-    log.info("trainer: planned n = %d (%s), %d tokens, vocabulary %d, %s", plan.dataset_size,
-             "public" if count_record is None else "DP count", mc.max_seq_length, tokenizer.get_vocab_size(),
-             "NON-PRIVATE baseline" if tc.non_private else
-             f"DP-SGD σ = {tc.noise_multiplier}, C = {tc.clip_norm}, q = {plan.sampling_probability:.4g}")
+            # Canaries are test data inserted per row; they do not change the planned q.
+            rows_before = int(token_ids.shape[0])
+            token_ids, row_ids, canary_counts = apply_canaries(
+                token_ids, row_ids, canaries_dir, mc.max_seq_length,
+                rows_planned=plan.dataset_size * (plan.max_contributions if patient_unit else 1))
+            if patient_unit:  # each appended audit canary is a patient of its own
+                patient_keys = list(patient_keys) + [f"canary:{int(r)}" for r in row_ids[rows_before:]]
+        n = int(token_ids.shape[0])
+        specials = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+        # No exact count in a log line: the plan's n is public (or a DP count).
+        log.info("trainer: planned n = %d (%s), %d tokens, vocabulary %d, %s", plan.dataset_size,
+                 "public" if count_record is None else "DP count", mc.max_seq_length, tokenizer.get_vocab_size(),
+                 "NON-PRIVATE baseline" if tc.non_private else
+                 f"DP-SGD σ = {tc.noise_multiplier}, C = {tc.clip_norm}, q = {plan.sampling_probability:.4g}")
 
-    vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())] \
-        if mc.init == "minilm" else None
-    initial_weights, public_properties, checkpoint = None, {schema.PUBLIC_INIT: None}, None
-    if mc.init == "minilm":
-        # The public start (no ε): a function of the checkpoint, the released vocabulary and the
-        # shipped public text only — the tuples above are not passed to it.
-        initial_weights, public_properties, checkpoint = public_start_weights(mc, tc, tokenizer, vocabulary_dir)
-    _mark_state_root_private(pipeline_root)
-    result = train_mlm(token_ids, specials, tokenizer.get_vocab_size(), mc, tc, state, plan=plan, resume=True,
-                       progress=True, vocab_tokens=vocab_tokens, stop_after_steps=stop_after_steps,
-                       export_saved_model=export_saved_model, example_ids=row_ids,
-                       public_checkpoint_dir=checkpoint, initial_weights=initial_weights,
-                       patient_keys=patient_keys)
-    _copy_artifact_files(state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
+        vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())] \
+            if mc.init == "minilm" else None
+        initial_weights, public_properties, checkpoint = None, {schema.PUBLIC_INIT: None}, None
+        if mc.init == "minilm":
+            # The public start (no ε): a function of the checkpoint, the released vocabulary and the
+            # shipped public text only — the tuples above are not passed to it.
+            initial_weights, public_properties, checkpoint = public_start_weights(mc, tc, tokenizer, vocabulary_dir)
+        _mark_state_root_private(pipeline_root)
+        budget = pc.epsilon_budget
+        vocab_record = events.from_json(vocab_event) if isinstance(vocab_event, (str, bytes)) else vocab_event
+        limit = None
+        if budget is not None and not tc.non_private and tc.noise_seed is None:
+            limit = budget_step_limit(budget, vocab_record, count_record, plan, n, tc.delta)
+        try:
+            result = train_mlm(token_ids, specials, tokenizer.get_vocab_size(), mc, tc, state, plan=plan, resume=True,
+                               progress=True, vocab_tokens=vocab_tokens, stop_after_steps=stop_after_steps,
+                               export_saved_model=export_saved_model, example_ids=row_ids,
+                               public_checkpoint_dir=checkpoint, initial_weights=initial_weights,
+                               patient_keys=patient_keys, charge_limit=limit)
+        except BudgetExhausted as refused:
+            _refuse(state, refused, budget, vocab_record, count_record, plan, n, tc.delta)
+        _copy_artifact_files(state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
 
-    seeded = tc.noise_seed is not None and not tc.non_private
-    if tc.non_private or seeded:
-        # A fixed noise seed (tests only; refused with a budget) makes the noise predictable: ε = ∞.
-        record = events.non_private_event("train")
-        if seeded:
-            record["reason"] = "training.noise_seed is set: the noise is predictable"
-        epsilon = float("inf")
-    else:
-        # Charged for every step executed on private data, resumed runs and lost steps included,
-        # with the σ actually applied and the DP diagnostics released with it (σ_eff).
-        from dpbert.privacy.accountant import dpsgd_epsilon
-
-        sigma = result.effective_noise_multiplier
-        if patient_unit:  # user-level: patients Poisson-sampled at the planned rate, per-patient event
-            record = events.dpsgd_event(sigma, plan.batch_size, plan.dataset_size, result.steps_taken_total,
-                                        plan.sampling, plan.max_contributions, unit="patient")
+        seeded = tc.noise_seed is not None and not tc.non_private
+        if tc.non_private or seeded:
+            # A fixed noise seed (tests only; refused with a budget) makes the noise predictable: ε = ∞.
+            record = events.non_private_event("train")
+            if seeded:
+                record["reason"] = "training.noise_seed is set: the noise is predictable"
+            epsilon = float("inf")
         else:
-            record = events.dpsgd_event(sigma, plan.batch_size,
-                                        events.accounted_dataset_size(plan.sampling, plan.dataset_size, n),
-                                        result.steps_taken_total, plan.sampling)
-        epsilon = dpsgd_epsilon(sigma, record["sampling_probability"], result.steps_taken_total,
-                                tc.delta, plan.sampling, user_level=patient_unit)
-    records = ([count_record] if count_record is not None and not (tc.non_private or seeded) else []) + [record]
-    if count_record is not None and not (tc.non_private or seeded):
-        from dpbert.privacy.accountant import ledger
+            # Charged for every step executed on private data, resumed runs and lost steps included,
+            # with the σ actually applied and the DP diagnostics released with it (σ_eff).
+            from dpbert.privacy.accountant import dpsgd_epsilon
 
-        epsilon = ledger(None, records, tc.delta)["epsilon_train"]
-    if canary_counts is not None:
-        with open(os.path.join(model_dir, schema.CANARY_COUNTS_FILE), "w", encoding="utf-8") as f:
-            json.dump(canary_counts, f)
-    with open(os.path.join(model_dir, schema.DP_EVENTS_FILE), "w", encoding="utf-8") as f:
-        f.write(events.to_json(records))
-    shown = result.released_diagnostics  # noisy for a DP run; exact only for the private baseline
-    private = tc.non_private or seeded
-    properties = {
-        schema.NON_PRIVATE: private,
-        # The baseline (or a run with predictable noise) is not DP: never to be released.
-        schema.PRIVATE: int(private),
-        "noise_multiplier": 0.0 if tc.non_private else tc.noise_multiplier,
-        "effective_noise_multiplier": result.effective_noise_multiplier,
-        "clip_norm": tc.clip_norm,
-        "sampling_mode": plan.sampling,
-        "sampling_rate": record.get("sampling_probability", plan.sampling_probability),
-        "logical_batch": plan.batch_size,
-        "replicas": result.replicas,
-        "accumulation_steps": result.accumulation,
-        schema.STEPS_TAKEN_TOTAL: result.steps_taken_total,
-        "steps_this_run": result.steps_this_run,
-        "resumed_from_step": result.resumed_from_step,
-        schema.STEPS_PLANNED: result.steps_planned,
-        # The plan's n: public (training.dataset_size·(1 − holdout)) or a DP count — never exact.
-        "planned_dataset_size": plan.dataset_size,
-        # What n, B and q count: tuples, or patients (user-level DP-SGD, ≤ k tuples each).
-        "privacy_unit": "patient" if patient_unit else "tuple",
-        "max_tuples_per_patient": plan.max_contributions if patient_unit else None,
-        "dataset_size_source": "public" if count_record is None else "dp_count",
-        "delta": tc.delta,
-        "epsilon_train": epsilon,
-        schema.DP_EVENTS: events.to_json(records),
-        # Diagnostics as released: DP estimates (dpbert.privacy.diagnostics) for a DP run.
-        "diagnostics": "dp" if result.diagnostics_noise_std else ("exact (private)" if private else "none"),
-        "diagnostics_noise_std": result.diagnostics_noise_std or None,
-        "final_mlm_loss": _tail_mean(shown.get("loss", [])),
-        "final_mlm_accuracy": _tail_mean(shown.get("accuracy", [])),
-        "initial_mlm_loss": _head_mean(shown.get("loss", [])),
-        "loss_curve": loss_curve(shown.get("loss", [])),
-        # The step of each point (the curve is subsampled and a resumed run starts at its checkpoint).
-        LOSS_CURVE_STEPS: curve_steps(len(shown.get("loss", [])), result.resumed_from_step)
-        if shown.get("loss") else None,
-        "clipped_fraction": _tail_mean(shown.get("clipped_fraction", []), len(shown.get("clipped_fraction", []))),
-        "clipping_path": result.clipping_path,
-        schema.HOLDOUT_FRACTION: membership.holdout_patient_fraction if train_patients is not None else None,
-        "holdout_key_id": holdout_key_id,
-        "model_preset": mc.preset,
-        schema.MAX_SEQ_LENGTH: mc.max_seq_length,
-        # The public start (outside the ledger: public checkpoint + shipped public text).
-        **public_properties,
-    }
-    log.info("trainer: %d steps in total (%d this run), final MLM loss %s (%s)", result.steps_taken_total,
-             result.steps_this_run, properties["final_mlm_loss"], properties["diagnostics"])
-    return PretrainResult(properties=properties, train=result, plan=plan, dp_event=record, epsilon=epsilon,
-                          state_dir=state)
+            sigma = result.effective_noise_multiplier
+            # user-level: patients Poisson-sampled at the planned rate, per-patient event
+            record = training_record(sigma, plan, n, result.steps_taken_total)
+            epsilon = dpsgd_epsilon(sigma, record["sampling_probability"], result.steps_taken_total,
+                                    tc.delta, plan.sampling, user_level=patient_unit)
+        records = ([count_record] if count_record is not None and not (tc.non_private or seeded) else []) + [record]
+        if count_record is not None and not (tc.non_private or seeded):
+            from dpbert.privacy.accountant import ledger
+
+            epsilon = ledger(None, records, tc.delta)["epsilon_train"]
+        if canary_counts is not None:
+            with open(os.path.join(model_dir, schema.CANARY_COUNTS_FILE), "w", encoding="utf-8") as f:
+                json.dump(canary_counts, f)
+        with open(os.path.join(model_dir, schema.DP_EVENTS_FILE), "w", encoding="utf-8") as f:
+            f.write(events.to_json(records))
+        shown = result.released_diagnostics  # noisy for a DP run; exact only for the private baseline
+        private = tc.non_private or seeded
+        properties = {
+            schema.NON_PRIVATE: private,
+            # The baseline (or a run with predictable noise) is not DP: never to be released.
+            schema.PRIVATE: int(private),
+            "noise_multiplier": 0.0 if tc.non_private else tc.noise_multiplier,
+            "effective_noise_multiplier": result.effective_noise_multiplier,
+            "clip_norm": tc.clip_norm,
+            "sampling_mode": plan.sampling,
+            "sampling_rate": record.get("sampling_probability", plan.sampling_probability),
+            "logical_batch": plan.batch_size,
+            "replicas": result.replicas,
+            "accumulation_steps": result.accumulation,
+            schema.STEPS_TAKEN_TOTAL: result.steps_taken_total,
+            "steps_this_run": result.steps_this_run,
+            "resumed_from_step": result.resumed_from_step,
+            schema.STEPS_PLANNED: result.steps_planned,
+            # The plan's n: public (training.dataset_size·(1 − holdout)) or a DP count — never exact.
+            "planned_dataset_size": plan.dataset_size,
+            # What n, B and q count: tuples, or patients (user-level DP-SGD, ≤ k tuples each).
+            "privacy_unit": "patient" if patient_unit else "tuple",
+            "max_tuples_per_patient": plan.max_contributions if patient_unit else None,
+            "dataset_size_source": "public" if count_record is None else "dp_count",
+            "delta": tc.delta,
+            "epsilon_train": epsilon,
+            schema.DP_EVENTS: events.to_json(records),
+            # Diagnostics as released: DP estimates (dpbert.privacy.diagnostics) for a DP run.
+            "diagnostics": "dp" if result.diagnostics_noise_std else ("exact (private)" if private else "none"),
+            "diagnostics_noise_std": result.diagnostics_noise_std or None,
+            "final_mlm_loss": _tail_mean(shown.get("loss", [])),
+            "final_mlm_accuracy": _tail_mean(shown.get("accuracy", [])),
+            "initial_mlm_loss": _head_mean(shown.get("loss", [])),
+            "loss_curve": loss_curve(shown.get("loss", [])),
+            # The step of each point (the curve is subsampled and a resumed run starts at its checkpoint).
+            LOSS_CURVE_STEPS: curve_steps(len(shown.get("loss", [])), result.resumed_from_step)
+            if shown.get("loss") else None,
+            "clipped_fraction": _tail_mean(shown.get("clipped_fraction", []), len(shown.get("clipped_fraction", []))),
+            "clipping_path": result.clipping_path,
+            schema.HOLDOUT_FRACTION: membership.holdout_patient_fraction if train_patients is not None else None,
+            "holdout_key_id": holdout_key_id,
+            "model_preset": mc.preset,
+            schema.MAX_SEQ_LENGTH: mc.max_seq_length,
+            # The public start (outside the ledger: public checkpoint + shipped public text).
+            **public_properties,
+        }
+        log.info("trainer: %d steps in total (%d this run), final MLM loss %s (%s)", result.steps_taken_total,
+                 result.steps_this_run, properties["final_mlm_loss"], properties["diagnostics"])
+        return PretrainResult(properties=properties, train=result, plan=plan, dp_event=record, epsilon=epsilon,
+                              state_dir=state)
 
 
 def _tail_mean(values, k: int = 5):

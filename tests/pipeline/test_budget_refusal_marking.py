@@ -1,0 +1,46 @@
+"""Issue 22, item 1: a run whose trainer refused a step over the budget records the ε already
+charged in ML Metadata; ``dpbert run`` exits 3 (``RunRefused``) and report and dashboard show it.
+Fast: a synthetic store (tests/stages/test_pretrain_integrity.py refuses a real trainer)."""
+import json
+import os
+import time
+
+import pytest
+
+from dpbert import metadata, schema
+from dpbert.report import build_report, format_report
+from pipeline import local_runner
+from tests.dashboard import fakestore
+
+REFUSAL = {"epsilon_charged": 2.5, "delta": 1.1e-5, "epsilon_train_charged": 2.4, "steps_charged": 64,
+           "step_limit": 64, "epsilon_budget": 2.5, "train_events": []}
+
+
+def test_a_refused_run_records_the_epsilon_charged(tmp_path):
+    path = str(tmp_path / "metadata.sqlite")
+    b = fakestore._Builder(path, str(tmp_path / "root"))
+    since_ms = int(time.time() * 1000) - 1
+    run = b.run("r1")
+    b.execute(run, "CorpusIngest", "COMPLETE")
+    b.execute(run, "MLMPretrainer", "FAILED")
+    del b
+    assert metadata.mark_budget_refused(path, since_ms, REFUSAL) == "r1"
+    report = build_report(metadata.get_run(metadata.open_store(path)))
+    assert report["budget_refused"] == {"epsilon_charged": 2.5, "delta": 1.1e-5, "steps_charged": 64,
+                                        "epsilon_budget": 2.5}
+    text = format_report(report)
+    assert "REFUSED: over privacy.epsilon_budget = 2.5 — ε = 2.5 (δ = 1.1e-05) already spent by 64" in text
+
+    from dashboard.views import budget_refused_view
+    assert "already spent by 64 DP-SGD steps" in budget_refused_view(report)
+
+
+def test_the_runner_finds_the_refusal_of_this_run_only(tmp_path):
+    root = tmp_path / "root"
+    state = root / "_trainer_state" / "abc"
+    state.mkdir(parents=True)
+    (state / schema.BUDGET_REFUSAL_FILE).write_text(json.dumps(REFUSAL))
+    assert local_runner.budget_refusal(str(root), time.time() - 60) == REFUSAL
+    assert local_runner.budget_refusal(str(root), time.time() + 60) is None  # an older run's refusal
+    message = local_runner.RunRefused("r1", REFUSAL).message()
+    assert "covers 64 DP-SGD steps" in message and "ε = 2.5" in message and "already spent" in message
