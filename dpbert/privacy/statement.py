@@ -21,12 +21,25 @@ def _eps(x) -> str:
     return "∞ (non-private)" if math.isinf(x) else f"{x:.4f}"
 
 
+def training_record(records) -> Mapping[str, Any]:
+    """The DP-SGD record of a ledger's training records (the one whose q, σ and sampling unit the
+    statement prints): the first ``dp_sgd`` record, else the first that is not a DP count
+    (a non-private record), else {}. A DP count (``dp_count``) is stated separately."""
+    records = [r for r in records if isinstance(r, Mapping)]
+    for record in records:
+        if record.get("mechanism") == "dp_sgd":
+            return record
+    return next((r for r in records if r.get("mechanism") != "dp_count"), {})
+
+
 def ledger_statement(ledger: Mapping[str, Any]) -> str:
     """The statement for ``dpbert.privacy.accountant.ledger`` output (plus optional budget keys)."""
     unit = ledger.get("unit", "tuple")
     unit_text = (f"one N-word tuple" if unit == "tuple"
                  else f"one patient (at most {ledger.get('max_contributions')} tuples)")
-    train = (ledger.get("train_events") or [{}])[0]
+    records = [r for r in (ledger.get("train_events") or []) if isinstance(r, Mapping)]
+    train = training_record(records)
+    counts = [r for r in records if r.get("mechanism") == "dp_count"]
     lines = [
         "DP-BERT privacy statement",
         "=========================",
@@ -41,8 +54,10 @@ def ledger_statement(ledger: Mapping[str, Any]) -> str:
         f"Pre-training (DP-SGD, {train.get('sampling', ledger.get('sampling', '?'))} sampling, "
         f"q = {train.get('sampling_probability', float('nan')):.4g}, noise multiplier "
         f"{train.get('noise_multiplier', float('nan'))}, {ledger.get('steps')} optimizer steps actually taken):",
+        *[f"  DP count of the training units (Gaussian, noise multiplier {c.get('noise_multiplier')}, released "
+          f"n̂ = {c.get('released')}; it planned q and the steps): charged in ε_T" for c in counts],
         f"  ε_T = {_eps(ledger.get('epsilon_train'))} (PLD), {_eps(ledger.get('epsilon_train_rdp'))} (RDP)"
-        f" at δ_T = {ledger.get('delta_train', 0):.3g}",
+        f" at δ_T = {ledger.get('delta_train', 0):.3g}" + (" (DP-SGD and the DP count)" if counts else ""),
         "",
         "Whole run (vocabulary + pre-training):",
         f"  basic composition  ε = {_eps(ledger.get('epsilon_total_basic'))} at δ = "

@@ -52,3 +52,22 @@ def test_public_vocabulary_is_stated_as_reading_no_private_data():
     text = ledger_statement(public)
     assert "no private data read" in text and "Gaussian noise on per-tuple word counts" not in text
     assert "Gaussian noise on per-tuple word counts" in ledger_statement(_ledger())
+
+
+def test_statement_reads_the_training_record_not_the_dp_count():
+    """Issue 22 item 9 (fails on the previous main: it read the count's record, "q = nan, noise
+    multiplier 20.0", and dropped the patient note). A run planned from a DP count writes
+    [count record, DP-SGD record]; the statement prints the DP-SGD record's q and σ and the count apart."""
+    from dpbert.privacy import count
+
+    counted = count.count_event(20.0, 682, unit="patient", max_contributions=4)
+    train = events.dpsgd_event(2.0, 16, 682, 60, "poisson", 4, unit="patient")
+    ledger = accountant.ledger(None, [counted, train], 1e-5)
+    text = ledger_statement({**ledger, "train_events": [counted, train]})
+    assert "q = nan" not in text and "noise multiplier 20.0, 60 optimizer" not in text
+    assert f"q = {16 / 682:.4g}, noise multiplier 2.0, 60 optimizer steps" in text
+    assert "user-level DP-SGD" in text and "ε_T is per patient" in text  # the patient note is kept
+    assert "DP count of the training units (Gaussian, noise multiplier 20.0, released n̂ = 682" in text
+    assert f"ε_T = {ledger['epsilon_train']:.4f}" in text and "(DP-SGD and the DP count)" in text
+    # without a count: no count line
+    assert "DP count" not in ledger_statement({**ledger, "train_events": [train]})
