@@ -245,33 +245,59 @@ def cmd_privacy_noise_check(args) -> int:
 
 
 def cmd_budget(args) -> int:
+    from dpbert.privacy.accountant import planned_ledger
     from pipeline import guard
 
     config = load(args, preset=None)
+    guard.training_plan(config, dataset_size=args.examples)  # a usable public n, else exit 2 naming it
+    n = guard.public_dataset_size(config, args.examples)
+    # No public n configured (n only from --examples): the trainer plans from a DP count of its
+    # units and charges it, so the planned ledger charges it too.
+    dp_count = guard.public_dataset_size(config) is None and not config.training.non_private
     if args.target_epsilon is not None:
-        return _target_noise_multiplier(config, guard.training_plan(config, dataset_size=args.examples),
-                                        args.target_epsilon, args.json)
-    planned = guard.planned(config, dataset_size=args.examples)
+        return _target_noise_multiplier(config, n, dp_count, args.target_epsilon, args.json)
+    planned = planned_ledger(config, n, dp_count=dp_count)
     if args.json:
         print_json({k: v for k, v in planned.items() if k not in ("vocab_event", "train_events")})
     else:
         print(guard.planned_statement(planned))
+        if dp_count:
+            print(f"  (no public n configured: the run plans from a DP count, σ_c = "
+                  f"{config.training.count_noise_multiplier:g}, charged in ε_train)")
     return exit_codes.OK if planned["within_budget"] else exit_codes.OVER_BUDGET
 
 
-def _target_noise_multiplier(config, plan, target_epsilon: float, as_json: bool) -> int:
-    """The training σ whose ε_T meets ``target_epsilon`` under ``plan`` (q and steps)."""
+def _target_noise_multiplier(config, n: int, dp_count: bool, target_epsilon: float, as_json: bool) -> int:
+    """The ``training.noise_multiplier`` σ whose PLANNED ledger records ε_T ≤ ``target_epsilon``:
+    ε_T is the ledger's ``epsilon_train`` (PLD at δ_T = training.delta) — the DP-SGD steps at σ_eff
+    (gradient + DP diagnostics) and the DP count when the run draws one; the vocabulary is in the
+    whole run's ε, printed next to it. The printed numbers are ``planned_ledger`` at the printed σ."""
+    import dataclasses
+
     from dpbert.privacy import accountant
 
-    t = config.training
-    q, steps = plan.sampling_probability, plan.steps
-    sigma = accountant.noise_multiplier_for_target(target_epsilon, q, steps, t.delta, t.sampling)
-    out = {"target_epsilon": target_epsilon, "noise_multiplier": sigma, "sampling_probability": q,
-           "steps": steps, "delta": t.delta, "sampling": t.sampling,
-           "epsilon_pld": accountant.dpsgd_epsilon(sigma, q, steps, t.delta, t.sampling)}
+    sigma = accountant.noise_multiplier_for_planned_target(config, target_epsilon, n, dp_count=dp_count)
+    configured = dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=sigma))
+    planned = accountant.planned_ledger(configured, n, dp_count=dp_count)
+    train = [r for r in planned["train_events"] if r.get("mechanism") == "dp_sgd"][0]
+    out = {"target": "epsilon_train", "target_epsilon": target_epsilon, "noise_multiplier": sigma,
+           "effective_noise_multiplier": train["noise_multiplier"],
+           "sampling_probability": planned["sampling_probability"], "steps": planned["steps"],
+           "delta": planned["delta_train"], "sampling": planned["sampling"],
+           "dataset_size": planned["dataset_size"], "dataset_size_source": planned["dataset_size_source"],
+           "epsilon_pld": planned["epsilon_train"], "epsilon_train": planned["epsilon_train"],
+           "epsilon_train_rdp": planned["epsilon_train_rdp"], "epsilon_vocab": planned["epsilon_vocab"],
+           "epsilon_total_pld": planned["epsilon_total_pld"], "delta_total": planned["delta"],
+           "epsilon_budget": planned["epsilon_budget"], "within_budget": planned["within_budget"]}
     if as_json:
         print_json(out)
     else:
-        print(f"noise multiplier σ = {sigma:.4f} gives ε_T = {out['epsilon_pld']:.4g} ≤ {target_epsilon} "
-              f"(q = {q:.4g}, {steps} steps, δ = {t.delta:.3g}, {t.sampling} sampling)")
+        count = (f" + the DP count (σ_c = {config.training.count_noise_multiplier:g})" if dp_count else "")
+        diagnostics = " with its DP diagnostics" if getattr(config.training, "dp_diagnostics", True) else ""
+        print(f"training.noise_multiplier σ = {sigma:.4f}: the planned ledger records ε_T = "
+              f"{planned['epsilon_train']:.6g} ≤ {target_epsilon:g} (PLD at δ_T = {planned['delta_train']:.3g}; "
+              f"DP-SGD at σ_eff = {train['noise_multiplier']:.4f}{diagnostics}{count}; "
+              f"q = {planned['sampling_probability']:.4g}, {planned['steps']} steps, {planned['sampling']} sampling)")
+        print(f"whole run (vocabulary included): ε = {planned['epsilon_total_pld']:.4g} (PLD) at δ = "
+              f"{planned['delta']:.3g}")
     return exit_codes.OK

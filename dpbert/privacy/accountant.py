@@ -359,24 +359,59 @@ def is_public_vocab_record(record) -> bool:
         and record.get("stage") == "vocab"
 
 
-def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]:
+def _planned_n(config, dataset_size: Optional[int]) -> int:
+    patient_unit = config.privacy.unit == "patient"
+    if dataset_size is None:
+        train_cfg = config.training
+        dataset_size = getattr(train_cfg, "dataset_patients", None) if patient_unit else train_cfg.dataset_size
+    if dataset_size is None:
+        raise ValueError("dataset_size must be given (or training.dataset_size set), got None")
+    return _checks.integer("dataset_size", dataset_size, 1)
+
+
+def _planned_training(config, n: int, dp_count: bool):
+    """(TrainingPlan, training records) of ``config`` over the public n: the records the trainer
+    writes — ``[count record, dpsgd record]`` with ``dp_count``, else ``[dpsgd record]``
+    (``[non_private]`` for ``training.non_private``)."""
+    privacy, train_cfg = config.privacy, config.training
+    k = privacy.max_tuples_per_patient if privacy.unit == "patient" else 1
+    plan = plan_training(train_cfg, n, config.membership.holdout_patient_fraction, unit=privacy.unit,
+                         max_contributions=k)
+    if train_cfg.non_private:
+        return plan, [_events.non_private_event("train")]
+    # The σ the trainer will record: the gradient's σ combined with its DP diagnostics.
+    sigma = _diagnostics.effective_noise_multiplier(train_cfg.noise_multiplier,
+                                                    _diagnostics.config_of(train_cfg))
+    records = [_events.dpsgd_event(sigma, train_cfg.batch_size, plan.dataset_size, plan.steps, train_cfg.sampling,
+                                   k, unit=privacy.unit)]
+    if dp_count:
+        # The trainer's DP count of the trained-on units (dpbert.stages.pretrain.plan_for): a
+        # Gaussian of σ_c, sensitivity 1 per tuple or per patient (the record names k), released
+        # n̂ ≈ the plan's n. Charged in ε_T as the trainer charges it.
+        from dpbert.privacy import count as _count
+
+        records.insert(0, _count.count_event(train_cfg.count_noise_multiplier, plan.dataset_size, unit=privacy.unit,
+                                             max_contributions=k))
+    return plan, records
+
+
+def planned_ledger(config, dataset_size: Optional[int] = None, dp_count: bool = False) -> Dict[str, Any]:
     """The ε a configuration WILL spend, from the configuration alone (no private data read).
 
     ``dataset_size``: n, the number of tuples (a public lower bound is fine: the trainer samples
     with the planned q = B/n); default ``config.training.dataset_size`` — for
     ``privacy.unit: patient`` the number of PATIENTS, default ``training.dataset_patients``
     (user-level DP-SGD: B patients per step, the training event per patient).
+    ``dp_count``: the configuration has no public n, so the trainer will plan from a DP count
+    (``dpbert.privacy.count``, σ_c = ``training.count_noise_multiplier``) and charge it: its record
+    is planned too, at n̂ = the plan's n (what ``dpbert budget --examples N`` passes then).
     Returns the ``ledger`` fields plus epsilon_budget, within_budget (epsilon_total_pld ≤ budget;
     True without a budget), dataset_size, batch_size, sampling, sampling_probability,
-    noise_multiplier, vocab_event and train_events (the records the run should write).
+    noise_multiplier, dataset_size_source ("public" | "dp_count"), vocab_event and train_events
+    (the records the run should write, in its order).
     """
     privacy, vocab_cfg, train_cfg = config.privacy, config.vocab, config.training
-    patient_unit = privacy.unit == "patient"
-    if dataset_size is None:
-        dataset_size = getattr(train_cfg, "dataset_patients", None) if patient_unit else train_cfg.dataset_size
-    if dataset_size is None:
-        raise ValueError("dataset_size must be given (or training.dataset_size set), got None")
-    n = _checks.integer("dataset_size", dataset_size, 1)
+    n = _planned_n(config, dataset_size)
     k = privacy.max_tuples_per_patient if privacy.unit == "patient" else 1
 
     if getattr(vocab_cfg, "source", "dp") == "public":
@@ -394,26 +429,118 @@ def planned_ledger(config, dataset_size: Optional[int] = None) -> Dict[str, Any]
         vocab_record = _events.histogram_event(report)
         delta_vocab = report["delta"]
 
-    plan = plan_training(train_cfg, n, config.membership.holdout_patient_fraction, unit=privacy.unit,
-                         max_contributions=k)
-    n = plan.dataset_size
-    steps = plan.steps
-    if train_cfg.non_private:
-        train_record = _events.non_private_event("train")
-    else:
-        # The σ the trainer will record: the gradient's σ combined with its DP diagnostics.
-        sigma = _diagnostics.effective_noise_multiplier(train_cfg.noise_multiplier,
-                                                        _diagnostics.config_of(train_cfg))
-        train_record = _events.dpsgd_event(sigma, train_cfg.batch_size, n, steps, train_cfg.sampling, k,
-                                           unit=privacy.unit)
-    result = ledger(vocab_record, [train_record], delta_vocab + train_cfg.delta)
+    plan, train_records = _planned_training(config, n, dp_count)
+    result = ledger(vocab_record, train_records, delta_vocab + train_cfg.delta)
     budget = privacy.epsilon_budget
     result.update({
         "epsilon_budget": budget,
         "within_budget": True if budget is None else bool(result["epsilon_total_pld"] <= budget),
-        "dataset_size": n, "batch_size": train_cfg.batch_size, "sampling": train_cfg.sampling,
+        "dataset_size": plan.dataset_size, "batch_size": train_cfg.batch_size, "sampling": train_cfg.sampling,
         "sampling_probability": plan.sampling_probability, "plan": plan.to_dict(),
-        "noise_multiplier": train_cfg.noise_multiplier, "steps": steps,
-        "vocab_event": vocab_record, "train_events": [train_record],
+        "noise_multiplier": train_cfg.noise_multiplier, "steps": plan.steps,
+        "dataset_size_source": "dp_count" if dp_count and not train_cfg.non_private else "public",
+        "vocab_event": vocab_record, "train_events": train_records,
     })
     return result
+
+
+def noise_multiplier_for_planned_target(config, target_epsilon: float, dataset_size: Optional[int] = None,
+                                        dp_count: bool = False, rtol: float = 2e-4) -> float:
+    """The smallest ``training.noise_multiplier`` σ (within relative ``rtol``, rounded UP) whose
+    PLANNED ledger (``planned_ledger(config with σ, dataset_size, dp_count)``) records
+    ε_T = ``epsilon_train`` ≤ ``target_epsilon``.
+
+    ε_T is what the ledger will record for training: the DP-SGD steps at the σ_eff of the gradient
+    AND its DP diagnostics (``dpbert.privacy.diagnostics``), plus the DP count when ``dp_count``
+    (the vocabulary is not part of ε_T: see ``epsilon_total_pld`` of the planned ledger for the
+    whole run). Search: bracket from RDP's answer for the bare event, then regula falsi
+    (Illinois) on log ε_T(log σ) over exactly the training records ``planned_ledger`` composes —
+    ε_T(σ_hi) ≤ target is kept at every step, so the returned σ meets the target.
+    ValueError: a non-private configuration, or a target the DP count alone exceeds.
+    """
+    import dataclasses
+
+    target_epsilon = _checks.positive("target_epsilon", target_epsilon)
+    rtol = _checks.positive("rtol", rtol)
+    if config.training.non_private:
+        raise ValueError("training.non_private is set: its ε is infinite, no noise multiplier meets a target")
+    n = _planned_n(config, dataset_size)
+    delta_vocab = 0.0  # ε_T is at δ_T = δ_total − δ_V = training.delta, computed as ``ledger`` does
+    if getattr(config.vocab, "source", "dp") != "public" and not config.vocab.non_private:
+        delta_vocab = _histogram.histogram_report(config.vocab.sigma, config.vocab.delta, config.privacy.tuple_words,
+                                                  config.vocab.threshold_mode,
+                                                  config.privacy.max_tuples_per_patient
+                                                  if config.privacy.unit == "patient" else 1,
+                                                  unit=config.privacy.unit)["delta"]
+    delta_train = (delta_vocab + config.training.delta) - delta_vocab
+
+    def with_sigma(sigma: float):
+        return dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=sigma))
+
+    cache: Dict[float, float] = {}
+
+    def eps(sigma: float) -> float:
+        if sigma not in cache:
+            _, records = _planned_training(with_sigma(sigma), n, dp_count)
+            cache[sigma] = _train_epsilon(records, delta_train, "pld")
+        return cache[sigma]
+
+    if dp_count:
+        _, records = _planned_training(config, n, True)
+        count_epsilon = _train_epsilon(records[:1], delta_train, "pld")
+        if count_epsilon >= target_epsilon:
+            raise ValueError(f"ε_T = {target_epsilon:g} cannot be met: the DP count alone (σ_c = "
+                             f"{config.training.count_noise_multiplier:g}) charges ε = {count_epsilon:.4g}; raise "
+                             f"training.count_noise_multiplier or configure a public n (training.dataset_size, "
+                             f"or training.dataset_patients for privacy.unit = patient)")
+    # A first guess: RDP's σ_eff for the bare DP-SGD event, turned into the gradient's σ.
+    _, records = _planned_training(config, n, False)
+    record = records[-1]
+    try:
+        guess_eff = noise_multiplier_for_target(target_epsilon, record["sampling_probability"], record["steps"],
+                                                delta_train, record["sampling"], "rdp", 1e-2)
+        # σ_eff is linear in σ (diagnostics): σ = σ_eff / σ_eff(1).
+        hi = guess_eff / _diagnostics.effective_noise_multiplier(1.0, _diagnostics.config_of(config.training))
+    except ValueError:
+        hi = float(config.training.noise_multiplier)
+    factor = 1.15
+    while eps(hi) > target_epsilon:
+        hi *= factor
+        if hi > 1e6:
+            raise ValueError(f"ε_T = {target_epsilon:g} cannot be met with training.noise_multiplier <= 1e6")
+    lo = hi / factor
+    while eps(lo) <= target_epsilon:
+        hi, lo = lo, lo / factor
+        if lo < 1e-2:
+            return _round_up(hi)
+    # Illinois regula falsi on g(x) = log ε_T(e^x) − log target (decreasing in x): g(lo) > 0 ≥ g(hi).
+    log_target = math.log(target_epsilon)
+    x_lo, x_hi = math.log(lo), math.log(hi)
+    g_lo, g_hi = math.log(eps(lo)) - log_target, math.log(eps(hi)) - log_target
+    side = 0
+    while x_hi - x_lo > math.log1p(rtol):
+        x = x_hi - g_hi * (x_hi - x_lo) / (g_hi - g_lo) if g_hi != g_lo else 0.5 * (x_lo + x_hi)
+        # Stay strictly inside, a little away from the ends, so the bracket always shrinks.
+        margin = 0.05 * (x_hi - x_lo)
+        x = min(max(x, x_lo + margin), x_hi - margin)
+        g = math.log(eps(math.exp(x))) - log_target
+        if g > 0:
+            x_lo, g_lo = x, g
+            if side == -1:
+                g_hi /= 2
+            side = -1
+        else:
+            x_hi, g_hi = x, g
+            if side == 1:
+                g_lo /= 2
+            side = 1
+    sigma = _round_up(math.exp(x_hi))
+    while eps(sigma) > target_epsilon:  # PLD's discretization: never return a σ over the target
+        sigma = _round_up(sigma * (1 + rtol))
+    return sigma
+
+
+def _round_up(sigma: float, digits: int = 4) -> float:
+    """σ rounded UP to ``digits`` decimals (what is printed is what meets the target)."""
+    scale = 10 ** digits
+    return math.ceil(sigma * scale - 1e-9) / scale

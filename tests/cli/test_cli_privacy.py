@@ -108,3 +108,34 @@ def test_run_with_a_budget_needs_a_public_dataset_size(tmp_path, capsys):
     code = main(["run", "--output", str(tmp_path / "out")] + _tiny(tmp_path, 1000) + ["--set", "training.dataset_size=null"])
     assert code == 2 and "training.dataset_size must be set" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_budget_target_epsilon_is_the_epsilon_the_planned_ledger_records(capsys):
+    """Issue 22 item 5 (fails on the previous main: its σ met the bare DP-SGD event, and the ledger,
+    which charges the DP diagnostics' σ_eff and the DP count, recorded more than the target).
+    No public n configured (n from --examples): the run plans from a DP count, charged in ε_T."""
+    import dataclasses
+
+    from dpbert.config import load_config
+    from dpbert.privacy.accountant import planned_ledger
+
+    sets = ["training.batch_size=100", "training.steps=10", "training.delta=1e-5"]
+    argv = ["budget", "--examples", "1000", *[a for s in sets for a in ("--set", s)], "--json"]
+    code, data, _ = run_json(capsys, argv[:1] + ["--target-epsilon", "0.5"] + argv[1:])
+    assert code == 0 and data["target"] == "epsilon_train" and data["dataset_size_source"] == "dp_count"
+    sigma = data["noise_multiplier"]
+    assert data["epsilon_train"] <= 0.5 and data["epsilon_pld"] == data["epsilon_train"]
+    # configure the returned σ: `dpbert budget` prints that ε_T, within the target
+    code, planned, _ = run_json(capsys, argv + ["--set", f"training.noise_multiplier={sigma}"])
+    assert code == 0 and planned["epsilon_train"] == pytest.approx(data["epsilon_train"], rel=1e-12)
+    assert planned["epsilon_train"] <= 0.5 and planned["dataset_size_source"] == "dp_count"
+    # and a slightly smaller σ would exceed it (the search is tight)
+    config = load_config(None, sets)
+    smaller = dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=sigma - 1e-3))
+    over = planned_ledger(smaller, 1000, dp_count=True)
+    assert over["epsilon_train"] > 0.5
+    assert [r["mechanism"] for r in over["train_events"]] == ["dp_count", "dp_sgd"]
+    # a target the DP count alone exceeds: exit 2 naming the count's parameter
+    code, _, err = run_json(capsys, argv[:1] + ["--target-epsilon", "0.5"] + argv[1:]
+                            + ["--set", "training.count_noise_multiplier=0.5"])
+    assert code == 2 and "DP count alone" in err and "training.count_noise_multiplier" in err
