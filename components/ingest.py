@@ -17,9 +17,18 @@ def CorpusIngest(
     tuple_words: Parameter[int],
     code_version: Parameter[str],
     num_shards: Parameter[int] = 4,
+    corpus_fingerprint: Parameter[str] = "",
+    privacy_unit: Parameter[str] = "tuple",
 ):
-    """Stream the corpus, cut each document into tuples of ``tuple_words`` words, write them."""
+    """Check every record, then stream the corpus, cut each document into tuples of
+    ``tuple_words`` words and write them.
+
+    ``corpus_fingerprint`` (``dpbert.data.fingerprint``) is read by nothing here: it is in the
+    parameters so that TFX's cache key changes with the corpus. Operator-only (ML Metadata's
+    execution record), never copied to an artifact property."""
     from dpbert.stages.ingest import ingest
 
-    result = ingest(section_from_json(CorpusConfig, corpus_config), tuples.uri, tuple_words, num_shards)
+    del corpus_fingerprint  # the cache key's, not the stage's
+    result = ingest(section_from_json(CorpusConfig, corpus_config), tuples.uri, tuple_words, num_shards,
+                    unit=privacy_unit)
     set_properties(tuples, {**result.properties, "code_version": code_version})

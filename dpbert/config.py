@@ -452,7 +452,10 @@ class Config:
                               "(a non-private model has ε = ∞)")
         if self.privacy.epsilon_budget is not None:
             for field, value in (("vocab.noise_seed", self.vocab.noise_seed),
-                                 ("training.noise_seed", self.training.noise_seed)):
+                                 ("training.noise_seed", self.training.noise_seed),
+                                 # the dχ noise of every token (TextPrivatizer); inert when disabled
+                                 ("local_privacy.seed",
+                                  self.local_privacy.seed if self.local_privacy.enabled else None)):
                 if value is not None:
                     # A fixed seed makes every noise draw predictable: the mechanism is not DP.
                     raise ConfigError(f"{field} is for tests only and is refused when privacy.epsilon_budget "

@@ -37,6 +37,8 @@ def load(args, preset: Optional[str] = None):
         overrides.append(f"corpus.path={args.corpus}")
     if getattr(args, "output", None):
         overrides.append(f"pipeline.output_dir={args.output}")
+    if getattr(args, "no_cache", False):  # dpbert run --no-cache
+        overrides.append("pipeline.enable_cache=false")
     config = load_config(args.config, overrides, preset=None if args.config else preset)
     if getattr(args, "command", None) == "run":
         # Before anything is written: the output directory must be (or become) a directory.
@@ -49,6 +51,11 @@ def load(args, preset: Optional[str] = None):
             parent = os.path.dirname(parent)
         if not os.path.isdir(parent):
             raise UserError(f"{option} {out}: {parent} is a file, not a directory")
+        # The folder that will be written in (the output directory, or its nearest existing parent
+        # where it will be created) must be writable: not a PermissionError traceback mid-run.
+        target = out if os.path.isdir(out) else parent
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise UserError(f"{option} {out}: directory {target} is not writable")
     return config
 
 

@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", help="corpus path (directory of .txt, .jsonl or .csv); "
                                     "default: the embedded synthetic corpus")
     p.add_argument("--output", help="output directory (artifacts + ML Metadata sqlite)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="re-run every component instead of re-using TFX's cached outputs "
+                        "(= --set pipeline.enable_cache=false); a changed corpus is re-read without it")
     p.set_defaults(func=commands.cmd_run)
 
     p = sub.add_parser("synth", help="write the embedded synthetic clinical corpus as JSONL",

@@ -1,8 +1,8 @@
 """The budget guard: the planned ε is computed from the configuration before any component runs.
 
 If it exceeds ``privacy.epsilon_budget`` the run stops (exit 3) and nothing is written: the
-guard runs in the CLI process before the DAG is built, and reads the corpus only to check it
-opens. n (which fixes q = B/n and the steps) is the PUBLIC ``training.dataset_size`` (required
+guard runs in the CLI process before the DAG is built, and reads the corpus only to check every
+record (``preflight_corpus``; it counts nothing it prints). n (which fixes q = B/n and the steps) is the PUBLIC ``training.dataset_size`` (required
 with a budget, ``dpbert.config``) or ``dpbert budget --examples N``: the guard never counts the
 private corpus (an exact count is a data-dependent choice and would reach the terminal). Without
 a budget and without a public n there is nothing to check before the run: the trainer plans from
@@ -10,8 +10,8 @@ a DP count and the accountant charges it.
 
 ``privacy.unit: patient`` (user-level DP-SGD): n is the PUBLIC number of PATIENTS
 (``training.dataset_patients``, or ``--examples N`` read as patients), B = ``training.batch_size``
-patients per step, and the planned ledger is per patient. A corpus whose first document has no
-patient id is refused here (exit 2) before anything runs.
+patients per step, and the planned ledger is per patient. A corpus with a document without a
+patient id is refused here (exit 2, naming file:line) before anything runs.
 """
 from __future__ import annotations
 
@@ -22,20 +22,13 @@ from dpbert.config import Config, ConfigError
 
 
 def preflight_corpus(config: Config):
-    """Open the corpus and read its first document, so a missing path, an empty corpus or a CSV
-    without a TEXT column fails before anything is written. With ``privacy.unit: patient`` the
-    document must carry a patient id (the trainer refuses any tuple without one later)."""
-    from dpbert.data.corpus import iter_documents
+    """Read and check EVERY record of the corpus (``dpbert.data.validate.validate_corpus``: JSONL
+    syntax, CSV quoting, a patient id on every record under ``privacy.unit: patient``, unique
+    record ids, not empty), so a bad corpus fails (exit 2, ``file:line``) before the output
+    directory or ML Metadata exist."""
+    from dpbert.data.validate import validate_corpus
 
-    first = next(iter(iter_documents(config.corpus)))
-    if config.privacy.unit == "patient" and not getattr(first, "patient_id", None):
-        raise ConfigError(patient_ids_missing_message(config.corpus.path or "synthetic"))
-
-
-def patient_ids_missing_message(corpus_format: str) -> str:
-    return (f"privacy.unit = patient needs a patient id on every document, and this corpus ({corpus_format}) "
-            f"has none: use JSONL with a patient_id field, a MIMIC NOTEEVENTS CSV (SUBJECT_ID) or the "
-            f"synthetic corpus — or set privacy.unit = tuple")
+    validate_corpus(config.corpus, config.privacy.unit)
 
 
 def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> Optional[int]:

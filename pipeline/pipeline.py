@@ -8,6 +8,7 @@ from typing import List, Optional
 from tfx import v1 as tfx
 
 from dpbert.config import Config, MembershipConfig, section_to_json
+from dpbert.data.fingerprint import corpus_fingerprint
 from pipeline.code_version import component_code_version
 
 
@@ -16,21 +17,37 @@ def _core_version(module: str) -> str:
     return component_code_version(module)
 
 
+def ingest_component(config: Config):
+    """The DAG's first component, CorpusIngest, for ``config``.
+
+    ``corpus_fingerprint`` (``dpbert.data.fingerprint``, computed here, in the process that builds
+    the DAG) is in TFX's cache key as ExampleGen's input fingerprint is: a corpus changed in place
+    is re-read and everything downstream re-runs; an unchanged one stays cached. Operator-only (a
+    function of the file sizes): an execution parameter, never an artifact property. A path this
+    machine cannot stat (a Vertex AI /gcs/ path compiled elsewhere) is fingerprinted by its name.
+    """
+    from components.ingest import CorpusIngest
+
+    return CorpusIngest(
+        corpus_config=section_to_json(config.corpus),
+        tuple_words=config.privacy.tuple_words,
+        corpus_fingerprint=corpus_fingerprint(config.corpus),
+        # The ingest re-checks every record before it writes (a patient id on each under the patient unit).
+        privacy_unit=config.privacy.unit,
+        code_version=_core_version("components.ingest"),
+    )
+
+
 def create_components(config: Config) -> List:
     """The components of the DAG, in order, wired by their artifacts."""
     from components.accountant import PrivacyAccountant
     from components.canary import CanaryExposure, CanaryGen
     from components.membership import MembershipInference
     from components.ner import NerEvaluator
-    from components.ingest import CorpusIngest
     from components.trainer import MLMPretrainer
     from components.vocabulary import DPVocabularyGen
 
-    ingest = CorpusIngest(
-        corpus_config=section_to_json(config.corpus),
-        tuple_words=config.privacy.tuple_words,
-        code_version=_core_version("components.ingest"),
-    )
+    ingest = ingest_component(config)
     tuples = ingest.outputs["tuples"]
     privatizer = None
     if config.local_privacy.enabled:

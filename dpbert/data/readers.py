@@ -12,7 +12,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 FORMATS = ("text", "jsonl", "csv")
 
@@ -87,11 +87,7 @@ def read_text_dir(path, stats: Optional[DecodeStats] = None) -> Iterator[Documen
     """
     stats = stats if stats is not None else DecodeStats()
     root = Path(path)
-    files = sorted(
-        p for p in root.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    )
-    for file in files:
+    for file in text_dir_files(root):
         text = _read_text(file, stats)
         if not text.strip():
             stats.skipped_empty += 1
@@ -100,11 +96,25 @@ def read_text_dir(path, stats: Optional[DecodeStats] = None) -> Iterator[Documen
         yield Document(doc_id=str(file.relative_to(root)), text=text)
 
 
+def text_dir_files(root) -> list:
+    """The files ``read_text_dir`` reads: every regular file under ``root`` (recursively,
+    sorted), hidden files and directories skipped."""
+    root = Path(root)
+    return sorted(
+        p for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+
+
 def read_jsonl(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
     """One JSON object per line with ``text`` and optional ``patient_id``, ``admission_id``,
     ``note_id``. Blank lines are allowed."""
-    stats = stats if stats is not None else DecodeStats()
-    path = Path(path)
+    for _, document in _jsonl_records(Path(path), stats if stats is not None else DecodeStats()):
+        yield document
+
+
+def _jsonl_records(path: Path, stats: DecodeStats) -> Iterator[Tuple[int, Document]]:
+    """(line number, document) of every non-empty record of a JSONL file."""
     for line_no, line in enumerate(_decoded_lines(path, stats), start=1):
         if not line.strip():
             continue
@@ -123,7 +133,7 @@ def read_jsonl(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
             continue
         note_id = _opt(record.get("note_id"))
         stats.documents += 1
-        yield Document(
+        yield line_no, Document(
             doc_id=note_id or f"{path.name}:{line_no}",
             text=record["text"],
             patient_id=_opt(record.get("patient_id")),
@@ -150,8 +160,12 @@ def read_csv(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
     notes a physician identified as erroneous). SUBJECT_ID / HADM_ID / ROW_ID become the
     patient, admission and note ids.
     """
-    stats = stats if stats is not None else DecodeStats()
-    path = Path(path)
+    for _, document in _csv_records(Path(path), stats if stats is not None else DecodeStats()):
+        yield document
+
+
+def _csv_records(path: Path, stats: DecodeStats) -> Iterator[Tuple[int, Document]]:
+    """(the row's first line, document) of every kept row of a CSV file."""
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
     # strict: a quote that never closes, or a closing quote followed by more text, is an error
     # naming the row's first line (never a note silently swallowing the rows after it).
@@ -200,7 +214,7 @@ def read_csv(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
             continue
         note_id = _opt(get("note_id"))
         stats.documents += 1
-        yield Document(
+        yield line_no, Document(
             doc_id=note_id or f"{path.name}:{line_no}",
             text=text,
             patient_id=_opt(get("patient_id")),
@@ -241,24 +255,45 @@ def detect_format(path) -> str:
         "explicitly (corpus.format)", path)
 
 
+def _checked_format(path: Path, fmt: Optional[str]) -> str:
+    if not path.exists():
+        raise CorpusError("corpus path does not exist", path)
+    fmt = fmt or detect_format(path)
+    if fmt not in FORMATS:
+        raise CorpusError(f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}", path)
+    if fmt != "text" and path.is_dir():
+        raise CorpusError(f"format {fmt!r} needs a file, got a directory", path)
+    return fmt
+
+
 def read_corpus(path, fmt: Optional[str] = None, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
     """Stream the documents of ``path`` in format ``fmt`` (detected from the name if None).
 
     A single ``.txt`` file in ``text`` format is one document.
     """
     path = Path(path)
-    if not path.exists():
-        raise CorpusError("corpus path does not exist", path)
-    fmt = fmt or detect_format(path)
-    if fmt not in FORMATS:
-        raise CorpusError(f"unknown corpus format {fmt!r}; expected one of {', '.join(FORMATS)}", path)
+    fmt = _checked_format(path, fmt)
     if fmt == "text":
         if path.is_dir():
             return read_text_dir(path, stats)
         return _single_text_file(path, stats)
-    if path.is_dir():
-        raise CorpusError(f"format {fmt!r} needs a file, got a directory", path)
     return read_jsonl(path, stats) if fmt == "jsonl" else read_csv(path, stats)
+
+
+def read_records(path, fmt: Optional[str] = None, stats: Optional[DecodeStats] = None
+                 ) -> Iterator[Tuple[Path, Optional[int], Document]]:
+    """The documents of :func:`read_corpus` (the same readers, in the same order) with where each
+    one is: ``(file, line, document)``; ``line`` is the record's (first) line in a JSONL or CSV
+    file, None for a text file (one document per file). For ``dpbert.data.validate``."""
+    path = Path(path)
+    fmt = _checked_format(path, fmt)
+    stats = stats if stats is not None else DecodeStats()
+    if fmt == "text":
+        if path.is_dir():
+            return ((path / document.doc_id, None, document) for document in read_text_dir(path, stats))
+        return ((path, None, document) for document in _single_text_file(path, stats))
+    records = _jsonl_records(path, stats) if fmt == "jsonl" else _csv_records(path, stats)
+    return ((path, line, document) for line, document in records)
 
 
 def _single_text_file(path: Path, stats: Optional[DecodeStats]) -> Iterator[Document]:

@@ -78,8 +78,17 @@ def tokens_to_words(tokens: Sequence[str]) -> List[str]:
 
 
 def privatize_ids_batch(id_lists: Sequence[Sequence[int]], mechanism: DchiMechanism, eta: float,
-                        rng: np.random.Generator) -> List[np.ndarray]:
-    """Privatize several id sequences in one vectorized call; same lengths out."""
+                        rng: Union[np.random.Generator, Sequence[np.random.Generator]]) -> List[np.ndarray]:
+    """Privatize several id sequences in one vectorized call; same lengths out.
+
+    ``rng``: one Generator for all (fresh noise for every token), or one Generator PER sequence
+    (noise keyed per unit: a sequence's output then depends on its own Generator only, not on
+    where it sits in the batch or on the other sequences)."""
+    if not isinstance(rng, np.random.Generator):
+        rngs = list(rng)
+        if len(rngs) != len(id_lists):
+            raise ValueError(f"one Generator per sequence: got {len(rngs)} for {len(id_lists)} sequences")
+        return [mechanism.privatize_ids(np.asarray(ids, dtype=np.int64), eta, r) for ids, r in zip(id_lists, rngs)]
     lengths = [len(ids) for ids in id_lists]
     flat = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int64, count=sum(lengths))
     out = mechanism.privatize_ids(flat, eta, rng)
@@ -114,13 +123,15 @@ def privatize_word_lists(word_lists: Sequence[Sequence[str]], tokenizer: Tokeniz
                          max_words: Optional[int] = None) -> Tuple[List[List[str]], int]:
     """Privatize pre-split words (e.g. the tuples of ``dpbert.data.tuples``).
 
+    ``rng``: a Generator, a seed (tests) or None (OS entropy) for all lists, or one Generator per
+    list (noise keyed per unit, ``privatize_ids_batch``).
     Returns the privatized word lists and how many of them were cut to ``max_words`` (a
     privatized list can have more words than its input: a ``##`` piece replaced by a word-initial
     token starts a new word). The cut keeps a privacy unit at most N words long, which the DP
     vocabulary's sensitivity relies on.
     """
     eta = check_eta(eta)
-    rng = make_rng(rng)
+    rng = make_rng(rng) if rng is None or isinstance(rng, (int, np.integer, np.random.Generator)) else list(rng)
     mechanism = _mechanism(embeddings, tokenizer)
     encoder = _plain(tokenizer)
     encodings = encoder.encode_batch([list(words) for words in word_lists], is_pretokenized=True,

@@ -81,17 +81,27 @@ def corpus_warnings(props: Mapping[str, Any], words_kept: Any = None) -> List[Di
     return out
 
 
-def _with_progress(tuples, stats, every: int = 5000):
-    start = time.time()
+#: Seconds between two ingest progress lines.
+PROGRESS_INTERVAL_S = 30.0
+
+
+def _with_progress(tuples, interval: float = PROGRESS_INTERVAL_S, clock=time.monotonic):
+    """Yield ``tuples``, logging a line every ``interval`` seconds with the elapsed time ONLY: a
+    line every k tuples, or a words/s rate, would reveal (a rounding of) the exact counts."""
+    start = last = clock()
     for t in tuples:
         yield t
-        if stats.tuples % every == 0:
-            # Progress without counts: exact corpus counts never go to a log line.
-            log.info("ingest: reading, %.0f words/s", stats.words / max(time.time() - start, 1e-9))
+        now = clock()
+        if now - last >= interval:
+            last = now
+            log.info("ingest: still reading (%.0f s elapsed)", now - start)
 
 
-def ingest(config: CorpusConfig, tuples_dir: str, tuple_words: int, num_shards: int = 4) -> StageResult:
-    """Stream the corpus, cut each document into tuples of ``tuple_words`` words, write them.
+def ingest(config: CorpusConfig, tuples_dir: str, tuple_words: int, num_shards: int = 4,
+           unit: str = "tuple") -> StageResult:
+    """Check every record (``dpbert.data.validate``: the same checks as the CLI's preflight, here
+    before the first write, as a run on Kubeflow/Dataflow did not pass the CLI's), then stream
+    the corpus, cut each document into tuples of ``tuple_words`` words, write them.
 
     The properties are EXACT counts of units (documents, tuples, patients): they stay on this
     private artifact; planning uses a public ``training.dataset_size`` or a DP count
@@ -100,12 +110,16 @@ def ingest(config: CorpusConfig, tuples_dir: str, tuple_words: int, num_shards: 
     from dpbert.data.corpus import PartitionStats, corpus_description, iter_tuples
     from dpbert.data.splits import write_holdout_key
     from dpbert.data.tfrecord import write_tuples
+    from dpbert.data.validate import validate_corpus
 
+    log.info("ingest: checking %s", corpus_description(config))
+    validate_corpus(config, unit)  # raises CorpusError / ConfigError before anything is written
     log.info("ingest: reading %s, N = %d", corpus_description(config), tuple_words)
     stats = PartitionStats()
-    n = write_tuples(_with_progress(iter_tuples(config, tuple_words, stats), stats), tuples_dir, num_shards)
+    n = write_tuples(_with_progress(iter_tuples(config, tuple_words, stats)), tuples_dir, num_shards)
     if stats.replaced_bytes:
-        log.warning("ingest: %d undecodable bytes were replaced by U+FFFD", stats.replaced_bytes)
+        # No count in a log line (the exact count is the private artifact's replaced_bytes).
+        log.warning("ingest: undecodable bytes were replaced by U+FFFD (replaced_bytes on the WordTuples artifact)")
     corpus_bytes = _corpus_bytes(config)
     # The secret key of the per-patient holdout (dpbert.data.splits), drawn without looking at the
     # data and kept only in this private artifact.

@@ -23,6 +23,12 @@ Each tuple stays one tuple (the central privacy unit); a privatized tuple longer
 vocabulary's sensitivity (≤ N distinct words per tuple) still holds. The output keeps the
 input's unit counts and records η, the table and how many tuples were cut (a count of the
 privatized output: post-processing).
+
+The noise comes from OS entropy. ``local_privacy.seed`` (tests only) makes it predictable: it is
+refused with ``privacy.epsilon_budget`` (``dpbert.config``); without a budget the artifact records
+no dχ guarantee (``eta_guaranteed`` = ∞, ``non_private`` = 1), and the noise of each tuple is keyed
+by (seed, record id), never by its position, so adding or removing one tuple changes that tuple's
+output only (the central ledger's add/remove-one-unit relation still maps neighbours to neighbours).
 """
 from __future__ import annotations
 
@@ -44,14 +50,22 @@ COPIED_PROPERTIES = (schema.NUM_TUPLES, "num_documents", "num_patients", schema.
 
 def privatize_tuples_dir(in_dir: str, out_dir: str, eta: float, embeddings, tuple_words: int, seed=None,
                          batch_tuples: int = 256, num_shards: int = 4) -> dict:
-    """Privatize every tuple under ``in_dir`` into ``out_dir`` (TFRecord shards); returns counts."""
+    """Privatize every tuple under ``in_dir`` into ``out_dir`` (TFRecord shards); returns counts.
+
+    ``seed`` None: one OS-entropy generator (fresh, secret noise for every token). A ``seed``
+    (tests only): the noise of a tuple is keyed by (seed, its record id) — never by its position
+    in the stream — so adding or removing one tuple changes that tuple's output only."""
     import dataclasses
+
+    import numpy as np
 
     from dpbert.data.tfrecord import read_tuples, write_tuples
     from dpbert.local_privacy.dchi import make_rng
     from dpbert.local_privacy.text import privatize_word_lists
 
-    rng = make_rng(seed)
+    rng = make_rng(None) if seed is None else None
+    if seed is not None:
+        make_rng(seed)  # the same refusal of a bad seed
     mechanism = embeddings.mechanism()
     stats = {"tuples": 0, "truncated_tuples": 0, "empty_tuples": 0}
 
@@ -59,7 +73,8 @@ def privatize_tuples_dir(in_dir: str, out_dir: str, eta: float, embeddings, tupl
         batch = []
 
         def flush():
-            words, cut = privatize_word_lists([t.words for t in batch], embeddings.tokenizer, mechanism, eta, rng,
+            rngs = rng if seed is None else [np.random.default_rng([int(seed), t.record_id]) for t in batch]
+            words, cut = privatize_word_lists([t.words for t in batch], embeddings.tokenizer, mechanism, eta, rngs,
                                               max_words=tuple_words)
             stats["truncated_tuples"] += cut
             for t, w in zip(batch, words):
@@ -83,7 +98,9 @@ def privatize(tuples_dir: str, out_dir: str, config: LocalPrivacyConfig, input_p
               num_shards: int = 4) -> StageResult:
     """dχ-privatize the tuples' words with a public embedding table (module docstring).
 
-    ``config.seed`` None: OS entropy (production); a seed fixes the noise (tests only).
+    ``config.seed`` None: OS entropy (production); a seed fixes the noise (tests only; refused with
+    ``privacy.epsilon_budget``): the artifact then records no dχ guarantee (``eta_guaranteed`` = ∞,
+    ``non_private`` = 1), and the noise is keyed per record id (``privatize_tuples_dir``).
     ``config.embeddings_dir`` None: the default public checkpoint. ``input_properties``: the input
     WordTuples artifact's properties (``tuple_words`` and the unit counts copied to the output).
     ``failure``: a RuntimeError when fewer or more tuples came out than the input records.
@@ -111,6 +128,10 @@ def privatize(tuples_dir: str, out_dir: str, config: LocalPrivacyConfig, input_p
         schema.PRIVATE: 1,  # still derived from private text (and near-identity for a large η)
         "local_privacy": "dchi",
         "eta": float(eta),
+        # The dχ bound the artifact carries (ηd(x, x′) per token): none with a fixed seed — the
+        # noise is predictable, η_eff = ∞ (refused with privacy.epsilon_budget, dpbert.config).
+        "eta_guaranteed": math.inf if fixed_seed else float(eta),
+        schema.NON_PRIVATE: int(fixed_seed),
         "embedding_source": description["source"],
         "embedding_dim": description["dim"],
         "candidate_tokens": description["candidates"],
@@ -124,7 +145,8 @@ def privatize(tuples_dir: str, out_dir: str, config: LocalPrivacyConfig, input_p
         failure = RuntimeError("the privatized tuples do not match the input WordTuples artifact's "
                                "num_tuples (compare the two private artifacts)")
     if fixed_seed:
-        log.warning("privatizer: fixed noise seed %d (tests only)", config.seed)
+        log.warning("privatizer: fixed noise seed (tests only): the dχ noise is predictable, no local guarantee "
+                    "(η_eff = ∞); noise keyed per record id")
     # The holdout key travels with the tuples (the trainers read the privatized artifact).
     from dpbert.data.splits import read_holdout_key, write_holdout_key
 

@@ -19,12 +19,18 @@ from typing import Optional
 
 from dpbert import schema
 from dpbert.config import PrivacyConfig, VocabConfig
+from dpbert.data.readers import CorpusError
 from dpbert.stages.result import StageResult
 
 log = logging.getLogger("dpbert.vocabulary")
 
 HISTOGRAM_FILE = "histogram.jsonl"
 DP_EVENT_FILE = "dp_event.json"
+
+
+class NoWordKept(CorpusError):
+    """No word of the corpus passed the DP threshold (a corpus too small for the noise, or of
+    punctuation only): bad input, exit 2 (``dpbert_cli.main`` maps ``CorpusError``), no traceback."""
 
 
 def public_vocabulary(vocabulary_dir: str, vocab_config: VocabConfig, privacy_config: PrivacyConfig,
@@ -101,7 +107,9 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
                       noise_seed=vocab_cfg.noise_seed, max_tuples_per_patient=k)
     kept = histogram_file.read_histogram(histogram_path)
     if not kept:
-        raise ValueError(f"vocabulary: no word passed the threshold C = {report['threshold']:.1f} "
+        if report is None:
+            raise NoWordKept("vocabulary: the corpus has no word (vocab.non_private = true, no threshold)")
+        raise NoWordKept(f"vocabulary: no word passed the threshold C = {report['threshold']:.1f} "
                          f"(vocab.sigma = {vocab_cfg.sigma}, vocab.delta = {vocab_cfg.delta}); the "
                          f"corpus is too small for this noise: lower vocab.sigma or add data")
     sources = None

@@ -247,3 +247,103 @@ def test_readme_documents_every_exit_code():
         value = getattr(exit_codes, name)
         assert value in rows, (name, value)
         assert f"`{name}`" in rows[value], (name, rows[value])
+
+
+# 10. Issue 22 (item 11): the whole corpus is checked before anything is written; late errors are
+# one exit-2 line. In-process (``main(argv)``): each fails before TFX is imported.
+def _run_in_process(capsys, *argv):
+    from dpbert_cli.main import main
+
+    code = main(["run", *map(str, argv)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    return code, errors
+
+
+def _notes(path, count, drop_patient_at=None, duplicate_at=None):
+    import json
+
+    with open(path, "w") as handle:
+        for i in range(count):
+            record = {"text": f"Mrs Quinby was seen on day {i}", "note_id": f"n{i}", "patient_id": f"p{i % 5}"}
+            if i + 1 == drop_patient_at:
+                del record["patient_id"]
+            if i + 1 == duplicate_at:
+                record["note_id"] = "n0"
+            handle.write(json.dumps(record) + "\n")
+    return path
+
+
+def test_run_checks_every_record_before_anything_is_written(tmp_path, capsys):
+    """Fails on the previous main: line 40 without patient_id reached the Beam job (110 lines of
+    traceback, exit 1, after the output folder and a FAILED run were written); duplicates passed."""
+    out = tmp_path / "out"
+    corpus = _notes(tmp_path / "notes.jsonl", 48, drop_patient_at=40)
+    code, errors = _run_in_process(capsys, "--corpus", corpus, "--output", out)  # the demo: patient unit
+    assert code == exit_codes.BAD_INPUT and len(errors) == 1, errors
+    assert f"{corpus}:40: privacy.unit = patient needs a patient id" in errors[0] and "Quinby" not in errors[0]
+    corpus = _notes(tmp_path / "notes.jsonl", 48, duplicate_at=31)
+    code, errors = _run_in_process(capsys, "--corpus", corpus, "--output", out)
+    assert code == exit_codes.BAD_INPUT and f"{corpus}:31: duplicate record id" in errors[0], errors
+    assert not out.exists()
+
+
+def test_unwritable_output_folder_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """Fails on the previous main: a PermissionError traceback from inside the run."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: emulate the permission bits
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if os.path.abspath(p) == str(locked)
+                            else real(p, mode, **kw))
+    try:
+        code, errors = _run_in_process(capsys, "--output", locked / "out")
+    finally:
+        locked.chmod(0o755)
+    assert code == exit_codes.BAD_INPUT and len(errors) == 1, errors
+    assert f"directory {locked} is not writable" in errors[0] and "--output" in errors[0]
+    assert not (locked / "out").exists()
+
+
+def test_no_word_passed_the_threshold_is_an_exit_2_line(tmp_path, capsys, monkeypatch):
+    """Fails on the previous main: a ValueError traceback (exit 1) from the vocabulary stage."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from dpbert.config import CorpusConfig, PrivacyConfig, SyntheticCorpusConfig, VocabConfig
+    from dpbert.data.readers import CorpusError
+    from dpbert.stages.ingest import ingest
+    from dpbert.stages.vocabulary import NoWordKept, dp_vocabulary
+
+    ingest(CorpusConfig(synthetic=SyntheticCorpusConfig(patients=2, admissions_per_patient=1, notes_per_admission=1)),
+           str(tmp_path / "tuples"), tuple_words=32, num_shards=1)
+    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"]))
+    with pytest.raises(NoWordKept, match="no word passed the threshold") as info:
+        dp_vocabulary(pipeline, str(tmp_path / "tuples"), str(tmp_path / "vocab"),
+                      VocabConfig(sigma=1e6, delta=1e-6, noise_seed=3), PrivacyConfig(tuple_words=32), tuple_words=32)
+    assert isinstance(info.value, CorpusError)
+    # Raised inside the DAG (LocalDagRunner re-raises the component's exception): one exit-2 line.
+    import pipeline.local_runner as local_runner
+
+    def refuse(config):
+        raise info.value
+
+    monkeypatch.setattr(local_runner, "run_local", refuse)
+    code, errors = _run_in_process(capsys, "--output", tmp_path / "out", "--set", "privacy.epsilon_budget=null",
+                                   "--set", "training.dataset_patients=null", "--set", "training.dataset_size=null",
+                                   "--set", "corpus.synthetic.patients=20")  # no planning: quick
+    assert code == exit_codes.BAD_INPUT and len(errors) == 1 and "no word passed the threshold" in errors[0]
+
+
+def test_run_no_cache_flag(capsys):
+    """Fails on the previous main: no --no-cache (only --set pipeline.enable_cache=false)."""
+    from dpbert_cli import commands
+    from dpbert_cli.main import build_parser
+
+    assert commands.load(build_parser().parse_args(["run", "--no-cache"]), preset="demo").pipeline.enable_cache is False
+    assert commands.load(build_parser().parse_args(["run"]), preset="demo").pipeline.enable_cache is True
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    assert "pipeline.enable_cache=false" in " ".join(capsys.readouterr().out.split())
