@@ -275,9 +275,29 @@ def _notes(path, count, drop_patient_at=None, duplicate_at=None):
     return path
 
 
-def test_run_checks_every_record_before_anything_is_written(tmp_path, capsys):
+def _no_dag(monkeypatch, raises=None):
+    """``pipeline.local_runner`` replaced (without importing TFX): its ``run_local`` raises
+    ``raises``, by default an AssertionError (the DAG must not start: on the previous main these
+    runs went on into it)."""
+    import sys
+    import types
+
+    fake = types.ModuleType("pipeline.local_runner")
+
+    class _Never(Exception):
+        pass
+
+    def run_local(config):
+        raise raises if raises is not None else AssertionError("the DAG started")
+
+    fake.run_local, fake.RunInterrupted, fake.RunRefused = run_local, _Never, _Never
+    monkeypatch.setitem(sys.modules, "pipeline.local_runner", fake)
+
+
+def test_run_checks_every_record_before_anything_is_written(tmp_path, capsys, monkeypatch):
     """Fails on the previous main: line 40 without patient_id reached the Beam job (110 lines of
     traceback, exit 1, after the output folder and a FAILED run were written); duplicates passed."""
+    _no_dag(monkeypatch)
     out = tmp_path / "out"
     corpus = _notes(tmp_path / "notes.jsonl", 48, drop_patient_at=40)
     code, errors = _run_in_process(capsys, "--corpus", corpus, "--output", out)  # the demo: patient unit
@@ -298,8 +318,11 @@ def test_unwritable_output_folder_is_refused_before_anything_runs(tmp_path, caps
         real = os.access
         monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if os.path.abspath(p) == str(locked)
                             else real(p, mode, **kw))
+    _no_dag(monkeypatch)
     try:
-        code, errors = _run_in_process(capsys, "--output", locked / "out")
+        code, errors = _run_in_process(capsys, "--output", locked / "out", "--set", "corpus.synthetic.patients=20",
+                                       "--set", "privacy.epsilon_budget=null", "--set", "training.dataset_patients=null",
+                                       "--set", "training.dataset_size=null")
     finally:
         locked.chmod(0o755)
     assert code == exit_codes.BAD_INPUT and len(errors) == 1, errors
@@ -324,13 +347,9 @@ def test_no_word_passed_the_threshold_is_an_exit_2_line(tmp_path, capsys, monkey
         dp_vocabulary(pipeline, str(tmp_path / "tuples"), str(tmp_path / "vocab"),
                       VocabConfig(sigma=1e6, delta=1e-6, noise_seed=3), PrivacyConfig(tuple_words=32), tuple_words=32)
     assert isinstance(info.value, CorpusError)
-    # Raised inside the DAG (LocalDagRunner re-raises the component's exception): one exit-2 line.
-    import pipeline.local_runner as local_runner
-
-    def refuse(config):
-        raise info.value
-
-    monkeypatch.setattr(local_runner, "run_local", refuse)
+    # Raised inside the DAG (LocalDagRunner re-raises the component's exception, as
+    # tests/pipeline/test_corpus_cache.py shows for the ingest's): one exit-2 line.
+    _no_dag(monkeypatch, raises=info.value)
     code, errors = _run_in_process(capsys, "--output", tmp_path / "out", "--set", "privacy.epsilon_budget=null",
                                    "--set", "training.dataset_patients=null", "--set", "training.dataset_size=null",
                                    "--set", "corpus.synthetic.patients=20")  # no planning: quick
