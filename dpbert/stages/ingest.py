@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -35,16 +34,12 @@ MIN_VOCAB_WORDS = 100
 def _corpus_bytes(config: CorpusConfig) -> Optional[int]:
     """The size on disk of the corpus (its file, or the non-hidden files of its directory, as
     ``read_text_dir`` reads them); None for the embedded synthetic corpus or when unreadable."""
+    from dpbert.data.fingerprint import corpus_files
+
     if config.path is None:
         return None
     try:
-        if os.path.isfile(config.path):
-            return os.path.getsize(config.path)
-        total = 0
-        for root, dirs, names in os.walk(config.path):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            total += sum(os.path.getsize(os.path.join(root, n)) for n in names if not n.startswith("."))
-        return total
+        return sum(path.stat().st_size for _, path in corpus_files(config))
     except OSError:
         return None
 
