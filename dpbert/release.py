@@ -7,7 +7,8 @@ released (DP-covered)                                     covered by
                      histogram of kept words, dp_event.json,
                      token_sources.json (public / DP ids)
   PretrainedModel    model/ (weights), tokenizer/,         ε_total (vocabulary + training: the
-  (the DP model)     tensorboard/ (DP diagnostics only),   weights are trained on the DP vocabulary)
+  (the DP model)     tensorboard/ (DP diagnostics only,    weights are trained on the DP vocabulary)
+                     rewritten: no wall time, see below),
                      dp_events.json
   PrivacyReport      privacy_report.json,                  ε_total (it is a function of the
                      privacy_statement.txt                 records above and public parameters)
@@ -25,6 +26,16 @@ kept, which use it), the trainer's state directory
 (exact training curves, checkpoints, keys), and any file of a released artifact not in the list
 (``train_result.json``: exact diagnostics; ``canary_counts.json``: insertions per canary;
 ``run_config.json``; the CanaryReport's ``exposure.json`` with the non-private exposures).
+
+TensorBoard: the released event files are REWRITTEN, never copied. An event's ``wall_time`` reveals
+how long each step took — the rounds per step, a function of the exact Poisson batch size — and
+TensorFlow names the file ``events.out.tfevents.<unix time>.<host>.<pid>...``: neither is covered
+by ε. ``write_bundle`` reads every event file of a released ``tensorboard/`` directory (TFRecords of
+``Event`` protos, checksums verified), and writes the same events, in order, with ``wall_time = 0``
+and without run metadata (step timings), into ONE file per directory named ``TENSORBOARD_EVENTS_FILE``.
+Other files under ``tensorboard/`` (profiler traces, plugin data) are not DP diagnostics and are left
+out; an event file that cannot be read is refused (nothing written). The model artifact in the
+pipeline root keeps the original files (operator-only).
 
 ``write_bundle`` copies the released files of one run into a directory with ``manifest.json``:
 for every file its path, size, sha256 and the ε, δ, unit and adjacency that cover it — the ε of
@@ -49,6 +60,8 @@ from dpbert import schema
 
 MANIFEST_FILE = "manifest.json"
 AUDIT_FILE = "audit/audit.json"
+#: The one name of a released TensorBoard event file (no time, host or process id in it).
+TENSORBOARD_EVENTS_FILE = "events.out.tfevents.0.dpbert"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,9 +168,101 @@ def _check_target(bundle_dir: str):
         raise ReleaseError(f"{bundle_dir} exists and is not empty; choose a new bundle directory")
 
 
+# ------------------------------------------------------------------------- TensorBoard events
+def _masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of ``data``."""
+    try:
+        import google_crc32c
+
+        crc = google_crc32c.value(data)
+    except ImportError:  # pragma: no cover - the pure-Python one TensorBoard ships
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
+
+        crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _is_event_file(name: str) -> bool:
+    """TensorBoard reads every file whose name contains ``tfevents`` as an event file."""
+    return "tfevents" in name
+
+
+def read_event_file(path: str) -> list:
+    """The ``Event`` protos of a TensorBoard event file (TFRecord framing, both checksums of every
+    record verified); ValueError naming the file when it is not one."""
+    import struct
+
+    from tensorboard.compat.proto import event_pb2
+
+    with open(path, "rb") as f:
+        data = f.read()
+    events, pos = [], 0
+    while pos < len(data):
+        if len(data) - pos < 12:
+            raise ValueError(f"{path}: truncated TFRecord header at byte {pos}")
+        header = data[pos:pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        (header_crc,) = struct.unpack("<I", data[pos + 8:pos + 12])
+        if _masked_crc32c(header) != header_crc:
+            raise ValueError(f"{path}: not a TFRecord file (bad length checksum at byte {pos})")
+        start, end = pos + 12, pos + 12 + length
+        if end + 4 > len(data):
+            raise ValueError(f"{path}: truncated TFRecord at byte {pos}")
+        payload = data[start:end]
+        if _masked_crc32c(payload) != struct.unpack("<I", data[end:end + 4])[0]:
+            raise ValueError(f"{path}: bad record checksum at byte {pos}")
+        try:
+            events.append(event_pb2.Event.FromString(payload))
+        except Exception as err:  # protobuf's DecodeError
+            raise ValueError(f"{path}: a record at byte {pos} is not an Event ({type(err).__name__})") from None
+        pos = end + 4
+    return events
+
+
+def encode_event_file(events) -> bytes:
+    """TFRecord bytes of ``Event`` protos (what TensorBoard and ``tf.data.TFRecordDataset`` read)."""
+    import struct
+
+    out = bytearray()
+    for event in events:
+        payload = event.SerializeToString()
+        header = struct.pack("<Q", len(payload))
+        out += header + struct.pack("<I", _masked_crc32c(header)) + payload + \
+            struct.pack("<I", _masked_crc32c(payload))
+    return bytes(out)
+
+
+def released_events(paths: List[str]) -> list:
+    """The events of ``paths`` (one TensorBoard directory's event files) as released: in file
+    order (first event's wall time, then name) and record order, one ``file_version`` event first,
+    every ``wall_time`` 0, run metadata (step timings) dropped."""
+    from tensorboard.compat.proto import event_pb2
+
+    files = []
+    for path in paths:
+        events = read_event_file(path)
+        files.append((events[0].wall_time if events else 0.0, os.path.basename(path), events))
+    files.sort(key=lambda f: (f[0], f[1]))
+    version, out = None, []
+    for _, _, events in files:
+        for event in events:
+            kind = event.WhichOneof("what")
+            if kind == "file_version":
+                version = version or event.file_version
+                continue
+            if kind == "tagged_run_metadata":
+                continue
+            released = event_pb2.Event()
+            released.CopyFrom(event)
+            released.wall_time = 0.0
+            out.append(released)
+    return [event_pb2.Event(wall_time=0.0, file_version=version or "brain.Event:2")] + out
+
+
 def _plan(run, report) -> List[tuple]:
-    """(source file, bundle path, covered_by) for every released file; ReleaseError when a part
-    or a required file is missing, or a released path is a symbolic link."""
+    """(source file, bundle path, covered_by) for every released file — the source is the list of
+    released ``Event`` protos for a rewritten TensorBoard file; ReleaseError when a part or a
+    required file is missing, a released path is a symbolic link, or an event file is unreadable."""
     copies = []
     for part in RELEASED:
         artifact = report if part.artifact_type == schema.PRIVACY_REPORT else \
@@ -178,12 +283,26 @@ def _plan(run, report) -> List[tuple]:
             if os.path.isfile(source):
                 copies.append((source, f"{part.bundle_dir}/{rel}", part.covered_by))
             elif os.path.isdir(source):
+                tensorboard = rel == schema.TENSORBOARD_DIR
                 for root, dirs, names in os.walk(source):
                     dirs.sort()
                     for name in sorted(dirs + names):
                         path = os.path.join(root, name)
                         if os.path.islink(path):
                             raise ReleaseError(f"{path} is a symbolic link: refused")
+                    if tensorboard:
+                        # Rewritten (module docstring): one neutral file per directory, no other file.
+                        event_files = [os.path.join(root, n) for n in sorted(names) if _is_event_file(n)]
+                        if event_files:
+                            relative = os.path.relpath(os.path.join(root, TENSORBOARD_EVENTS_FILE),
+                                                       artifact.uri).replace(os.sep, "/")
+                            try:
+                                events = released_events(event_files)
+                            except (OSError, ValueError) as err:
+                                raise ReleaseError(f"{err}: a released TensorBoard file must be readable to be "
+                                                   f"rewritten without wall-clock time; refused") from None
+                            copies.append((events, f"{part.bundle_dir}/{relative}", part.covered_by))
+                        continue
                     for name in sorted(names):
                         path = os.path.join(root, name)
                         relative = os.path.relpath(path, artifact.uri).replace(os.sep, "/")
@@ -259,7 +378,11 @@ def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
         for source, relative, covered_by in copies:
             destination = os.path.join(tmp, *relative.split("/"))
             os.makedirs(os.path.dirname(destination), exist_ok=True)
-            shutil.copyfile(source, destination)
+            if isinstance(source, list):  # TensorBoard events, rewritten (_plan)
+                with open(destination, "wb") as f:
+                    f.write(encode_event_file(source))
+            else:
+                shutil.copyfile(source, destination)
             files.append(entry(relative, covered_by))
         if audit is not None:
             path = os.path.join(tmp, *AUDIT_FILE.split("/"))

@@ -74,8 +74,58 @@ def test_manifest_epsilon_is_the_accountants_and_lists_every_file(store, bundle)
             assert (entry["covered_by"], entry["epsilon"], entry["delta"]) == \
                 ("epsilon_total", fakestore.RELEASE_EPSILON, 2e-6)
     assert {"vocabulary/vocab.txt", "vocabulary/histogram.jsonl", "model/model/saved_model.pb",
-            "model/tokenizer/vocab.txt", "model/tensorboard/events.out.tfevents.1", "model/dp_events.json",
+            "model/tokenizer/vocab.txt", "model/tensorboard/" + release.TENSORBOARD_EVENTS_FILE, "model/dp_events.json",
             "privacy/privacy_report.json", "privacy/privacy_statement.txt", release.AUDIT_FILE} <= set(listed)
+
+
+def _timing_leaks(directory):
+    """What a released TensorBoard directory may not carry: (event files with a digit run of a time,
+    the host or a pid in their NAME, events with a wall_time != 0, run-metadata events)."""
+    import re
+
+    names, timed, metadata_events = [], 0, 0
+    for path in sorted(Path(directory).rglob("*")):
+        if not path.is_file():
+            continue
+        if re.search(r"\d{3,}|host", path.name) or not release._is_event_file(path.name):
+            names.append(path.name)
+        if release._is_event_file(path.name):
+            events = release.read_event_file(str(path))
+            timed += sum(e.wall_time != 0 for e in events)
+            metadata_events += sum(e.HasField("tagged_run_metadata") for e in events)
+    return names, timed, metadata_events
+
+
+def test_released_tensorboard_has_no_wall_clock_time_and_a_neutral_name(store, bundle):
+    """Issue 22 item 7 (fails on the previous main, which copied the files as they were)."""
+    _, manifest, out = bundle
+    model = Path(store["uris"][fakestore.RELEASE_RUN]["model"])
+    # positive control: the trainer's own files carry all three, and the check sees them
+    names, timed, metadata_events = _timing_leaks(model / schema.TENSORBOARD_DIR)
+    assert len(names) == 3 and timed == 8 and metadata_events == 2
+    # the bundle: one neutral file, every event at wall_time 0, no run metadata, no profiler trace
+    assert _timing_leaks(out / "model" / schema.TENSORBOARD_DIR) == ([], 0, 0)
+    released = sorted(p.relative_to(out).as_posix() for p in (out / "model" / schema.TENSORBOARD_DIR).rglob("*")
+                      if p.is_file())
+    assert released == ["model/tensorboard/" + release.TENSORBOARD_EVENTS_FILE]
+    assert released[0] in {f["path"] for f in manifest["files"]}
+    # the same diagnostics, in step order, both segments: nothing but the time is gone
+    events = release.read_event_file(str(out / released[0]))
+    assert events[0].file_version == "brain.Event:2" and sum(e.HasField("file_version") for e in events) == 1
+    scalars = [(e.step, v.tag, round(v.simple_value, 4)) for e in events for v in e.summary.value]
+    assert scalars == [(s, tag, round(value, 4)) for s in range(4)
+                       for tag, value in (("mlm_loss", 8.8 - 0.3 * s), ("batch_size", 16.0 + s))]
+
+
+def test_an_unreadable_tensorboard_file_is_refused(store, tmp_path):
+    uris = fakestore.build_release_store(str(tmp_path / "m.sqlite"), str(tmp_path / "root"))
+    board = Path(uris[fakestore.RELEASE_RUN]["model"]) / schema.TENSORBOARD_DIR
+    name = next(iter(fakestore.RELEASE_TENSORBOARD)).split("/")[-1]
+    (board / name).write_bytes((board / name).read_bytes()[:-3])  # a truncated record
+    run = metadata.get_run(metadata.open_store(str(tmp_path / "m.sqlite")), fakestore.RELEASE_RUN)
+    with pytest.raises(release.ReleaseError, match="truncated TFRecord.*without wall-clock time"):
+        release.write_bundle(run, str(tmp_path / "bundle"))
+    assert not (tmp_path / "bundle").exists()
 
 
 def test_no_operator_only_file_or_secret_in_the_bundle(store, bundle):

@@ -222,6 +222,28 @@ RELEASE_RUN = "2026-04-04T08:00:00.000001"
 NON_PRIVATE_RUN = "2026-04-04T07:00:00.000001"
 OVER_BUDGET_RUN = "2026-04-04T06:00:00.000001"
 RELEASE_EPSILON = 9.0882
+#: The DP model's TensorBoard files as TensorFlow names them (unix time, host, pid) — two segments
+#: of a resumed run, with wall times; ``dpbert.release`` rewrites them (no time, neutral name).
+RELEASE_TENSORBOARD = {"tensorboard/events.out.tfevents.1775289600.build-host-7.4242.0.v2": (0, 1775289600.25),
+                       "tensorboard/events.out.tfevents.1775289999.build-host-7.4243.0.v2": (2, 1775289999.5)}
+
+
+def _tensorboard_events(first_step: int, start: float) -> bytes:
+    """A real event file: file_version, 2 steps of scalars (seconds apart), one run-metadata event."""
+    from tensorboard.compat.proto import event_pb2
+
+    from dpbert.release import encode_event_file
+
+    events = [event_pb2.Event(wall_time=start, file_version="brain.Event:2")]
+    for i, step in enumerate((first_step, first_step + 1)):
+        event = event_pb2.Event(wall_time=start + 0.9 + 1.31 * i, step=step)
+        event.summary.value.add(tag="mlm_loss", simple_value=8.8 - 0.3 * step)
+        event.summary.value.add(tag="batch_size", simple_value=16.0 + step)
+        events.append(event)
+    timing = event_pb2.Event(wall_time=start + 3.0, step=first_step + 1)
+    timing.tagged_run_metadata.tag = "step_timing"
+    timing.tagged_run_metadata.run_metadata = b"all_start_micros 1775289600250000"
+    return encode_event_file(events + [timing])
 
 
 def _write(directory: str, files: dict):
@@ -261,7 +283,8 @@ def _release_run(b: _Builder, run_id: str, ledger: dict, files: dict):
         "model/saved_model.pb": b"\x08\x01weights-of-the-dp-model",
         "model/variables/variables.data-00000-of-00001": b"\x00\x01\x02dp-weights",
         "tokenizer/vocab.txt": "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\npatient\nfever\n",
-        "tensorboard/events.out.tfevents.1": b"dp-diagnostics (noisy)",
+        **{name: _tensorboard_events(*at) for name, at in RELEASE_TENSORBOARD.items()},
+        "tensorboard/plugins/profile/2026_04_04_08_00_00/build-host-7.xplane.pb": b"step timings",
         "dp_events.json": '[{"mechanism": "dp_sgd", "noise_multiplier": 1.1}]',
         "train_result.json": json.dumps({"exact_losses": [8.81234567], "batch_sizes": [4811], "note": secret}),
         "canary_counts.json": json.dumps({"0": 3, "secret": secret}),
