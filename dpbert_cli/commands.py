@@ -68,10 +68,14 @@ def cmd_run(args) -> int:
         print(guard.over_budget_message(planned), file=sys.stderr)
         return exit_codes.OVER_BUDGET
     try:
-        from pipeline.local_runner import RunInterrupted, run_local
+        from pipeline.local_runner import RunInterrupted, RunRefused, run_local
 
         try:
             where = run_local(config)
+        except RunRefused as refused:
+            # The trainer refused a step over the budget; the ε already spent is on the run.
+            print(f"dpbert run: {refused.message()}", file=sys.stderr)
+            return exit_codes.OVER_BUDGET
         except RunInterrupted as interrupted:
             # One line, no traceback; the run is marked cancelled in ML Metadata (report, dashboard).
             print(f"dpbert run: {interrupted.message()}", file=sys.stderr)

@@ -86,13 +86,52 @@ def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
     return planned_ledger(config, _require_public_n(config, dataset_size))
 
 
+def charged_chain(config: Config) -> Optional[dict]:
+    """The DP training chain under ``pipeline.output_dir`` that a run of ``config`` could resume,
+    with the most DP steps it would have charged once the run completes:
+    ``dpbert.stages.pretrain.chain_state`` plus ``steps_after`` = the ledger's executed steps +
+    (the plan's steps − the checkpoint's step). Chains are matched by configuration
+    (``pretrain.resume_key``, no artifact URIs: they are not known before the DAG runs), so a chain
+    of another corpus with the same configuration counts too — conservative. None without one."""
+    from dpbert.stages.pretrain import chains, resume_key
+    from pipeline.paths import output_paths
+
+    tc = config.training
+    if tc.non_private:
+        return None
+    key = resume_key(config.model, tc, config.privacy, config.membership.holdout_patient_fraction, False)
+    steps = training_plan(config).steps
+    found = [c for c in chains(output_paths(config.pipeline.output_dir)[0])
+             if c["key"] == key and not c["non_private"] and c["steps_executed"] > 0]
+    for chain in found:
+        chain["steps_after"] = chain["steps_executed"] + max(steps - chain["checkpoint_step"], 0)
+    return max(found, key=lambda c: c["steps_after"], default=None)
+
+
 def check_budget(config: Config) -> Optional[dict]:
     """Preflight the corpus, then compute the planned ledger; None when there is no public n
-    (then there is no budget either: ``Config.validate`` requires one with a budget)."""
+    (then there is no budget either: ``Config.validate`` requires one with a budget).
+
+    A resume counts what its chain has already charged: when the output directory holds a
+    training chain of this configuration (:func:`charged_chain`), the ledger is planned for the
+    steps that chain will have EXECUTED once this run completes (steps lost in a crash after the
+    last checkpoint were charged and are re-run), ``"charged"`` says so, and a total over the
+    budget is refused before anything runs. The trainer enforces the same bound step by step."""
     preflight_corpus(config)
     if public_dataset_size(config) is None:
         return None
-    return planned(config)
+    ledger = planned(config)
+    chain = charged_chain(config)
+    if chain is not None and chain["steps_after"] > ledger["steps"]:
+        import dataclasses
+
+        resumed = dataclasses.replace(config, training=dataclasses.replace(config.training,
+                                                                            steps=chain["steps_after"]))
+        ledger = planned(resumed)
+    if chain is not None:
+        ledger["charged"] = {"steps_executed": chain["steps_executed"], "checkpoint_step": chain["checkpoint_step"],
+                             "steps_after_run": chain["steps_after"]}
+    return ledger
 
 
 def _fmt(x) -> str:
@@ -117,6 +156,12 @@ def planned_statement(ledger: dict) -> str:
 
 
 def over_budget_message(ledger: dict) -> str:
-    return (f"planned ε = {_fmt(ledger['epsilon_total_pld'])} (δ = {ledger['delta']:.3g}) exceeds "
+    charged = ledger.get("charged")
+    resume = ""
+    if charged:
+        resume = (f" (resuming a training chain that has already executed {charged['steps_executed']} DP steps, "
+                  f"last checkpoint at step {charged['checkpoint_step']}: {charged['steps_after_run']} steps charged "
+                  f"once this run completes)")
+    return (f"planned ε = {_fmt(ledger['epsilon_total_pld'])} (δ = {ledger['delta']:.3g}){resume} exceeds "
             f"privacy.epsilon_budget = {_fmt(ledger['epsilon_budget'])}; nothing was run or written. "
             f"Raise vocab.sigma or training.noise_multiplier, or lower training.steps.")

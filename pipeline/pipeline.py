@@ -10,6 +10,7 @@ from tfx import v1 as tfx
 from dpbert.config import Config, MembershipConfig, section_to_json
 from dpbert.data.fingerprint import corpus_fingerprint
 from pipeline.code_version import component_code_version
+from pipeline.paths import output_paths  # noqa: F401 -- re-exported: callers import it from here
 
 
 def _core_version(module: str) -> str:
@@ -173,7 +174,3 @@ def create_pipeline(config: Config, pipeline_root: str, metadata_path: Optional[
     )
 
 
-def output_paths(output_dir: str):
-    """(pipeline_root, metadata sqlite path) under a local output directory."""
-    output_dir = os.path.abspath(output_dir)
-    return os.path.join(output_dir, "pipeline_root"), os.path.join(output_dir, "metadata.sqlite")
