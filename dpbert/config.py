@@ -211,6 +211,11 @@ class TrainingConfig:
     weight_decay: float = 0.01
     mask_probability: float = 0.15
     checkpoint_every: int = 50
+    #: Run-time integrity checks (``dpbert.model.integrity``): at the first step of a run and every
+    #: this many steps, one random unit's gradient recomputed by brute force against its clipping,
+    #: and the realised-units and noise tests evaluated (also at the end); 0 = the brute-force
+    #: clipping check off (the other tests then run at the end only). A failure stops the run.
+    integrity_check_every: int = 50
     #: δ of the DP-SGD mechanism.
     delta: float = 1e-6
     #: Non-private baseline (no clipping, no noise; ε = ∞).
@@ -256,6 +261,8 @@ class TrainingConfig:
         _check(0 < self.mask_probability < 1, f"{prefix}.mask_probability", "must be in (0, 1)",
                self.mask_probability)
         _check(self.checkpoint_every >= 1, f"{prefix}.checkpoint_every", "must be >= 1", self.checkpoint_every)
+        _check(self.integrity_check_every >= 0, f"{prefix}.integrity_check_every", "must be >= 0 (0 = off)",
+               self.integrity_check_every)
         _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)
 
 

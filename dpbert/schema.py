@@ -98,6 +98,9 @@ INITIAL_MLM_LOSS = "initial_mlm_loss"
 #: The true training step of each point of ``loss_curve`` (the curve is subsampled).
 LOSS_CURVE_STEPS = "loss_curve_steps"
 FINAL_MLM_LOSS = "final_mlm_loss"
+#: Pass/fail per run-time integrity check of the training run and of its DP event
+#: (``dpbert.model.integrity``, ``dpbert.privacy.event_check``): no statistic, no count.
+INTEGRITY_CHECKS = "integrity_checks"
 LOSS_CURVE = "loss_curve"
 #: The public start (no ε, outside the ledger; ``dpbert.model.public_warmup``): the checkpoint,
 #: the encoder layers kept, the non-private warm-up on shipped public text and its source.

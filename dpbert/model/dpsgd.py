@@ -297,6 +297,22 @@ class AuditProbe:
     coordinates: np.ndarray
 
 
+@dataclasses.dataclass
+class NoiseProbe:
+    """Run-time noise check hook (``dpbert.model.integrity``): flat ``coordinates`` per trainable
+    variable index. Every step the apply keeps, on those coordinates, the all-reduced clipped sum
+    S right BEFORE the single noise draw (``noise_probe_clean``; audit canaries included) and the
+    update (S + z)/B right before the optimizer (``noise_probe_update``), so B·update − S is the
+    noise the released update really carried (std σ·C, σ = ``effective_noise_multiplier``): a
+    bug in the draw, in its scale, in its seed (a stuck step counter) or in the divisor shows."""
+
+    coordinates: Dict[int, np.ndarray]
+
+    @property
+    def size(self) -> int:
+        return int(sum(np.asarray(c).size for c in self.coordinates.values()))
+
+
 def _group_mean(values, mask, k: int):
     """[b] per-row values (already × mask) → [b/k] the mean over each group's present rows."""
     return tf.math.divide_no_nan(tf.reduce_sum(tf.reshape(values, [-1, k]), axis=1),
@@ -323,11 +339,17 @@ class DPSGDTrainStep:
     accumulators (one compiled function); then one compiled ``apply`` all-reduces them, adds the
     noise once, divides by B (private) or by ``num_examples`` (non-private), applies the
     optimizer, zeroes the accumulators and increments ``dp_step``.
+
+    Run-time integrity hooks (``dpbert.model.integrity``): ``clip`` is the clipping path the step
+    uses (the brute-force check calls the same one), ``last_unit_norms`` the per-unit norms the
+    last step's clipping used, and a ``NoiseProbe`` keeps the sum before the noise and the update
+    after it on a few coordinates (the noise the update really carried).
     """
 
     def __init__(self, model: tf_keras.Model, optimizer, config: DPSGDConfig, *,
                  prepare_fn: Callable, loss_fn: Callable, metrics_fn: Optional[Callable] = None,
-                 strategy: Optional[tf.distribute.Strategy] = None, audit_probe: Optional[AuditProbe] = None):
+                 strategy: Optional[tf.distribute.Strategy] = None, audit_probe: Optional[AuditProbe] = None,
+                 noise_probe: Optional[NoiseProbe] = None):
         self.model = model
         self.optimizer = optimizer
         self.config = config
@@ -379,10 +401,38 @@ class DPSGDTrainStep:
                 self.observed_noiseless = tf.Variable(
                     tf.zeros([coords.size], tf.float32), trainable=False, name="audit_observed_noiseless",
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            self.noise_probe = noise_probe
+            if noise_probe is not None:
+                self._noise_probe_index = [
+                    (int(i), tf.constant(np.asarray(c, dtype=np.int64)[:, None]))
+                    for i, c in sorted(noise_probe.coordinates.items()) if np.asarray(c).size]
+                for i, c in noise_probe.coordinates.items():
+                    if not 0 <= int(i) < len(self.variables) or (np.asarray(c).size and (
+                            np.min(c) < 0 or np.max(c) >= self.variables[int(i)].shape.num_elements())):
+                        raise ValueError(f"noise probe coordinates out of range for variable {i}")
+                self.noise_probe_clean, self.noise_probe_update = (
+                    tf.Variable(tf.zeros([noise_probe.size], tf.float32), trainable=False, name=name,
+                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                    for name in ("noise_probe_clean", "noise_probe_update"))
+        #: The per-unit gradient norms the clipping used in the last ``run_step``, one array
+        #: ``[P, units per replica]`` per round (tuple: per row; patient: per group of k slots).
+        self.last_unit_norms: list = []
         self._accumulate_fn = tf.function(self._accumulate, autograph=False)
         self._apply_fn = tf.function(self._apply, autograph=False)
 
     # ----------------------------------------------------------------- replica computations
+    def clip(self, inputs, loss_fn: Callable, example_mask, training: bool = True):
+        """The configured clipping path on one replica's micro-batch: ``(grads, losses, norms,
+        outputs)`` (``ghost.clipped_gradient_sum`` or ``tfp_two_pass_clipped_gradients``). The
+        step and the run-time clipping check (``dpbert.model.integrity``) both call this."""
+        if self.config.clipping == "ghost":
+            grads, losses, norms, outputs = ghost.clipped_gradient_sum(
+                self.model, inputs, loss_fn, example_mask, self.config.clip_norm, training=training,
+                group_size=int(self.config.group_size))
+            return [_dense(g) for g in grads], losses, norms, outputs
+        return tfp_two_pass_clipped_gradients(self.model, self.registry, inputs, loss_fn, example_mask,
+                                              self.config.clip_norm, training=training)
+
     def _compute(self, batch, round_index):
         example_mask = tf.cast(batch["example_mask"], tf.float32)
         inputs, targets = self.prepare_fn(batch["features"])
@@ -393,15 +443,10 @@ class DPSGDTrainStep:
         if self.config.non_private:
             grads, losses, outputs = plain_gradients(self.model, inputs, loss_fn, example_mask)
             clipped = tf.constant(0.0)
-        elif self.config.clipping == "ghost":
-            grads, losses, norms, outputs = ghost.clipped_gradient_sum(
-                self.model, inputs, loss_fn, example_mask, self.config.clip_norm, group_size=k)
-            grads = [_dense(g) for g in grads]
-            clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * unit_mask)
+            norms = tf.zeros_like(unit_mask)
         else:
-            grads, losses, norms, outputs = tfp_two_pass_clipped_gradients(
-                self.model, self.registry, inputs, loss_fn, example_mask, self.config.clip_norm)
-            clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * example_mask)
+            grads, losses, norms, outputs = self.clip(inputs, loss_fn, example_mask)
+            clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * unit_mask)
         stats = {"loss_sum": tf.reduce_sum(losses), "examples": tf.reduce_sum(example_mask),
                  "clipped": clipped, "units": tf.reduce_sum(unit_mask)}
         if self.config.loss_bound is not None:
@@ -414,13 +459,13 @@ class DPSGDTrainStep:
                 stats.update(self.metrics_fn(targets, outputs, example_mask))
             else:
                 stats.update(self.metrics_fn(targets, outputs, example_mask, group_size=k))
-        return grads, stats
+        return grads, stats, norms
 
     def _replica_accumulate(self, batch, round_index):
-        grads, stats = self._compute(batch, round_index)
+        grads, stats, norms = self._compute(batch, round_index)
         for acc, g in zip(self.accumulators, grads):
             acc.assign_add(g)
-        return stats
+        return stats, norms
 
     def _noise(self):
         step_seed = tf.random.experimental.stateless_fold_in(self._noise_seed, self.dp_step.read_value())
@@ -441,6 +486,8 @@ class DPSGDTrainStep:
             flat = tf.tensor_scatter_nd_add(tf.reshape(grads[i], [-1]), self._probe_index, canary_sum)
             grads[i] = tf.reshape(flat, tf.shape(grads[i]))
             self.observed_noiseless.assign(tf.gather_nd(flat, self._probe_index))
+        if self.noise_probe is not None:
+            self.noise_probe_clean.assign(self._noise_probe_gather(grads))
         if not self.config.non_private:
             # The same seed on every replica: the same single draw z is added everywhere.
             grads = [g + z for g, z in zip(grads, self._noise())]
@@ -448,15 +495,22 @@ class DPSGDTrainStep:
             self.observed.assign(tf.gather_nd(tf.reshape(grads[self.audit_probe.variable_index], [-1]),
                                               self._probe_index))
         grads = [g / tf.cast(denominator, g.dtype) for g in grads]
+        if self.noise_probe is not None:
+            self.noise_probe_update.assign(self._noise_probe_gather(grads))
         self.optimizer.apply_gradients(zip(grads, self.variables), skip_gradients_aggregation=True)
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         return tf.constant(0.0)
 
+    def _noise_probe_gather(self, grads):
+        return tf.concat([tf.gather_nd(tf.reshape(grads[i], [-1]), index) for i, index in self._noise_probe_index],
+                         axis=0)
+
     # ----------------------------------------------------------------- cross-replica functions
     def _accumulate(self, batch, round_index):
-        stats = self.strategy.run(self._replica_accumulate, args=(batch, round_index))
-        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, stats, axis=None)
+        stats, norms = self.strategy.run(self._replica_accumulate, args=(batch, round_index))
+        return (self.strategy.reduce(tf.distribute.ReduceOp.SUM, stats, axis=None),
+                self.strategy.experimental_local_results(norms))
 
     def _apply(self, denominator, canary_sum):
         self.strategy.run(self._replica_apply, args=(denominator, canary_sum))
@@ -478,6 +532,11 @@ class DPSGDTrainStep:
         return self.strategy.experimental_distribute_values_from_function(
             lambda ctx: replica(ctx.replica_id_in_sync_group))
 
+    def distribute(self, round_batch):
+        """One round ``{"features": [P, m, ...], "example_mask": [P, m]}`` as the step's per-replica
+        input (replica p gets ``[p]``)."""
+        return self._distribute(round_batch)
+
     def run_step(self, rounds: Sequence[Dict[str, np.ndarray]], num_examples: Optional[float] = None,
                  canary_sum: Optional[np.ndarray] = None) -> Dict[str, float]:
         """One logical DP-SGD step over ``rounds`` (R ≥ 1). Returns summed stats (python floats).
@@ -494,8 +553,10 @@ class DPSGDTrainStep:
             denominator = float(self.config.expected_batch_size)
         totals: Dict[str, float] = {}
         denominator_t = tf.constant(denominator, tf.float32)
+        self.last_unit_norms = []
         for r, round_batch in enumerate(rounds):
-            stats = self._accumulate_fn(self._distribute(round_batch), tf.constant(r, tf.int64))
+            stats, norms = self._accumulate_fn(self._distribute(round_batch), tf.constant(r, tf.int64))
+            self.last_unit_norms.append(np.stack([np.asarray(x) for x in norms]))
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
         if self.audit_probe is not None:

@@ -53,7 +53,7 @@ import tensorflow as tf
 import tf_keras
 
 from dpbert.model import bert as bert_lib
-from dpbert.model import dpsgd, masking, sampling
+from dpbert.model import dpsgd, integrity, masking, sampling
 from dpbert.privacy import diagnostics
 from dpbert.privacy.plan import TrainingPlan, plan_training
 
@@ -178,6 +178,12 @@ class TrainResult:
     saved_model_dir: Optional[str]
     tensorboard_dir: str
     ledger_path: str
+    #: The values the DP event must agree with, read from the running sampler, step and ledger
+    #: (``integrity.observe``; ``dpbert.privacy.event_check``). PRIVATE (shuffle: the exact n).
+    observed: dict = dataclasses.field(default_factory=dict)
+    #: PRIVATE: the run-time integrity checks (``dpbert.model.integrity``): which ran, statistic,
+    #: tolerance, passed — with exact counts.
+    integrity_checks: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -537,7 +543,9 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
             log.info("initialised from the public checkpoint: %s", init_stats)
         optimizer = make_optimizer(tc, steps_planned)
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn,
-                                   loss_fn=loss_fn, metrics_fn=metrics_fn, strategy=strategy)
+                                   loss_fn=loss_fn, metrics_fn=metrics_fn, strategy=strategy,
+                                   noise_probe=None if tc.non_private else integrity.make_noise_probe(
+                                       models.mlm.trainable_variables, seed=tc.noise_seed))
     checkpoint = tf.train.Checkpoint(model=models.mlm, optimizer=optimizer, dp_step=stepper.dp_step)
     manager = tf.train.CheckpointManager(checkpoint, str(ckpt_dir), max_to_keep=3)
     start_step = 0
@@ -569,6 +577,10 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         sampler = sampling.PoissonSampler(n, q, seed=sampling_seed)
     else:
         sampler = sampling.ShuffleSampler(n, tc.batch_size, key=_shuffle_key(output_dir, tc.noise_seed))
+    # Run-time integrity checks (sampler vs the plan's q over the EXACT n, brute-force clipping, noise).
+    checks = integrity.RunChecks(stepper, sampling_mode=tc.sampling, units=len(groups) if patient_unit else n, q=q,
+                                 batch_size=tc.batch_size, every=tc.integrity_check_every, output_dir=output_dir,
+                                 seed=tc.noise_seed)
     # The planned n only: the exact number of rows is a private count and never goes to a log line.
     log.info("train_mlm: planned n=%d %s, %s sampling q=%.6g, E[batch]=%.2f, P=%d, T=%d, m=%d, "
              "sigma=%s, C=%s, non_private=%s, steps %d→%d", n_planned,
@@ -604,7 +616,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
             else:
                 indices = sampler.sample(window if tc.sampling == "shuffle" else step)
                 rounds = mlm_rounds(mask_fn, token_ids, example_ids, indices, mask_key, step, m, P)
-            stats = stepper.run_step(rounds)
+            stats = checks.step(rounds, step)
             step += 1
             steps_this_run += 1
             examples = stats["examples"]
@@ -641,6 +653,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         if bar is not None:
             bar.close()
         writer.flush()
+    integrity_checks = checks.finish()
     if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[1]) != step:
         manager.save(checkpoint_number=step)
     model_dir = output_dir / "model"
@@ -669,7 +682,9 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         dataset_size=n, planned_dataset_size=n_planned, clipping_path=stepper.clipping_path,
         strategy=type(strategy).__name__, seconds=time.time() - t0, model_dir=str(model_dir),
         checkpoint_dir=str(ckpt_dir), saved_model_dir=saved_model_dir, tensorboard_dir=str(tb_dir),
-        ledger_path=str(ledger_path))
+        ledger_path=str(ledger_path), integrity_checks=integrity_checks,
+        observed=integrity.observe(sampler, stepper, ledger_path,
+                                   diagnostics.noise_stds(gradient_sigma, diag) if release_diagnostics else {}))
     _write_json_atomic(output_dir / RESULT_FILE, result.to_dict())
     return result
 

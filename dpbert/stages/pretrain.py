@@ -394,7 +394,7 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
     (:class:`TrainingBudgetRefused`, the ε charged so far recorded first).
     """
     from dpbert.model.train import BudgetExhausted, state_lock, train_mlm
-    from dpbert.privacy import events
+    from dpbert.privacy import event_check, events
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
 
     mc, pc, membership = model_config, privacy_config, membership_config
@@ -481,6 +481,12 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
             record = training_record(sigma, plan, n, result.steps_taken_total)
             epsilon = dpsgd_epsilon(sigma, record["sampling_probability"], result.steps_taken_total,
                                     tc.delta, plan.sampling, user_level=patient_unit)
+            # The record against the values the running sampler, step and ledger USED (a record
+            # rebuilt from the configuration proves nothing); a mismatch fails before any event is written.
+            mismatches = event_check.check_event(record, result.observed)
+            if mismatches:
+                raise event_check.IntegrityCheckFailed(
+                    "the recorded DP event disagrees with the running training mechanism: " + "; ".join(mismatches))
         records = ([count_record] if count_record is not None and not (tc.non_private or seeded) else []) + [record]
         if count_record is not None and not (tc.non_private or seeded):
             from dpbert.privacy.accountant import ledger
@@ -530,6 +536,9 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
             if shown.get("loss") else None,
             "clipped_fraction": _tail_mean(shown.get("clipped_fraction", []), len(shown.get("clipped_fraction", []))),
             "clipping_path": result.clipping_path,
+            # Pass/fail only (the statistics, with exact counts, stay in the private train_result.json).
+            schema.INTEGRITY_CHECKS: dict(event="not run: no DP event" if private else "passed",
+                                          **event_check.summary(result.integrity_checks)),
             schema.HOLDOUT_FRACTION: membership.holdout_patient_fraction if train_patients is not None else None,
             "holdout_key_id": holdout_key_id,
             "model_preset": mc.preset,
