@@ -226,3 +226,10 @@ def test_release_boundary_exact_counts_private_marks_and_the_bundle(tiny_run, tm
                 assert not exact & set(_integers(json.loads(text))), entry["path"]
             for losses in exact_losses:
                 assert not any(f"{x:.5f}" in text for x in losses[:3]), entry["path"]  # no exact loss
+    # (issue 22 item 7) the trainer's TensorBoard files are released rewritten: one neutral name, no wall time
+    from dpbert.release import TENSORBOARD_EVENTS_FILE, read_event_file
+
+    boards = sorted(p.relative_to(bundle).as_posix() for p in (bundle / "model" / "tensorboard").rglob("*") if p.is_file())
+    assert boards == [f"model/tensorboard/{TENSORBOARD_EVENTS_FILE}"]
+    events = read_event_file(str(bundle / boards[0]))
+    assert len(events) > 1 and all(e.wall_time == 0 for e in events)
