@@ -527,12 +527,12 @@ def warnings_view(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     return out
 
 
-def budget_refused_view(report: Dict[str, Any]) -> Optional[str]:
-    """A sentence for a run whose trainer refused a step over the budget (the ε already spent)."""
-    from dpbert.report import budget_refused_sentence
+def charged_view(report: Dict[str, Any]) -> Optional[str]:
+    """A sentence for a run that stopped before its accountant: the ε already spent."""
+    from dpbert.report import charged_sentence
 
-    refused = report.get("budget_refused")
-    return budget_refused_sentence(refused).strip() if isinstance(refused, dict) else None
+    charged = report.get("charged")
+    return charged_sentence(charged) if isinstance(charged, dict) else None
 
 
 def interrupted_view(report: Dict[str, Any]) -> Optional[str]:
@@ -574,7 +574,7 @@ def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "run": run_summary(run),
         "interrupted": interrupted_view(report),
-        "budget_refused": budget_refused_view(report),
+        "charged": charged_view(report),
         "corpus": corpus_rows(report),
         "warnings": warnings_view(report),
         "dag": dag(run),

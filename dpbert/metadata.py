@@ -5,8 +5,8 @@ private (``private`` custom property = 1: tuples of raw text, canary secrets); i
 custom properties (decoded by ``dpbert.schema.properties``, the one reader of the artifact
 contract) and URIs.
 
-The writers here are ``mark_budget_refused`` (the trainer refused a step over the budget: the ε
-already charged goes on the run) and ``mark_interrupted`` (``dpbert run`` after SIGINT/SIGTERM): TFX leaves the
+The writers here are ``mark_charged`` (a run that stopped before its accountant — interrupted,
+failed, or refused over the budget — gets the ε its training chain already spent) and ``mark_interrupted`` (``dpbert run`` after SIGINT/SIGTERM): TFX leaves the
 execution it was running in RUNNING forever, so the run is marked cancelled — the running
 executions CANCELED and, on the pipeline-run context, ``INTERRUPTED_PROPERTY`` (an interrupt
 between two components leaves no running execution) with what was running and the trainer's step.
@@ -29,7 +29,8 @@ CANCELLED = "CANCELLED"
 INTERRUPTED_PROPERTY = "dpbert_interrupted"          # 1
 INTERRUPTED_COMPONENT = "dpbert_interrupted_component"
 INTERRUPTED_STEP = "dpbert_interrupted_step"          # the trainer's step (steps started), if training
-#: Written by ``mark_budget_refused``: the trainer refused a step the privacy budget does not cover.
+#: Written by ``mark_charged`` on a run that stopped before its accountant (the ε its training chain
+#: spent), with ``BUDGET_REFUSED_PROPERTY`` when the trainer refused a step the budget does not cover.
 BUDGET_REFUSED_PROPERTY = "dpbert_budget_refused"    # 1
 EPSILON_CHARGED = "dpbert_epsilon_charged"            # ε (PLD) of everything the run's chain charged
 DELTA_CHARGED = "dpbert_delta_charged"
@@ -184,22 +185,26 @@ def _newest_run_since(store, since_ms: int):
     return max(runs, key=lambda c: (c.create_time_since_epoch, c.id)) if runs else None
 
 
-def mark_budget_refused(path: str, since_ms: int, refusal: Dict[str, Any]) -> Optional[str]:
-    """Record on the newest pipeline run created at or after ``since_ms`` that the trainer refused
-    a step over ``privacy.epsilon_budget``, with the ε already charged (``refusal``: the trainer's
-    ``schema.BUDGET_REFUSAL_FILE``). TFX marks the trainer's execution FAILED and publishes no
-    model, so without this the privacy already spent would appear nowhere. Returns the run id."""
+def mark_charged(path: str, since_ms: int, charged: Dict[str, Any],
+                 refused_budget: Optional[float] = None) -> Optional[str]:
+    """Record on the newest pipeline run created at or after ``since_ms`` the ε its training chain
+    has already spent (``charged``: ``dpbert.stages.pretrain.chain_charged``: epsilon_charged,
+    delta, steps_charged) when the run stopped before the PrivacyAccountant — interrupted, failed,
+    or refused by the trainer over ``privacy.epsilon_budget`` (``refused_budget``: the budget). TFX
+    publishes no model for a failed trainer, so without this the privacy already spent would appear
+    nowhere. Returns the run id (None: no run since ``since_ms`` or no store)."""
     if not os.path.exists(path):
         return None
     store = _open_writable(path)
     ctx = _newest_run_since(store, since_ms)
     if ctx is None:
         return None
-    ctx.custom_properties[BUDGET_REFUSED_PROPERTY].int_value = 1
-    ctx.custom_properties[EPSILON_CHARGED].double_value = float(refusal["epsilon_charged"])
-    ctx.custom_properties[DELTA_CHARGED].double_value = float(refusal["delta"])
-    ctx.custom_properties[STEPS_CHARGED].int_value = int(refusal["steps_charged"])
-    ctx.custom_properties[EPSILON_BUDGET].double_value = float(refusal["epsilon_budget"])
+    ctx.custom_properties[EPSILON_CHARGED].double_value = float(charged["epsilon_charged"])
+    ctx.custom_properties[DELTA_CHARGED].double_value = float(charged["delta"])
+    ctx.custom_properties[STEPS_CHARGED].int_value = int(charged["steps_charged"])
+    if refused_budget is not None:
+        ctx.custom_properties[BUDGET_REFUSED_PROPERTY].int_value = 1
+        ctx.custom_properties[EPSILON_BUDGET].double_value = float(refused_budget)
     store.put_contexts([ctx])
     return ctx.name
 

@@ -172,13 +172,14 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
     if audit:
         # The white-box one-run audit (dpbert.stages.audit): released next to the ledger's ε.
         report["audit"] = {k: audit.get(k) for k in AUDIT_KEYS}
-    if run.properties.get(BUDGET_REFUSED_PROPERTY):
-        # The trainer refused a step over the budget (dpbert.stages.pretrain): no model was
-        # published, and this is the privacy the chain has already spent (ε of its DP events).
-        report["budget_refused"] = {"epsilon_charged": run.properties.get(EPSILON_CHARGED),
-                                    "delta": run.properties.get(DELTA_CHARGED),
-                                    "steps_charged": run.properties.get(STEPS_CHARGED),
-                                    "epsilon_budget": run.properties.get(EPSILON_BUDGET)}
+    if run.properties.get(EPSILON_CHARGED) is not None:
+        # The run stopped before its accountant (interrupted, failed, or refused by the trainer over
+        # the budget): the ε its training chain has already spent (dpbert.stages.pretrain.chain_charged).
+        report["charged"] = {"epsilon_charged": run.properties.get(EPSILON_CHARGED),
+                             "delta": run.properties.get(DELTA_CHARGED),
+                             "steps_charged": run.properties.get(STEPS_CHARGED),
+                             "budget_refused": bool(run.properties.get(BUDGET_REFUSED_PROPERTY)),
+                             "epsilon_budget": run.properties.get(EPSILON_BUDGET)}
     if run.properties.get(INTERRUPTED_PROPERTY):
         report["interrupted"] = {"component": run.properties.get(INTERRUPTED_COMPONENT),
                                  "step": run.properties.get(INTERRUPTED_STEP)}
@@ -196,14 +197,18 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
     return report
 
 
-def budget_refused_sentence(refused: Dict[str, Any]) -> str:
-    """One line for a run whose trainer refused a step over ``privacy.epsilon_budget``."""
+def charged_sentence(charged: Dict[str, Any]) -> str:
+    """One line for a run that stopped before its accountant: the ε already spent, and whether the
+    trainer refused a step over ``privacy.epsilon_budget``."""
     def num(x, spec):
         return format(x, spec) if isinstance(x, (int, float)) else "?"
 
-    return (f"  REFUSED: over privacy.epsilon_budget = {num(refused.get('epsilon_budget'), '.4g')} — "
-            f"ε = {num(refused.get('epsilon_charged'), '.4g')} (δ = {num(refused.get('delta'), '.3g')}) already "
-            f"spent by {refused.get('steps_charged')} DP-SGD steps; no model was published")
+    spent = (f"ε = {num(charged.get('epsilon_charged'), '.4g')} (δ = {num(charged.get('delta'), '.3g')}) "
+             f"already spent by {charged.get('steps_charged')} DP-SGD steps")
+    if charged.get("budget_refused"):
+        return (f"REFUSED over privacy.epsilon_budget = {num(charged.get('epsilon_budget'), '.4g')}: {spent}; "
+                f"no further step was run and no model was published")
+    return f"stopped before the accountant: {spent} (vocabulary and DP count included)"
 
 
 MODEL_LABELS = {"dp": "DP", "non_dp": "non-DP"}
@@ -259,9 +264,9 @@ def format_report(report: Dict[str, Any]) -> str:
         lines.append("  operator-only sections omitted: " + ", ".join(report.get("operator_only_omitted") or []))
         if not report.get("releasable"):
             lines.append("  NOT RELEASABLE: the run is not differentially private or is over its budget")
-    refused = report.get("budget_refused")
-    if isinstance(refused, dict):
-        lines.append(budget_refused_sentence(refused))
+    charged = report.get("charged")
+    if isinstance(charged, dict):
+        lines.append("  " + charged_sentence(charged))
     interrupted = report.get("interrupted")
     if isinstance(interrupted, dict):
         where = interrupted.get("component") or "between components"

@@ -72,8 +72,8 @@ class RunRefused(Exception):
     """The trainer refused a step over ``privacy.epsilon_budget`` (``dpbert.stages.pretrain``):
     the run failed with the ε already charged recorded on it in ML Metadata (exit 3)."""
 
-    def __init__(self, run_id: Optional[str], refusal: Dict[str, Any]):
-        self.run_id, self.refusal = run_id, refusal
+    def __init__(self, refusal: Dict[str, Any]):
+        self.refusal = refusal
         super().__init__(self.message())
 
     def message(self) -> str:
@@ -116,7 +116,38 @@ def trainer_progress(pipeline_root: str, since: float) -> Optional[Dict[str, Any
     if newest is None:
         return None
     return {"steps_executed": newest["steps_executed"], "checkpoint_step": newest["checkpoint_step"] or None,
-            "non_private": newest["non_private"]}
+            "non_private": newest["non_private"], "state": newest["state"]}
+
+
+def record_charged(pipeline_root: str, metadata_path: str, started: float,
+                   refusal: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+    """After a run stopped before its accountant: the ε the DP trainer's chain has spent so far
+    (``dpbert.stages.pretrain.chain_charged``) recorded on the run in ML Metadata
+    (``dpbert.metadata.mark_charged``; with ``refusal``, marked refused over the budget). Returns
+    what was recorded, or None (no DP trainer ran in this run)."""
+    from dpbert.metadata import mark_charged
+    from dpbert.stages.pretrain import chain_charged, chains
+
+    since_ms = int(started * 1000)
+    if refusal is not None:
+        charged = {k: refusal[k] for k in ("epsilon_charged", "delta", "steps_charged")}
+    else:
+        newest = None
+        for chain in chains(pipeline_root):
+            if chain["non_private"]:
+                continue
+            mtime = os.path.getmtime(os.path.join(chain["state"], _LEDGER_FILE))
+            if mtime >= started and (newest is None or mtime > newest[0]):
+                newest = (mtime, chain)
+        charged = chain_charged(newest[1]["state"]) if newest else None
+    if charged is None:
+        return None
+    try:
+        mark_charged(metadata_path, since_ms, charged,
+                     refused_budget=None if refusal is None else refusal["epsilon_budget"])
+    except Exception as err:  # noqa: BLE001 -- the stop itself is what the user must see
+        log.warning("could not record the ε already spent on the run in %s: %s", metadata_path, err)
+    return charged
 
 
 @contextlib.contextmanager
@@ -171,6 +202,7 @@ def run_local(config: Config) -> dict:
             except Exception as err:  # noqa: BLE001 -- the interrupt is what the user must see
                 log.warning("could not mark the interrupted run cancelled in %s: %s", metadata_path, err)
                 marked = None
+            record_charged(pipeline_root, metadata_path, started - 1.0)
         raise RunInterrupted(
             run_id=marked and marked["run_id"], component=marked and marked["component"], step=step,
             checkpoint_step=progress and progress["checkpoint_step"],
@@ -178,11 +210,10 @@ def run_local(config: Config) -> dict:
             non_private=bool(progress and progress["non_private"])) from None
     except Exception:
         refusal = budget_refusal(pipeline_root, started - 1.0)
+        record_charged(pipeline_root, metadata_path, started - 1.0, refusal)  # failed: what was spent
         if refusal is None:
             raise
-        from dpbert.metadata import mark_budget_refused
-
-        raise RunRefused(mark_budget_refused(metadata_path, int((started - 1.0) * 1000), refusal), refusal) from None
+        raise RunRefused(refusal) from None
     return {"pipeline_root": pipeline_root, "metadata": metadata_path}
 
 

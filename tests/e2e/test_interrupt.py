@@ -82,6 +82,9 @@ def test_sigint_during_training_exits_130_with_one_line_and_marks_the_run_cancel
     report = _report(out)
     assert report["status"] == "CANCELLED"
     assert report["interrupted"] == {"component": "MLMPretrainer", "step": step}
+    # (issue 22) the ε the chain already spent is on the cancelled run, for the steps charged
+    assert report["charged"]["steps_charged"] == step and report["charged"]["epsilon_charged"] > 0
+    assert not report["charged"]["budget_refused"]
     assert {c["id"]: c["state"] for c in report["components"]}["MLMPretrainer"] == "CANCELED"
 
 

@@ -24,15 +24,15 @@ def test_a_refused_run_records_the_epsilon_charged(tmp_path):
     b.execute(run, "CorpusIngest", "COMPLETE")
     b.execute(run, "MLMPretrainer", "FAILED")
     del b
-    assert metadata.mark_budget_refused(path, since_ms, REFUSAL) == "r1"
+    assert metadata.mark_charged(path, since_ms, REFUSAL, refused_budget=2.5) == "r1"
     report = build_report(metadata.get_run(metadata.open_store(path)))
-    assert report["budget_refused"] == {"epsilon_charged": 2.5, "delta": 1.1e-5, "steps_charged": 64,
-                                        "epsilon_budget": 2.5}
+    assert report["charged"] == {"epsilon_charged": 2.5, "delta": 1.1e-5, "steps_charged": 64,
+                                 "budget_refused": True, "epsilon_budget": 2.5}
     text = format_report(report)
-    assert "REFUSED: over privacy.epsilon_budget = 2.5 — ε = 2.5 (δ = 1.1e-05) already spent by 64" in text
+    assert "REFUSED over privacy.epsilon_budget = 2.5: ε = 2.5 (δ = 1.1e-05) already spent by 64" in text
 
-    from dashboard.views import budget_refused_view
-    assert "already spent by 64 DP-SGD steps" in budget_refused_view(report)
+    from dashboard.views import charged_view
+    assert "already spent by 64 DP-SGD steps" in charged_view(report)
 
 
 def test_the_runner_finds_the_refusal_of_this_run_only(tmp_path):
@@ -42,5 +42,5 @@ def test_the_runner_finds_the_refusal_of_this_run_only(tmp_path):
     (state / schema.BUDGET_REFUSAL_FILE).write_text(json.dumps(REFUSAL))
     assert local_runner.budget_refusal(str(root), time.time() - 60) == REFUSAL
     assert local_runner.budget_refusal(str(root), time.time() + 60) is None  # an older run's refusal
-    message = local_runner.RunRefused("r1", REFUSAL).message()
+    message = local_runner.RunRefused(REFUSAL).message()
     assert "covers 64 DP-SGD steps" in message and "ε = 2.5" in message and "already spent" in message

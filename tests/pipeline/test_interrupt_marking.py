@@ -82,7 +82,7 @@ def test_trainer_progress_and_the_one_line(tmp_path):
         'model_checkpoint_path: "ckpt-250"\nall_model_checkpoint_paths: "ckpt-248"\n')
     (state / "run_config.json").write_text(json.dumps({"non_private": False}))
     assert trainer_progress(str(tmp_path), started) == {"steps_executed": 258, "checkpoint_step": 250,
-                                                       "non_private": False}
+                                                       "non_private": False, "state": str(state)}
     assert trainer_progress(str(tmp_path), time.time() + 60) is None  # an earlier run's ledger
 
     line = RunInterrupted("r", "MLMPretrainer", step=258, checkpoint_step=250, charged=258).message()

@@ -40,6 +40,11 @@ def test_a_resume_never_executes_a_step_the_budget_does_not_cover(tmp_path, tupl
     pc = PrivacyConfig(tuple_words=24, epsilon_budget=budget)
     with pytest.raises(SimulatedCrash):
         _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, pc, name="1", stop_after_steps=3)
+    # What `dpbert run` records on the crashed run: the ε its chain already spent (3 steps).
+    (crashed,) = stage.chains(str(tmp_path / "root"))
+    charged = stage.chain_charged(crashed["state"])
+    assert charged["steps_charged"] == 3
+    assert charged["epsilon_charged"] == pytest.approx(_epsilon(tc, 3, n), rel=1e-6)
     with pytest.raises(stage.TrainingBudgetRefused) as refused:
         _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, pc, name="2")
     (chain,) = stage.chains(str(tmp_path / "root"))
