@@ -132,6 +132,9 @@ DP_LEDGER_FILE = "dp_ledger.json"
 #: Written into the trainer's (private) state directory when the privacy budget refused a step:
 #: the ε already charged by the chain (``dpbert.stages.pretrain``), read by the local runner.
 BUDGET_REFUSAL_FILE = "budget_refusal.json"
+#: The trainer state directory's records that, with its write-ahead ledger, give the ε the chain has
+#: spent after any stop (``dpbert.stages.pretrain.chain_charged``).
+CHARGE_BASIS_FILE = "charge_basis.json"
 #: The trainer state directory's configuration key (``dpbert.stages.pretrain.resume_key``): the
 #: budget guard finds the chains a run would resume by it before the DAG starts.
 RESUME_KEY_FILE = "resume_key.json"

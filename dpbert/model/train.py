@@ -72,6 +72,15 @@ class StateDirectoryBusy(RuntimeError):
 LOCK_FILE = ".lock"
 
 
+class HeldStateLock:
+    """What ``state_lock`` yields: proof that this caller holds a state directory's lock, passed on
+    to ``train_mlm(held_lock=...)`` by a caller (the trainer stage) that locks before it plans."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.held = True
+
+
 @contextlib.contextmanager
 def state_lock(output_dir):
     """Exclusive lock on a trainer state directory for the whole run.
@@ -81,20 +90,15 @@ def state_lock(output_dir):
     one (10 steps ran, 5 charged). With the lock, the second run is refused before it reads
     anything, so every executed step is in the ledger of the run that executed it. ``flock`` is
     released by the kernel when the process dies, so a crashed run never leaves a stale lock.
+    Yields a :class:`HeldStateLock`; not re-entrant (a second ``state_lock`` of the same directory
+    is refused even in this process): hand the held lock to ``train_mlm`` instead.
     """
     import fcntl
 
     output_dir = Path(output_dir)
-    key = str(output_dir.resolve())
-    if key in _HELD_LOCKS:  # re-entrant within this process (the stage locks, then train_mlm)
-        _HELD_LOCKS[key] += 1
-        try:
-            yield
-        finally:
-            _HELD_LOCKS[key] -= 1
-        return
     output_dir.mkdir(parents=True, exist_ok=True)
     handle = open(output_dir / LOCK_FILE, "a+")
+    held = HeldStateLock(output_dir.resolve())
     try:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,18 +106,10 @@ def state_lock(output_dir):
             raise StateDirectoryBusy(
                 f"another training run is using {output_dir} (its checkpoints and DP step ledger); "
                 f"wait for it to finish, or train into another output directory") from None
-        _HELD_LOCKS[key] = 1
-        try:
-            yield
-        finally:
-            del _HELD_LOCKS[key]
+        yield held
     finally:
+        held.held = False
         handle.close()
-
-
-#: State directories whose lock this process holds (path → depth): ``flock`` locks belong to an
-#: open file description, so a second ``open`` + ``flock`` in the same process would refuse itself.
-_HELD_LOCKS: dict = {}
 
 
 class BudgetExhausted(RuntimeError):
@@ -391,7 +387,13 @@ def _holding_state_lock(train):
 
     @functools.wraps(train)
     def locked(*args, **kwargs):
-        with state_lock(signature.bind(*args, **kwargs).arguments["output_dir"]):
+        output_dir = Path(signature.bind(*args, **kwargs).arguments["output_dir"])
+        held = kwargs.get("held_lock")
+        if held is not None:  # the caller locked before planning (dpbert.stages.pretrain)
+            if not (held.held and held.path == output_dir.resolve()):
+                raise ValueError(f"held_lock is not a held lock of {output_dir}")
+            return train(*args, **kwargs)
+        with state_lock(output_dir):
             return train(*args, **kwargs)
 
     return locked
@@ -408,7 +410,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
               vocab_tokens: Optional[Sequence[str]] = None, public_checkpoint_dir=None,
               example_ids: Optional[np.ndarray] = None, initial_weights: Optional[list] = None,
               patient_keys: Optional[Sequence[str]] = None,
-              charge_limit: Optional[Callable[[float, int], int]] = None) -> TrainResult:
+              charge_limit: Optional[Callable[[float, int], int]] = None,
+              held_lock: Optional[HeldStateLock] = None) -> TrainResult:
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
     ``plan``: the ``dpbert.privacy.plan.TrainingPlan`` the budget was checked against (q, steps,
@@ -433,6 +436,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     for this chain (``dpbert.stages.pretrain.budget_step_limit``), asked once with the σ the
     accountant will charge and the ledger's count once this run finishes; a step that would make
     the ledger exceed L is refused (:class:`BudgetExhausted`) BEFORE its write-ahead entry.
+    ``held_lock``: ``state_lock(output_dir)``'s value when the caller already holds the lock;
+    otherwise ``train_mlm`` takes it for its whole duration.
     """
     t0 = time.time()
     tc = training_config
@@ -557,6 +562,10 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         log.info("resumed from %s at step %d", manager.latest_checkpoint, start_step)
     ledger = _read_json(ledger_path, {"steps_executed": 0})
     ledger["steps_executed"] = max(int(ledger.get("steps_executed", 0)), start_step)
+    if not tc.non_private:
+        # The σ every executed step is charged at (a resume with another σ is refused above), so
+        # the ε a chain has spent can be read off its state directory after any stop.
+        ledger["noise_multiplier_accounted"] = accounted_sigma
     _write_json_atomic(ledger_path, ledger)
 
     step_limit = None

@@ -279,6 +279,47 @@ def chain_state(state: str) -> Optional[dict]:
             "checkpoint_step": checkpoint}
 
 
+def _write_charge_basis(state: str, vocab_event, count_record, plan, rows: int, tc: TrainingConfig):
+    """What, with the write-ahead ledger's step count and σ, gives the ε the chain has spent
+    (:func:`chain_charged`): the vocabulary and count records, the plan and the accounted n."""
+    from dpbert.privacy import events
+
+    if tc.non_private or tc.noise_seed is not None:
+        return
+    vocab_record = events.from_json(vocab_event) if isinstance(vocab_event, (str, bytes)) else vocab_event
+    basis = {"vocab_record": vocab_record, "count_record": count_record, "plan": plan.to_dict(), "rows": int(rows),
+             "training_delta": tc.delta}
+    path = os.path.join(state, schema.CHARGE_BASIS_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(events.to_json(basis))
+    os.replace(path + ".tmp", path)
+
+
+def chain_charged(state: str) -> Optional[dict]:
+    """The ε a training chain has spent so far — vocabulary, DP count and every step its write-ahead
+    ledger counts, composed as the PrivacyAccountant would — from its state directory alone:
+    ``{"epsilon_charged", "delta", "steps_charged"}``; None for a non-private chain or one that
+    has not started a DP step's bookkeeping. What ``dpbert run`` records on a run that stopped
+    before the accountant (interrupted, failed, refused)."""
+    from dpbert.privacy import events
+    from dpbert.privacy.plan import TrainingPlan
+
+    try:
+        with open(os.path.join(state, schema.CHARGE_BASIS_FILE), encoding="utf-8") as f:
+            basis = events.from_json(f.read())
+        with open(os.path.join(state, schema.DP_LEDGER_FILE), encoding="utf-8") as f:
+            ledger = json.load(f)
+        sigma = float(ledger["noise_multiplier_accounted"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    fields = {f.name for f in dataclasses.fields(TrainingPlan)}
+    plan = TrainingPlan(**{k: v for k, v in basis["plan"].items() if k in fields})
+    steps = int(ledger.get("steps_executed", 0))
+    spent = charged_ledger(basis["vocab_record"], basis["count_record"], sigma, plan, basis["rows"], steps,
+                           basis["training_delta"])
+    return {"epsilon_charged": spent["epsilon_total_pld"], "delta": spent["delta"], "steps_charged": steps}
+
+
 def chains(pipeline_root: str) -> List[dict]:
     """:func:`chain_state` of every trainer state directory under ``pipeline_root``."""
     import glob
@@ -413,7 +454,7 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
         [tuples_dir, vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
          dataclasses.asdict(membership), int(tc.non_private), canaries_dir], sort_keys=True))
     units = len(set(patient_keys)) if patient_unit else int(token_ids.shape[0])
-    with state_lock(state):  # held through training: a refused concurrent run draws no DP count
+    with state_lock(state) as held_lock:  # held through training: a refused concurrent run draws no DP count
         _write_resume_key(state, resume_key(mc, tc, pc, membership.holdout_patient_fraction, tc.non_private),
                           tc.non_private)
         plan, count_record = plan_for(tc, membership, units, state, privacy=pc)
@@ -449,6 +490,7 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
             # shipped public text only — the tuples above are not passed to it.
             initial_weights, public_properties, checkpoint = public_start_weights(mc, tc, tokenizer, vocabulary_dir)
         _mark_state_root_private(pipeline_root)
+        _write_charge_basis(state, vocab_event, count_record, plan, n, tc)
         budget = pc.epsilon_budget
         vocab_record = events.from_json(vocab_event) if isinstance(vocab_event, (str, bytes)) else vocab_event
         limit = None
@@ -459,7 +501,7 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
                                progress=True, vocab_tokens=vocab_tokens, stop_after_steps=stop_after_steps,
                                export_saved_model=export_saved_model, example_ids=row_ids,
                                public_checkpoint_dir=checkpoint, initial_weights=initial_weights,
-                               patient_keys=patient_keys, charge_limit=limit)
+                               patient_keys=patient_keys, charge_limit=limit, held_lock=held_lock)
         except BudgetExhausted as refused:
             _refuse(state, refused, budget, vocab_record, count_record, plan, n, tc.delta)
         _copy_artifact_files(state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
