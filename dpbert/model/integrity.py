@@ -13,8 +13,8 @@ directory; the messages carry no raw text and no exact count.
    sum of the units the step actually processed (``stats["units"]``: rows, or patients under the
    patient unit) over s steps is Binomial(n·s, q) with n the EXACT number of units and q the
    PLAN's rate: z = (Σ units − s·n·q)/√(s·n·q(1−q)), |z| > 6 fails (false alarm ≈ 2e-9 per
-   look; evaluated at the check points below and at the end, once s·n·q ≥ 50, else "not enough
-   draws"). A sampler running at 4q gives z ≈ 3√(s·n·q) ≥ 21. Shuffle sampling: every step must
+   look; evaluated at the check points below and at the end, once s·B ≥ 50 with B = q·n_planned
+   the public expected batch, else "not enough draws"). A sampler running at 4q gives z ≈ 3√(s·n·q) ≥ 21. Shuffle sampling: every step must
    hold exactly B units. n and the sums are private: they stay in ``integrity_checks.json`` /
    ``train_result.json`` in the private state directory.
 2. **Brute-force clipping** (``clipping``), at the first step of every run and every
@@ -138,7 +138,9 @@ class UnitsCheck:
         out = {"statistic": "z of the summed units per step vs Binomial(n*steps, q)", "tolerance": Z_TOLERANCE,
                "steps": self.draws, "units_total": self.total, "units_expected": mean, "q": self.q,
                "units": self.n}  # PRIVATE: exact counts
-        if mean < MIN_EXPECTED_UNITS:
+        # Whether there are enough draws is decided on the PUBLIC expected batch B (q·n_planned),
+        # not on the exact n: the released pass/fail summary must not depend on the data.
+        if self.draws * self.batch_size < MIN_EXPECTED_UNITS:
             return dict(out, ran=False, reason="not enough draws", passed=None)
         var = mean * (1.0 - self.q)
         z = (self.total - mean) / math.sqrt(var) if var > 0 else (0.0 if self.total == mean else math.inf)
