@@ -76,6 +76,14 @@ def cmd_run(args) -> int:
             # The trainer refused a step over the budget; the ε already spent is on the run.
             print(f"dpbert run: {refused.message()}", file=sys.stderr)
             return exit_codes.OVER_BUDGET
+        except Exception as err:  # noqa: BLE001 -- a privacy verdict gets its exit code and one line
+            code, verdict = privacy_verdict(err)
+            if code is None:
+                raise  # any other component failure keeps its traceback (exit 1)
+            first = (str(verdict).splitlines() or [""])[0]
+            print(f"dpbert run: {type(verdict).__name__}: {first}; the run is recorded FAILED with its "
+                  f"evidence (dpbert report --output {config.pipeline.output_dir})", file=sys.stderr)
+            return code
         except RunInterrupted as interrupted:
             # One line, no traceback; the run is marked cancelled in ML Metadata (report, dashboard).
             print(f"dpbert run: {interrupted.message()}", file=sys.stderr)
@@ -99,6 +107,31 @@ def cmd_run(args) -> int:
     for warning in warnings:
         print(f"dpbert run: warning: {warning}", file=sys.stderr)
     return exit_codes.OK
+
+
+def _causes(err: BaseException):
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def privacy_verdict(err: BaseException):
+    """(exit code, the verdict's exception) of a run that a privacy check stopped inside the DAG:
+    3 when the accountant found the total over ``privacy.epsilon_budget``, 5 when an audit refuted
+    the accountant or a run-time integrity check of the training mechanism failed; (None, None)
+    for any other failure. The verdicts' messages name checks and ε values, never raw text."""
+    from dpbert.evaluate.audit import AuditInconsistencyError
+    from dpbert.privacy.event_check import IntegrityCheckFailed
+    from dpbert.stages.accountant import BudgetExceededError
+
+    for cause in _causes(err):
+        if isinstance(cause, BudgetExceededError):
+            return exit_codes.OVER_BUDGET, cause
+        if isinstance(cause, (AuditInconsistencyError, IntegrityCheckFailed)):
+            return exit_codes.AUDIT_FAILED, cause
+    return None, None
 
 
 def cmd_synth(args) -> int:

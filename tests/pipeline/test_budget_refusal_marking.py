@@ -44,3 +44,28 @@ def test_the_runner_finds_the_refusal_of_this_run_only(tmp_path):
     assert local_runner.budget_refusal(str(root), time.time() + 60) is None  # an older run's refusal
     message = local_runner.RunRefused(REFUSAL).message()
     assert "covers 64 DP-SGD steps" in message and "ε = 2.5" in message and "already spent" in message
+
+
+def test_privacy_verdicts_inside_the_dag_get_their_exit_codes():
+    """The accountant over budget → 3; an audit refuting the accountant or a failed integrity check
+    → 5, wherever TFX wraps them; anything else is not a verdict (its traceback stays)."""
+    from dpbert import exit_codes
+    from dpbert.evaluate.audit import AuditInconsistencyError
+    from dpbert.privacy.event_check import IntegrityCheckFailed
+    from dpbert.stages.accountant import BudgetExceededError
+    from dpbert_cli.commands import privacy_verdict
+
+    def wrapped(err):
+        try:
+            try:
+                raise err
+            except Exception as inner:
+                raise RuntimeError("component failed") from inner
+        except RuntimeError as outer:
+            return outer
+
+    assert privacy_verdict(wrapped(BudgetExceededError("over")))[0] == exit_codes.OVER_BUDGET
+    assert privacy_verdict(wrapped(AuditInconsistencyError("refuted")))[0] == exit_codes.AUDIT_FAILED
+    code, verdict = privacy_verdict(wrapped(IntegrityCheckFailed("noise std off")))
+    assert code == exit_codes.AUDIT_FAILED and str(verdict) == "noise std off"
+    assert privacy_verdict(wrapped(ValueError("other"))) == (None, None)
