@@ -1,4 +1,4 @@
-"""Power and cost of the white-box one-run audit (``dpbert.privacy.whitebox_audit``).
+"""Power and cost of the white-box one-run audit (``dpbert.evaluate.whitebox``).
 
     TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python benchmarks/audit_power.py \\
         [--quick] [--seeds 1] [--json out.json]
@@ -43,7 +43,7 @@ def plain_training_seconds(ids, spec, sigma: float, seed: int = 0) -> dict:
     from dpbert.model import dpsgd, sampling
     from dpbert.model import train as train_lib
     from dpbert.privacy.plan import plan_training
-    from dpbert.privacy.whitebox_audit import MASK_ID, SPECIAL_IDS
+    from dpbert.evaluate.whitebox import MASK_ID, SPECIAL_IDS
 
     t0 = time.perf_counter()
     tc = TrainingConfig(batch_size=BATCH, steps=STEPS, noise_multiplier=sigma, clip_norm=CLIP, delta=DELTA,
@@ -93,12 +93,12 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the JSON document here")
     args = parser.parse_args(argv)
 
-    from dpbert.privacy import whitebox_audit as wa
+    from dpbert.evaluate import whitebox as wb
     from dpbert.privacy.accountant import noise_multiplier_for_target
 
-    ids, vocab = wa.demo_token_rows()
+    ids, vocab = wb.demo_token_rows()
     ids = ids[:ROWS]
-    spec = wa.demo_spec(vocab, ids.shape[1])
+    spec = wb.demo_spec(vocab, ids.shape[1])
     q = BATCH / ROWS
     sizes = (1000,) if args.quick else (1000, 10_000)
     rows = []
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         sigma = noise_multiplier_for_target(target, q, STEPS, DELTA, accountant="pld", tol=1e-3)
         for m in sizes:
             for seed in range(args.seeds):
-                res = wa.whitebox_audit(ids, spec, batch_size=BATCH, steps=STEPS, noise_multiplier=sigma,
+                res = wb.whitebox_audit(ids, spec, batch_size=BATCH, steps=STEPS, noise_multiplier=sigma,
                                         clip_norm=CLIP, delta=DELTA, canaries=m, seed=1000 + seed)
                 row = {k: res[k] for k in ("epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_bound",
                                            "canaries", "confidence", "steps", "q", "sigma_claimed", "k_plus",

@@ -8,8 +8,10 @@ Encoding (strict JSON and ML Metadata custom properties):
 
 * non-finite floats become the strings ``"inf"``, ``"-inf"``, ``"nan"`` (JSON has no infinity and
   MLMD's double property cannot tell a missing value from NaN);
-* numpy scalars and arrays become Python scalars and lists, tuples become lists, dp-accounting
-  ``DpEvent`` objects become their dict form (``dpbert.privacy.events.dp_event_to_dict``);
+* numpy scalars and arrays become Python scalars and lists, tuples become lists; a type a layer
+  above registers (``register_encoder``) becomes what its encoder returns — dp-accounting
+  ``DpEvent`` objects their dict form, registered by ``dpbert.privacy.events``: this contract
+  knows no privacy event and imports nothing of dpbert;
 * in MLMD (``property_value``), dicts and lists are stored as JSON strings; bools as ints.
 
 ``decode`` inverts ``encode`` (the three strings become floats again); ``decode_property`` reads
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 # --------------------------------------------------------------------------- artifact type names
 TYPE_PREFIX = "components."
@@ -163,12 +165,22 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def _is_dp_event(obj: Any) -> bool:
-    if not type(obj).__module__.startswith("dp_accounting"):
-        return False               # dp_accounting is not imported for plain values
-    import dp_accounting
+#: type -> its JSON-able form; registered by the module that owns the type (``register_encoder``).
+_ENCODERS: Dict[type, Callable[[Any], Any]] = {}
 
-    return isinstance(obj, dp_accounting.DpEvent)
+
+def register_encoder(cls: type, to_plain: Callable[[Any], Any]) -> None:
+    """``encode`` (and so ``dumps`` and ``property_value``) writes an instance of ``cls`` (or of a
+    subclass) as ``encode(to_plain(obj))``. The module that defines the type registers it at import
+    (``dpbert.privacy.events``: dp-accounting's ``DpEvent``), so this module imports none of them."""
+    _ENCODERS[cls] = to_plain
+
+
+def _encoder(obj: Any) -> Optional[Callable[[Any], Any]]:
+    for cls, to_plain in _ENCODERS.items():
+        if isinstance(obj, cls):
+            return to_plain
+    return None
 
 
 def encode(obj: Any) -> Any:
@@ -181,10 +193,9 @@ def encode(obj: Any) -> Any:
         return {str(k): encode(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [encode(v) for v in obj]
-    if _is_dp_event(obj):
-        from dpbert.privacy.events import dp_event_to_dict   # events imports this module
-
-        return dp_event_to_dict(obj)
+    to_plain = _encoder(obj)
+    if to_plain is not None:
+        return encode(to_plain(obj))
     plain = _plain(obj)
     return obj if plain is obj else encode(plain)
 
@@ -223,7 +234,7 @@ def property_value(value: Any) -> Optional[Tuple[str, Any]]:
         return "int", value
     if isinstance(value, float):
         return ("float", value) if math.isfinite(value) else ("string", encode(value))
-    if isinstance(value, (dict, list, tuple)) or _is_dp_event(value):
+    if isinstance(value, (dict, list, tuple)) or _encoder(value) is not None:
         return "string", dumps(value, sort_keys=True)
     return "string", str(value)
 

@@ -7,6 +7,8 @@
 * ``commands`` — run, synth, report, release, privacy calculators, budget;
 * ``privatize`` — ``dpbert privatize`` (over ``dpbert.local_privacy``);
 * ``dashboard`` — ``dpbert dashboard`` (over ``dashboard.app``, imported only when it runs);
+* ``args`` — the arguments commands share (``--config``/``--set``; the demo preset without ``--config``);
+* ``audit`` — ``dpbert audit`` (over ``dpbert.stages.audit``);
 * ``output`` — the one ``--json`` printer (``dpbert.schema.dumps``).
 
 ``dpbert compile`` is ``kubeflow.runner.add_compile_parser`` (also ``python -m kubeflow.runner``).

@@ -9,17 +9,17 @@ from __future__ import annotations
 import math
 
 from dpbert import exit_codes
+from dpbert_cli.args import config_args
 from dpbert_cli.output import print_json
 
 
 def add_audit_parser(sub):
     from dpbert.stages.audit import DEFAULT_CANARIES, DEFAULT_VOCAB_TRIALS
-    from dpbert_cli.main import _config_args
 
     p = sub.add_parser(
         "audit", help="empirical privacy audit: white-box one-run audit of the configured DP-SGD training "
                       "(exit 5 when it refutes the accountant), or --vocabulary")
-    _config_args(p)
+    config_args(p)
     p.add_argument("--vocabulary", action="store_true",
                    help="audit the vocabulary mechanism (noise + threshold) instead: a distinguishing test")
     p.add_argument("--canaries", type=int, default=DEFAULT_CANARIES,
@@ -35,7 +35,7 @@ def cmd_audit(args) -> int:
     from dpbert.stages import audit
     from dpbert_cli.commands import load
 
-    config = load(args, preset="demo")  # what `dpbert run` would run
+    config = load(args)  # the demo preset without --config: what `dpbert run` would run
     if not 0 < args.confidence < 1:
         raise ValueError(f"--confidence must be in (0, 1), got {args.confidence}")
     beta = 1.0 - args.confidence

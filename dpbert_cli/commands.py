@@ -6,11 +6,13 @@ configuration and corpus errors propagate to ``dpbert_cli.main``, which maps the
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from typing import Optional
 
 from dpbert import exit_codes
 from dpbert.config import load_config
+from dpbert_cli.args import DEFAULT_PRESET
 from dpbert_cli.output import print_error, print_json
 
 
@@ -29,9 +31,9 @@ def check_output_file(option: str, path: str) -> None:
         raise UserError(f"{option} {path}: directory {parent} is not writable")
 
 
-def load(args, preset: Optional[str] = None):
-    """The configuration of ``--config`` (else ``preset``), ``--set`` overrides, and the
-    ``--corpus`` / ``--output`` shortcuts."""
+def load(args, preset: str = DEFAULT_PRESET):
+    """The configuration of ``--config`` (else the built-in ``preset``: the demo for every
+    command), ``--set`` overrides, and the ``--corpus`` / ``--output`` shortcuts."""
     overrides = list(args.overrides)
     if getattr(args, "corpus", None):
         overrides.append(f"corpus.path={args.corpus}")
@@ -60,7 +62,7 @@ def load(args, preset: Optional[str] = None):
 
 
 def cmd_run(args) -> int:
-    config = load(args, preset="demo")
+    config = load(args)
     from pipeline import guard
 
     planned = guard.check_budget(config)
@@ -82,7 +84,7 @@ def cmd_run(args) -> int:
                 raise  # any other component failure keeps its traceback (exit 1)
             first = (str(verdict).splitlines() or [""])[0]
             print(f"dpbert run: {type(verdict).__name__}: {first}; the run is recorded FAILED with its "
-                  f"evidence (dpbert report --output {config.pipeline.output_dir})", file=sys.stderr)
+                  f"evidence (dpbert report --output {shlex.quote(config.pipeline.output_dir)})", file=sys.stderr)
             return code
         except RunInterrupted as interrupted:
             # One line, no traceback; the run is marked cancelled in ML Metadata (report, dashboard).
@@ -93,7 +95,7 @@ def cmd_run(args) -> int:
         return exit_codes.INTERRUPTED
     print(f"artifacts:         {where['pipeline_root']}")
     print(f"ML Metadata store: {where['metadata']}")
-    print(f"inspect with:      dpbert report --output {config.pipeline.output_dir}")
+    print(f"inspect with:      dpbert report --output {shlex.quote(config.pipeline.output_dir)}")
     # The ε the run spent on stdout, cached or not; the report's warnings on stderr.
     from dpbert import metadata, report
 
@@ -122,7 +124,7 @@ def privacy_verdict(err: BaseException):
     3 when the accountant found the total over ``privacy.epsilon_budget``, 5 when an audit refuted
     the accountant or a run-time integrity check of the training mechanism failed; (None, None)
     for any other failure. The verdicts' messages name checks and ε values, never raw text."""
-    from dpbert.evaluate.audit import AuditInconsistencyError
+    from dpbert.privacy.one_run_audit import AuditInconsistencyError
     from dpbert.privacy.event_check import IntegrityCheckFailed
     from dpbert.stages.accountant import BudgetExceededError
 
@@ -292,7 +294,7 @@ def cmd_budget(args) -> int:
     from dpbert.privacy.accountant import planned_ledger
     from pipeline import guard
 
-    config = load(args, preset=None)
+    config = load(args)
     guard.training_plan(config, dataset_size=args.examples)  # a usable public n, else exit 2 naming it
     n = guard.public_dataset_size(config, args.examples)
     # No public n configured (n only from --examples): the trainer plans from a DP count of its

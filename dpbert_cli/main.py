@@ -22,6 +22,7 @@ from dpbert import exit_codes
 from dpbert.config import ConfigError
 from dpbert.data.readers import CorpusError
 from dpbert_cli import commands
+from dpbert_cli.args import config_args
 from dpbert_cli.output import print_error
 
 #: (logger name prefix, message fragment) of warnings that say nothing actionable to a user.
@@ -57,13 +58,6 @@ def package_version() -> str:
         return version("dpbert")
     except PackageNotFoundError:  # pragma: no cover - running from a checkout without install
         return "unknown"
-
-
-def _config_args(p: argparse.ArgumentParser):
-    p.add_argument("--config", help="YAML configuration file (default: the built-in demo preset "
-                                    "for `run`, the paper's defaults otherwise)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override one configuration value (repeatable), e.g. --set vocab.sigma=50")
 
 
 def _quiet_native_logs(verbose: bool):
@@ -158,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("run", help="run the DAG locally (LocalDagRunner, Beam DirectRunner)")
-    _config_args(p)
+    config_args(p)
     p.add_argument("--corpus", help="corpus path (directory of .txt, .jsonl or .csv); "
                                     "default: the embedded synthetic corpus")
     p.add_argument("--output", help="output directory (artifacts + ML Metadata sqlite)")
@@ -206,11 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_privacy_parser(sub)
 
     p = sub.add_parser("budget", help="the planned ε of a configuration against privacy.epsilon_budget "
-                                      "(exit 3 when over), or the σ that meets --target-epsilon")
-    _config_args(p)
-    p.add_argument("--examples", type=int, help="n, tuples (patients with privacy.unit = patient) to plan with "
-                                                "(default: training.dataset_size / dataset_patients, "
-                                                "else counted from the corpus)")
+                                      "(exit 3 when over), or the σ that meets --target-epsilon",
+                       description="The planned ε of a configuration (default: the demo preset) from its "
+                                   "public sizes alone: nothing private is read or counted. It needs the "
+                                   "public n (training.dataset_size, or dataset_patients with privacy.unit = "
+                                   "patient, or --examples). Exit 3 when over privacy.epsilon_budget.")
+    config_args(p)
+    p.add_argument("--examples", type=int, help="the public n to plan with: tuples (patients with privacy.unit = "
+                                                "patient); default: the configuration's training.dataset_size "
+                                                "(dataset_patients). budget reads no corpus: with neither it "
+                                                "exits 2")
     p.add_argument("--target-epsilon", type=float, help="print the training noise multiplier that meets "
                                                         "this ε_T instead")
     p.add_argument("--json", action="store_true")

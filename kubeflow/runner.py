@@ -122,7 +122,8 @@ def add_compile_parser(subparsers) -> argparse.ArgumentParser:
                         "built from kubeflow/Dockerfile, e.g. REGION-docker.pkg.dev/PROJECT/REPO/dpbert:TAG")
     p.add_argument("--pipeline-root", required=True, dest="pipeline_root",
                    help="gs://BUCKET/ROOT where Vertex AI writes the artifacts")
-    p.add_argument("--config", help="YAML configuration file (default: the built-in defaults)")
+    p.add_argument("--config", help="YAML configuration file (default: the built-in demo preset, "
+                                    "dpbert/configs/demo.yaml, as every dpbert command)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override one configuration value (repeatable), e.g. --set beam.runner=DataflowRunner")
     p.add_argument("--resources", action="append", default=[], metavar="COMPONENT_ID:KEY=VALUE,...",
@@ -135,7 +136,7 @@ def add_compile_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_compile(args) -> int:
     """``dpbert compile``: 0 written; 2 bad input (ConfigError raised to the caller); 3 over budget."""
-    config = load_config(args.config, list(args.overrides))
+    config = load_config(args.config, list(args.overrides), preset=None if args.config else "demo")
     resources = dict(parse_resources(text) for text in args.resources)
     problem = planned_budget_problem(config)
     if problem is not None:

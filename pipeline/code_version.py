@@ -31,7 +31,7 @@ FIRST_PARTY = ("dpbert", "components", "beam_jobs", "pipeline")
 #: module -> repo-relative paths of the bundled data it reads (hashed when the module is reached).
 DATA = {
     "dpbert.data.synthetic": ("dpbert/data/lexicons",),   # the embedded synthetic corpus
-    "dpbert.evaluate.ner": ("dpbert/resources/ner",),     # the bundled BC5CDR subset
+    "dpbert.resources.bundled": ("dpbert/resources/ner",),  # the bundled BC5CDR subset
 }
 
 

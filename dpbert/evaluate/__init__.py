@@ -2,8 +2,9 @@
 
 * ``canary``: secret-sharer canaries (generation, private JSON artifact, insertion) and exposure
   (rank among the candidate set, skew-normal extrapolation) from any MLM ``score_fn``.
-* ``audit``: one-run privacy audit (Steinke, Nasr & Jagielski 2023): ε lower bounds from canary
-  scores, checked against the accountant's upper bound.
+* ``whitebox``: the white-box one-run audit's training harness (real DP-SGD steps with gradient
+  canaries); its bound and scoring math are ``dpbert.privacy.one_run_audit`` and
+  ``dpbert.privacy.whitebox_audit``.
 * ``ner``: IOB/CoNLL and i2b2-2010 readers, conlleval entity F1, token-classification
   fine-tuning of a pre-trained encoder.
 """

@@ -369,7 +369,7 @@ class _DistinctHints:
 def make_audit_canaries(candidates: np.ndarray, vocab_size: int, m: int, *, pattern: str = "HHSHH",
                         occurrences: int = 1, rng: Optional[np.random.Generator] = None
                         ) -> CanarySet:
-    """``m`` canaries for a one-run audit (``dpbert.evaluate.audit``): each is included with
+    """``m`` canaries for a one-run audit (``dpbert.privacy.one_run_audit``): each is included with
     probability 1/2, independently (OS CSPRNG unless ``rng``), and inserted ``occurrences`` times
     when included. For an audit comparable with the accountant's per-example ε use
     ``occurrences=1`` (one privacy unit per canary)."""
@@ -746,7 +746,7 @@ def evaluate_exposure(canaries: CanarySet, score_fn: ScoreFn, max_seq_length: in
     pattern, included, inserted, rank, exposure, exposure_extrapolated}], "groups": [{group,
     occurrences, mean_inserted, exposure: {n, mean, std, median, min, max}, exposure_extrapolated:
     {...}, by_pattern: {pattern: {...}}}]}`` with groups sorted by occurrences (held-out canaries
-    form the ``held_out`` group, listed first). For a one-run audit (``dpbert.evaluate.audit``)
+    form the ``held_out`` group, listed first). For a one-run audit (``dpbert.privacy.one_run_audit``)
     use ``[row["exposure_extrapolated"] for row in report["canaries"]]`` as the scores (continuous,
     unlike the rank exposure that saturates at ``log2 |R|``) and ``[c.included for c in canaries]``.
     """

@@ -45,10 +45,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
+from dpbert.resources.bundled import bundled_bc5cdr_path  # noqa: F401 (re-exported: ner.bundled_bc5cdr_path)
 from dpbert.vocab.wordpiece import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID  # noqa: F401
 IGNORE_LABEL = -100
-
-_RESOURCES = Path(__file__).resolve().parent.parent / "resources" / "ner"
 
 
 class NerFormatError(ValueError):
@@ -192,13 +191,6 @@ def read_i2b2(txt_path, con_path, check_text: bool = True) -> List[Sentence]:
             tag_lines[l1 - 1][t] = f"I-{ctype}"
     return [Sentence(tuple(tokens), tuple(tags))
             for tokens, tags in zip(token_lines, tag_lines) if tokens]
-
-
-def bundled_bc5cdr_path(split: str) -> Path:
-    """Path of the BC5CDR subset shipped in ``dpbert/resources/ner/bc5cdr`` (train or test)."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    return _RESOURCES / "bc5cdr" / f"{split}.tsv"
 
 
 def bundled_bc5cdr(split: str) -> List[Sentence]:

@@ -161,7 +161,7 @@ def from_dpbert_model(directory) -> TokenEmbeddings:
 def load_embeddings(model_dir=None) -> TokenEmbeddings:
     """The embedding table to privatize with (order in the module docstring)."""
     if model_dir is None:
-        from dpbert.model.init_public import checkpoint_dir
+        from dpbert.resources.checkpoint import checkpoint_dir
 
         try:
             directory = checkpoint_dir(None)

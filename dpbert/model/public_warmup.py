@@ -49,7 +49,7 @@ _HEAD_LAYERS = ("mlm_transform", "mlm_layer_norm")
 
 def public_text_path():
     """The shipped public text: the bundled BC5CDR TRAINING split (never an evaluation split)."""
-    from dpbert.evaluate.ner import bundled_bc5cdr_path
+    from dpbert.resources.bundled import bundled_bc5cdr_path
 
     return bundled_bc5cdr_path("train")
 

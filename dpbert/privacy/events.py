@@ -130,6 +130,10 @@ def dp_event_to_dict(event: dp_accounting.DpEvent) -> Dict[str, Any]:
     return out
 
 
+# The artifact codec writes a DpEvent in this form (dpbert.schema knows no privacy event).
+schema.register_encoder(dp_accounting.DpEvent, dp_event_to_dict)
+
+
 def dp_event_from_dict(data: Mapping[str, Any]) -> dp_accounting.DpEvent:
     """Inverse of ``dp_event_to_dict`` (only the known event classes; unknown fields rejected)."""
     if not isinstance(data, Mapping) or "type" not in data:

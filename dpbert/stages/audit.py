@@ -1,7 +1,7 @@
 """PrivacyAudit's stage and ``dpbert audit``: the empirical privacy audits of a configuration.
 
 * ``audit_training``: the white-box one-run audit of the configured DP-SGD training
-  (``dpbert.privacy.whitebox_audit``): the configured model (``model.*``), training
+  (``dpbert.evaluate.whitebox``): the configured model (``model.*``), training
   (σ, C, B, steps/epochs, P replicas, T accumulation, δ_T) and plan (q = B / (n·(1 − holdout)),
   n = the public ``training.dataset_size``) run through the real step code with m gradient
   canaries, plus its positive control (the same run's sums read before the noise).
@@ -87,7 +87,7 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
     σ_eff < σ) is larger, so comparing with the gradient's ε is the stricter test."""
     from dpbert.model.bert import spec_from_config
     from dpbert.privacy.plan import plan_training
-    from dpbert.privacy.whitebox_audit import whitebox_audit_report
+    from dpbert.evaluate.whitebox import whitebox_audit_report
 
     tc = config.training
     if tc.non_private:
@@ -100,7 +100,7 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
     # privacy.unit = patient: the claim is per patient at q = B/n_patients; a canary stands for one
     # patient's clipped (summed) contribution and each audit row for one patient's tuple, sampled
     # at that q — the same noise draw, normalisation and accounting as the user-level run (its
-    # per-group clipping of real rows is not what this audit tests: see whitebox_audit).
+    # per-group clipping of real rows is not what this audit tests: see dpbert.evaluate.whitebox).
     public_n = tc.dataset_patients if config.privacy.unit == "patient" else tc.dataset_size
     public_n = int(public_n) if public_n is not None else int(token_ids.shape[0])
     plan = plan_training(tc, public_n, holdout)
@@ -167,7 +167,7 @@ def run_audit(vocabulary_dir: str, report_dir: str, config: Config, *,
     import json
     import os
 
-    from dpbert.evaluate.audit import AuditInconsistencyError, assert_audit_consistent
+    from dpbert.privacy.one_run_audit import AuditInconsistencyError, assert_audit_consistent
     from dpbert.stages.result import StageResult
     from dpbert.vocab.wordpiece import load_tokenizer
 

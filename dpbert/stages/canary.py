@@ -208,8 +208,8 @@ def exposure_report(canaries_dir: str, model_dir: str, report_dir: str, *, audit
     ``epsilon_train`` (at ``delta_train``). Writes ``exposure.json`` and the plot into
     ``report_dir``. ``max_seq_length``: the model's (the standalone audit query's length).
     ``failure``: an ``AuditInconsistencyError`` when the lower bound exceeds ``epsilon_train``."""
-    from dpbert.evaluate.audit import AuditInconsistencyError, assert_audit_consistent, audit_best_of
     from dpbert.evaluate.canary import evaluate_exposure
+    from dpbert.privacy.one_run_audit import AuditInconsistencyError, assert_audit_consistent, audit_best_of
     from dpbert.privacy.whitebox_audit import max_reachable_lower_bound
 
     canary_set, audit, _ = load_canaries(canaries_dir)

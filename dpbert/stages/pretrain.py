@@ -196,8 +196,9 @@ def public_start_weights(mc: ModelConfig, tc: TrainingConfig, tokenizer, vocabul
     the public checkpoint, the released vocabulary and the shipped public text — nothing private."""
     from dpbert.model import init_public, public_warmup
     from dpbert.vocab import public
+    from dpbert.resources import checkpoint
 
-    directory = init_public.checkpoint_dir(mc.init_dir)
+    directory = checkpoint.checkpoint_dir(mc.init_dir)
     sources = public.read_token_sources(vocabulary_dir)
     if sources is not None and sources.get("public_checkpoint_vocab_sha256") != \
             public.file_sha256(directory / "vocab.txt"):
@@ -211,8 +212,8 @@ def public_start_weights(mc: ModelConfig, tc: TrainingConfig, tokenizer, vocabul
         mask_probability=tc.mask_probability)
     warm = record["warmup"]
     properties = {
-        schema.PUBLIC_INIT: f"{init_public.PACKAGE}=={init_public.PACKAGE_VERSION}" if mc.init_dir is None
-        and os.environ.get(init_public.ENV_DIR) is None else str(directory),
+        schema.PUBLIC_INIT: f"{checkpoint.PACKAGE}=={checkpoint.PACKAGE_VERSION}" if mc.init_dir is None
+        and os.environ.get(checkpoint.ENV_DIR) is None else str(directory),
         schema.PUBLIC_LAYERS: spec.num_layers,
         schema.PUBLIC_WARMUP_STEPS: mc.public_warmup_steps,
         schema.PUBLIC_WARMUP_SOURCE: warm["source"] if mc.public_warmup_steps else None,

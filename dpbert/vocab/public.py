@@ -59,8 +59,8 @@ def file_sha256(path) -> str:
 
 
 def public_vocab_path(directory=None) -> Path:
-    """``vocab.txt`` of the public checkpoint (``init_public.checkpoint_dir``)."""
-    from dpbert.model.init_public import checkpoint_dir
+    """``vocab.txt`` of the public checkpoint (``dpbert.resources.checkpoint.checkpoint_dir``)."""
+    from dpbert.resources.checkpoint import checkpoint_dir
 
     return checkpoint_dir(directory) / wordpiece.VOCAB_FILE
 

@@ -80,7 +80,9 @@ def test_python_m_dpbert_cli():
     assert proc.returncode == 0 and "usage: dpbert" in proc.stdout and "evaluate" not in proc.stdout
 
 
-EPOCHS_1_1 = ["--examples", "50", "--set", "training.batch_size=5", "--set", "training.steps=null",
+#: The built-in defaults (an empty configuration file): without --config a command uses the demo preset.
+DEFAULTS = str(REPO / "tests" / "cli" / "builtin_defaults.yaml")
+EPOCHS_1_1 = ["--config", DEFAULTS, "--examples", "50", "--set", "training.batch_size=5", "--set", "training.steps=null",
               "--set", "training.epochs=1.1", "--set", "training.replicas=1",
               "--set", "training.accumulation_steps=1", "--json"]
 

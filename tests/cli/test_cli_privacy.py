@@ -8,6 +8,9 @@ from scipy.stats import norm
 
 from dpbert_cli.main import main
 
+#: The built-in defaults (an empty configuration file): without --config a command uses the demo preset.
+DEFAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin_defaults.yaml")
+
 
 def run_json(capsys, argv):
     code = main(argv)
@@ -81,7 +84,7 @@ def test_run_over_budget_exits_3_and_writes_nothing(tmp_path, capsys):
 
 
 def test_budget_planner_meets_the_target(capsys):
-    code, data, _ = run_json(capsys, ["budget", "--target-epsilon", "3", "--examples", "60000",
+    code, data, _ = run_json(capsys, ["budget", "--config", DEFAULTS, "--target-epsilon", "3", "--examples", "60000",
                                       "--set", "training.batch_size=256", "--set", "training.steps=2000",
                                       "--set", "training.delta=1e-5", "--json"])
     assert code == 0
@@ -120,7 +123,7 @@ def test_budget_target_epsilon_is_the_epsilon_the_planned_ledger_records(capsys)
     from dpbert.privacy.accountant import planned_ledger
 
     sets = ["training.batch_size=100", "training.steps=10", "training.delta=1e-5"]
-    argv = ["budget", "--examples", "1000", *[a for s in sets for a in ("--set", s)], "--json"]
+    argv = ["budget", "--config", DEFAULTS, "--examples", "1000", *[a for s in sets for a in ("--set", s)], "--json"]
     code, data, _ = run_json(capsys, argv[:1] + ["--target-epsilon", "0.5"] + argv[1:])
     assert code == 0 and data["target"] == "epsilon_train" and data["dataset_size_source"] == "dp_count"
     sigma = data["noise_multiplier"]

@@ -290,7 +290,9 @@ def test_cli_compile_writes_the_pipeline_job(tmp_path, capsys):
     (["--set", "beam.runner=NoSuchRunner"], "beam.runner"),
     (["--set", "vocab.sigma=-1"], "vocab.sigma"),
     (["--resources", "Nope:cpu=1"], "Nope"),
-    (["--set", "privacy.epsilon_budget=8", "--set", "corpus.path=/gcs/b/notes.jsonl"], "training.dataset_size"),
+    # (without --config: the demo preset, whose unit is the patient)
+    (["--set", "privacy.epsilon_budget=8", "--set", "training.dataset_patients=null",
+      "--set", "corpus.path=/gcs/b/notes.jsonl"], "training.dataset_patients"),
 ])
 def test_cli_refuses_what_cannot_run_on_vertex(tmp_path, capsys, extra, needle):
     code, out = _compile_cli(tmp_path, *extra)

@@ -115,6 +115,8 @@ def test_real_public_checkpoint_if_installed():
 
 
 def test_missing_checkpoint_message(monkeypatch, tmp_path):
-    monkeypatch.setenv(init_public.ENV_DIR, str(tmp_path))
+    from dpbert.resources import checkpoint
+
+    monkeypatch.setenv(checkpoint.ENV_DIR, str(tmp_path))
     with pytest.raises(FileNotFoundError, match="missing"):
-        init_public.checkpoint_dir()
+        checkpoint.checkpoint_dir()

@@ -50,7 +50,7 @@ def test_privacy_verdicts_inside_the_dag_get_their_exit_codes():
     """The accountant over budget → 3; an audit refuting the accountant or a failed integrity check
     → 5, wherever TFX wraps them; anything else is not a verdict (its traceback stays)."""
     from dpbert import exit_codes
-    from dpbert.evaluate.audit import AuditInconsistencyError
+    from dpbert.privacy.one_run_audit import AuditInconsistencyError
     from dpbert.privacy.event_check import IntegrityCheckFailed
     from dpbert.stages.accountant import BudgetExceededError
     from dpbert_cli.commands import privacy_verdict

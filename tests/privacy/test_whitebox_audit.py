@@ -1,5 +1,6 @@
-"""White-box one-run audit of DP-SGD (dpbert.privacy.whitebox_audit): canary algebra, power,
-and the three positive controls of issue 15 on REAL DP-SGD steps of a tiny BERT.
+"""White-box one-run audit of DP-SGD (dpbert.privacy.whitebox_audit; its harness
+dpbert.evaluate.whitebox): canary algebra, power, and the three positive controls of issue 15 on
+REAL DP-SGD steps of a tiny BERT.
 
 Setting of every run: the embedded synthetic corpus (160 rows of L = 16, WordPiece V = 1024),
 a 1-layer H = 16 BERT (probe: the 1024 × 16 word embedding, d' = 16384, orthogonal canaries), B = 16 → q = 0.1,
@@ -15,7 +16,8 @@ import math
 import numpy as np
 import pytest
 
-from dpbert.evaluate import audit
+from dpbert.privacy import one_run_audit as audit
+from dpbert.evaluate import whitebox as wb
 from dpbert.privacy import whitebox_audit as wa
 
 ROWS, BATCH, STEPS, DELTA = 160, 16, 60, 1e-5
@@ -25,13 +27,13 @@ SIGMA_LOW = 3.0   # accountant: ε = 1.07
 
 @pytest.fixture(scope="module")
 def data():
-    ids, vocab = wa.demo_token_rows()
-    return ids[:ROWS], wa.demo_spec(vocab, ids.shape[1])
+    ids, vocab = wb.demo_token_rows()
+    return ids[:ROWS], wb.demo_spec(vocab, ids.shape[1])
 
 
 def _audit(data, **kwargs):
     ids, spec = data
-    return wa.whitebox_audit(ids, spec, batch_size=BATCH, steps=STEPS, delta=DELTA, **kwargs)
+    return wb.whitebox_audit(ids, spec, batch_size=BATCH, steps=STEPS, delta=DELTA, **kwargs)
 
 
 # ------------------------------------------------------------------------------ canary algebra
@@ -115,7 +117,7 @@ def test_a_perfect_scorer_reaches_the_white_box_grid_bound_on_a_real_half_draw()
 def test_positive_control_a_noise_off_exceeds_the_claimed_epsilon(data):
     res = _audit(data, noise_multiplier=SIGMA_MID, canaries=2000, noise_scale=0.0, seed=11,
                  return_arrays=True)
-    assert res["noise_multiplier_applied"] == wa.NOISE_OFF and res["sigma_claimed"] == SIGMA_MID
+    assert res["noise_multiplier_applied"] == wb.NOISE_OFF and res["sigma_claimed"] == SIGMA_MID
     assert res["q"] == pytest.approx(0.1) and res["steps"] == STEPS
     # what the probe saw is the real clipped sums plus the canaries, no noise: ‖g_t‖ ≤ b_t·C
     residual = res["observed"].astype(np.float64) - res["canary_sums"]
@@ -161,9 +163,9 @@ def test_positive_control_c_the_honest_run_stays_below_the_claimed_epsilon(data,
 
 def test_report_scores_the_same_run_before_the_noise_as_its_positive_control(data):
     with pytest.raises(ValueError, match="noise_scale"):
-        wa.whitebox_audit_report(noise_scale=0.5)
+        wb.whitebox_audit_report(noise_scale=0.5)
     ids, spec = data
-    res = wa.whitebox_audit_report(token_ids=ids, spec=spec, batch_size=BATCH, steps=STEPS, delta=DELTA,
+    res = wb.whitebox_audit_report(token_ids=ids, spec=spec, batch_size=BATCH, steps=STEPS, delta=DELTA,
                                    noise_multiplier=SIGMA_MID, canaries=2000, seed=3)
     # one run: the honest bound holds, the noise-off reading of the same run refutes the claim
     assert res["noise_multiplier_applied"] == SIGMA_MID

@@ -9,7 +9,7 @@ import pytest
 
 from dpbert import exit_codes, schema
 from dpbert.config import load_config
-from dpbert.evaluate.audit import AuditInconsistencyError
+from dpbert.privacy.one_run_audit import AuditInconsistencyError
 from dpbert.privacy.whitebox_audit import max_reachable_lower_bound, whitebox_k_grid
 from dpbert.stages import audit
 from tests.tiny import CLASSIC

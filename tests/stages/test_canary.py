@@ -61,7 +61,7 @@ def test_exposure_report_files_properties_and_audit_failure(tmp_path, canaries_d
     import shutil
 
     import dpbert.model.bert as bert_lib
-    from dpbert.evaluate.audit import AuditInconsistencyError
+    from dpbert.privacy.one_run_audit import AuditInconsistencyError
 
     path, _ = canaries_dir
     canary_set, _, _ = stage.load_canaries(path)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import optimize, special, stats
 
-from dpbert.evaluate import audit
-from dpbert.evaluate.audit import AuditInconsistencyError
+from dpbert.privacy import one_run_audit as audit
+from dpbert.privacy.one_run_audit import AuditInconsistencyError
 
 
 def hand_pure_dp(r, v, beta):
