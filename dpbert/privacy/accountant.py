@@ -518,11 +518,11 @@ def noise_multiplier_for_planned_target(config, target_epsilon: float, dataset_s
     x_lo, x_hi = math.log(lo), math.log(hi)
     g_lo, g_hi = math.log(eps(lo)) - log_target, math.log(eps(hi)) - log_target
     side = 0
-    while x_hi - x_lo > math.log1p(rtol):
+    tol = math.log1p(rtol)
+    while x_hi - x_lo > tol:
         x = x_hi - g_hi * (x_hi - x_lo) / (g_hi - g_lo) if g_hi != g_lo else 0.5 * (x_lo + x_hi)
-        # Stay strictly inside, a little away from the ends, so the bracket always shrinks.
-        margin = 0.05 * (x_hi - x_lo)
-        x = min(max(x, x_lo + margin), x_hi - margin)
+        # At least tol/2 inside the bracket: a step that lands next to the root closes it on the next.
+        x = min(max(x, x_lo + tol / 2), x_hi - tol / 2)
         g = math.log(eps(math.exp(x))) - log_target
         if g > 0:
             x_lo, g_lo = x, g
