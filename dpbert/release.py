@@ -169,67 +169,45 @@ def _check_target(bundle_dir: str):
 
 
 # ------------------------------------------------------------------------- TensorBoard events
-def _masked_crc32c(data: bytes) -> int:
-    """TFRecord's masked CRC-32C of ``data``."""
-    try:
-        import google_crc32c
-
-        crc = google_crc32c.value(data)
-    except ImportError:  # pragma: no cover - the pure-Python one TensorBoard ships
-        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
-
-        crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def _is_event_file(name: str) -> bool:
     """TensorBoard reads every file whose name contains ``tfevents`` as an event file."""
     return "tfevents" in name
 
 
 def read_event_file(path: str) -> list:
-    """The ``Event`` protos of a TensorBoard event file (TFRecord framing, both checksums of every
-    record verified); ValueError naming the file when it is not one."""
-    import struct
-
+    """The ``Event`` protos of a TensorBoard event file, read with TensorBoard's own TFRecord reader
+    (``tensorboard.compat.tensorflow_stub``: no TensorFlow import; both checksums of every record
+    verified); ValueError naming the file when it is not one (truncated, corrupt, not Events)."""
     from tensorboard.compat.proto import event_pb2
+    from tensorboard.compat.tensorflow_stub import errors
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
 
-    with open(path, "rb") as f:
-        data = f.read()
-    events, pos = [], 0
-    while pos < len(data):
-        if len(data) - pos < 12:
-            raise ValueError(f"{path}: truncated TFRecord header at byte {pos}")
-        header = data[pos:pos + 8]
-        (length,) = struct.unpack("<Q", header)
-        (header_crc,) = struct.unpack("<I", data[pos + 8:pos + 12])
-        if _masked_crc32c(header) != header_crc:
-            raise ValueError(f"{path}: not a TFRecord file (bad length checksum at byte {pos})")
-        start, end = pos + 12, pos + 12 + length
-        if end + 4 > len(data):
-            raise ValueError(f"{path}: truncated TFRecord at byte {pos}")
-        payload = data[start:end]
-        if _masked_crc32c(payload) != struct.unpack("<I", data[end:end + 4])[0]:
-            raise ValueError(f"{path}: bad record checksum at byte {pos}")
+    reader, events = PyRecordReader_New(path), []
+    while True:
         try:
-            events.append(event_pb2.Event.FromString(payload))
+            reader.GetNext()
+        except errors.OutOfRangeError:
+            return events
+        except errors.OpError as err:  # DataLossError: truncated or a failed checksum
+            raise ValueError(f"{path}: not a readable TensorBoard event file ({err.message})") from None
+        try:
+            events.append(event_pb2.Event.FromString(reader.record()))
         except Exception as err:  # protobuf's DecodeError
-            raise ValueError(f"{path}: a record at byte {pos} is not an Event ({type(err).__name__})") from None
-        pos = end + 4
-    return events
+            raise ValueError(f"{path}: a record is not an Event ({type(err).__name__})") from None
 
 
 def encode_event_file(events) -> bytes:
-    """TFRecord bytes of ``Event`` protos (what TensorBoard and ``tf.data.TFRecordDataset`` read)."""
-    import struct
+    """TFRecord bytes of ``Event`` protos, framed by TensorBoard's ``RecordWriter`` (what
+    TensorBoard and ``tf.data.TFRecordDataset`` read)."""
+    import io
 
-    out = bytearray()
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    buffer = io.BytesIO()
+    writer = RecordWriter(buffer)
     for event in events:
-        payload = event.SerializeToString()
-        header = struct.pack("<Q", len(payload))
-        out += header + struct.pack("<I", _masked_crc32c(header)) + payload + \
-            struct.pack("<I", _masked_crc32c(payload))
-    return bytes(out)
+        writer.write(event.SerializeToString())
+    return buffer.getvalue()
 
 
 def released_events(paths: List[str]) -> list:
@@ -418,15 +396,19 @@ RELEASED_REPORT = {
     # the DP model's diagnostics as its artifact reports them (DP estimates: dpbert.privacy.diagnostics)
     "pretraining": ("steps", "initial_mlm_loss", "final_mlm_loss", "loss_curve", "loss_curve_steps",
                     "final_mlm_accuracy",
-                    "clipped_fraction", "diagnostics"),
-    "ner": ("f1", "per_type"),
+                    "clipped_fraction", "diagnostics",
+                    # public: the noise std of one step's DP estimate (σ, the bounds, q·n) and the window
+                    "diagnostics_step_noise_std", "diagnostics_window"),
+    # the DP model's NER F1 on public data, and the (public) task and mode of the evaluation
+    "ner": ("f1", "per_type", "mode", "task", "seeds"),
     "canary": ("audit_epsilon_lower_bound", "audit_max_reachable_lower_bound"),
     # public rows, the DP vocabulary and public parameters only (dpbert.stages.audit)
     "audit": None,
     # The utility table (issue 16): the rows of RELEASED_UTILITY_ROWS only (computed on public
-    # text and public NER data from the DP model and public models); the non-private row and the
-    # gains kept (a function of it) are operator-only.
-    "utility": ("rows", "reference", "ner_seeds"),
+    # text and public NER data — BC5CDR or the user's files, and the synthetic in-domain task — from
+    # the DP model and public models); the non-private row and the gains kept (a function of it),
+    # their std and their n/a reasons are operator-only.
+    "utility": ("rows", "reference", "ner_seeds", "ner_mode", "ner_task"),
 }
 #: The utility rows that may be released (``released_view`` drops ``non_private``).
 RELEASED_UTILITY_ROWS = ("random", "public", "dp")
