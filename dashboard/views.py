@@ -51,9 +51,11 @@ LEDGER_BARS = ((schema.EPSILON_VOCAB, "ε_V"), (schema.EPSILON_TRAIN, "ε_T"),
                (schema.EPSILON_TOTAL_RDP, "total (RDP)"))
 VOCAB_ROWS = (("size", "vocabulary size"), ("words_kept", "words kept"), ("sigma", "σ (noise per count)"),
               ("threshold", "threshold C"), ("epsilon", "ε_V"), ("non_private", "non-private baseline"))
-PRETRAINING_ROWS = (("steps", "steps taken"), ("initial_mlm_loss", "initial MLM loss"),
-                    ("final_mlm_loss", "final MLM loss (DP)"), ("final_mlm_accuracy", "final MLM accuracy (DP)"),
-                    ("clipped_fraction", "clipped fraction (DP)"), ("diagnostics", "diagnostics released as"))
+PRETRAINING_ROWS = (("steps", "steps taken"), ("initial_mlm_loss", "initial MLM loss (DP estimate)"),
+                    ("final_mlm_loss", "final MLM loss (DP estimate)"),
+                    ("final_mlm_accuracy", "final MLM accuracy (DP estimate)"),
+                    ("clipped_fraction", "clipped fraction (DP estimate)"), ("diagnostics", "diagnostics released as"),
+                    ("diagnostics_window", "initial / final: mean over the first / last N steps"))
 #: Operator-only: the non-private baseline, trained on the private data without noise.
 BASELINE_ROWS = (("non_dp_final_mlm_loss", "final MLM loss (non-DP baseline)"),)
 
@@ -409,7 +411,15 @@ def ner_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
                                       "support": fmt(v.get("support"))})
             else:
                 per_type_rows.append({"type": t, "precision": "—", "recall": "—", "f1": fmt(v), "support": "—"})
-    return {"f1": fmt(f1) if f1 is not None else None, "per_type": per_type_rows, "table": generic_table(table)}
+    from dpbert.report import NER_TASK_LABELS, ner_seeds_words
+
+    task, mode, seeds = ner.get("task"), ner.get("mode"), ner.get("seeds")
+    # the heading names the task and what the seeds were (issue 24): probe or fine-tuning
+    heading = ", ".join(p for p in (NER_TASK_LABELS.get(task, task) if isinstance(task, str) else None,
+                                    (f"{seeds} " if isinstance(seeds, int) else "") + ner_seeds_words(mode)
+                                    if mode else None) if p)
+    return {"f1": fmt(f1) if f1 is not None else None, "per_type": per_type_rows, "table": generic_table(table),
+            "heading": heading or None}
 
 
 #: The utility table's rows (issue 16) and which of them are released (``dpbert.release``).
@@ -419,31 +429,44 @@ UTILITY_LABELS = (("random", "random init"), ("public", "public start"), ("dp", 
 
 def utility_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The report's ``utility`` section for the run page: one row per model that ran (held-out MLM
-    loss and accuracy, NER F1 mean ± std), each marked released or operator-only (the
-    non-private row), and the gains kept (operator-only: they use the non-private row)."""
+    loss and accuracy, NER F1 mean ± std of the primary task and of the in-domain synthetic task),
+    each marked released or operator-only (the non-private row), and the gains kept
+    (operator-only: they use the non-private row; ``n/a (<reason>)`` without a value)."""
+    from dpbert.evaluate.utility import format_gain
     from dpbert.release import RELEASED_UTILITY_ROWS
+    from dpbert.report import NER_TASK_LABELS, ner_seeds_words
 
     utility = report.get("utility")
     if not isinstance(utility, dict) or not isinstance(utility.get("rows"), dict) or not utility["rows"]:
         return None
+
+    def f1(r, column):
+        mean, std = number(r.get(column + "_mean")), number(r.get(column + "_std"))
+        return "—" if mean is None else f"{mean:.4f} ± {(std or 0.0):.4f}"
+
+    synthetic = any(isinstance(r, dict) and number(r.get("ner_synthetic_f1_mean")) is not None
+                    for r in utility["rows"].values())
     rows = []
     for key, label in UTILITY_LABELS:
         r = utility["rows"].get(key)
         if not isinstance(r, dict):
             continue
-        mean, std = number(r.get("ner_f1_mean")), number(r.get("ner_f1_std"))
         rows.append({"key": key, "label": label, "loss": fmt(number(r.get("heldout_mlm_loss"))),
-                     "accuracy": fmt(number(r.get("heldout_mlm_accuracy"))),
-                     "f1": "—" if mean is None else f"{mean:.4f} ± {(std or 0.0):.4f}",
-                     "released": key in RELEASED_UTILITY_ROWS})
+                     "accuracy": fmt(number(r.get("heldout_mlm_accuracy"))), "f1": f1(r, "ner_f1"),
+                     "f1_synthetic": f1(r, "ner_synthetic_f1"), "released": key in RELEASED_UTILITY_ROWS})
+    task = utility.get("ner_task")
+    primary = NER_TASK_LABELS.get(task, task) if isinstance(task, str) else None
     gains = []
-    for key, label in (("gain_kept_mlm_loss", "gain kept, held-out MLM loss"), ("gain_kept_ner_f1", "gain kept, NER F1")):
-        if key in utility:
-            value, std = number(utility.get(key)), number(utility.get(key + "_std"))
-            gains.append({"label": label, "value": fmt(value) + ("" if std is None or value is None else f" ± {fmt(std)}")})
+    for key, label in (("gain_kept_mlm_loss", "gain kept, held-out MLM loss"),
+                       ("gain_kept_ner_f1", "gain kept, NER F1" + (f" ({primary})" if primary else "")),
+                       ("gain_kept_ner_synthetic_f1", "gain kept, NER F1 (in-domain)")):
+        if key in utility and (key != "gain_kept_ner_synthetic_f1" or synthetic):
+            gains.append({"label": label, "value": format_gain(number(utility.get(key)), number(utility.get(key + "_std")),
+                                                               utility.get(key + "_reason"), ".4g")})
     reference = utility.get("reference")
     return {"rows": rows, "gains": gains, "seeds": fmt(number(utility.get("ner_seeds"))),
-            "reference": str(reference) if reference else "—",
+            "seeds_words": ner_seeds_words(utility.get("ner_mode")), "primary": primary or "NER",
+            "synthetic": synthetic, "reference": str(reference) if reference else "—",
             "no_public_row": "public" not in utility["rows"],
             "uncertainty": utility.get("uncertainty") if isinstance(utility.get("uncertainty"), str) else None}
 
@@ -469,7 +492,17 @@ def vocab_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
 
 
 def pretraining_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
-    return _rows(report.get("pretraining") or {}, PRETRAINING_ROWS)
+    """The DP model's released diagnostics: DP estimates (ratios of noisy sums, clamped;
+    ``dpbert.privacy.diagnostics``) with the noise std of one step's value."""
+    section = report.get("pretraining") or {}
+    rows = _rows(section, PRETRAINING_ROWS)
+    noise = section.get("diagnostics_step_noise_std")
+    if isinstance(noise, dict) and noise:
+        parts = [f"{label} {fmt(number(noise.get(key)))}" for key, label in
+                 (("loss", "loss"), ("accuracy", "accuracy"), ("clipped_fraction", "clipped fraction"))
+                 if number(noise.get(key)) is not None]
+        rows.append({"label": "per-step noise std (DP estimate)", "value": ", ".join(parts)})
+    return rows
 
 
 def baseline_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:

@@ -334,8 +334,29 @@ class NerConfig:
     #: sentence, a linear head trained per seed: minutes → seconds for a MiniLM-size model; give it
     #: a larger learning_rate, e.g. 0.01, and more epochs, e.g. 30).
     mode: str = "finetune"
+    #: The primary NER column (``ner_f1_*``): bc5cdr (the bundled BC5CDR subset; the user's IOB
+    #: files when ``train_path`` is given) | synthetic (the in-domain task: problem / test / treatment
+    #: mentions in notes of fresh synthetic patients, ``dpbert.data.synthetic.ner_sentences``).
+    task: str = "bc5cdr"
+    #: Also evaluate the in-domain synthetic task as a second column (``ner_synthetic_f1_*``) when
+    #: the primary task is not already it.
+    synthetic_column: bool = True
+    #: Labelled sentences of the synthetic task (low-resource by design: pre-training must matter);
+    #: ``max_train_sentences`` still caps the training sentences.
+    synthetic_train_sentences: int = 400
+    synthetic_test_sentences: int = 400
+
+    def tasks(self):
+        """The tasks this configuration evaluates, primary first."""
+        return [self.task] + (["synthetic"] if self.synthetic_column and self.task != "synthetic" else [])
 
     def validate(self, prefix: str):
+        _check(self.task in ("bc5cdr", "synthetic"), f"{prefix}.task", "must be bc5cdr or synthetic", self.task)
+        _check(not (self.task == "synthetic" and self.train_path), f"{prefix}.task",
+               "must be bc5cdr (the user's files) when ner.train_path is given", self.task)
+        for name in ("synthetic_train_sentences", "synthetic_test_sentences"):
+            _check(isinstance(getattr(self, name), int) and getattr(self, name) >= 2, f"{prefix}.{name}",
+                   "must be an integer >= 2", getattr(self, name))
         _check(self.epochs >= 0, f"{prefix}.epochs", "must be >= 0", self.epochs)
         _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
         _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)

@@ -96,15 +96,26 @@ AUDIT_KEYS = ("epsilon_lower_bound", "epsilon_upper_bound", "epsilon_train_ledge
 
 
 #: The ``utility`` section (the NerReport's ``utility`` property, ``dpbert.evaluate.utility``):
-#: its rows (in this order, those that ran), their columns and the gains with their uncertainty.
-UTILITY_ROWS = ("random", "public", "dp", "non_private")
-UTILITY_COLUMNS = ("heldout_mlm_loss", "heldout_mlm_accuracy", "ner_f1_mean", "ner_f1_std")
-UTILITY_GAINS = ("gain_kept_mlm_loss", "gain_kept_mlm_loss_std", "gain_kept_ner_f1", "gain_kept_ner_f1_std")
+#: its rows (in this order, those that ran), their columns and the gains with their uncertainty
+#: and, when a gain has no value, its reason (``dpbert.schema.UTILITY_*``: one definition).
+UTILITY_ROWS = schema.UTILITY_ROWS
+UTILITY_COLUMNS = schema.UTILITY_COLUMNS
+UTILITY_GAINS = tuple(g + suffix for g in schema.UTILITY_GAINS for suffix in ("", "_std"))
+#: What the NER seeds are, by ``ner.mode`` (the headings name it).
+NER_MODE_WORDS = {"probe": "probe seeds (a linear head on the frozen encoder)", "finetune": "fine-tuning seeds"}
+#: The primary NER column's heading, by the table's ``ner_task``.
+NER_TASK_LABELS = {"bc5cdr": "BC5CDR", "synthetic": "in-domain", "user data": "user data"}
+
+
+def ner_seeds_words(mode) -> str:
+    """``probe seeds (…)`` / ``fine-tuning seeds`` / ``seeds`` (mode unknown: an older report)."""
+    return NER_MODE_WORDS.get(mode, "seeds")
 
 
 def utility_section(ner: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """``{"rows": {name: {column: number|None}}, "reference", "ner_seeds", gains…, "uncertainty"}``
-    from the NerReport's properties; None when the run has no utility table."""
+    """``{"rows": {name: {column: number|None}}, "reference", "ner_seeds", "ner_mode", "ner_task",
+    gains…, "<gain>_reason"…, "uncertainty"}`` from the NerReport's properties; None when the run
+    has no utility table."""
     def number(v):
         if isinstance(v, str):
             v = schema.decode(v)
@@ -120,7 +131,11 @@ def utility_section(ner: Dict[str, Any]) -> Optional[Dict[str, Any]]:
                                     for name in UTILITY_ROWS if isinstance(rows.get(name), dict)}}
     out["reference"] = table.get("reference") if table.get("reference") in UTILITY_ROWS else None
     out["ner_seeds"] = number(table.get("ner_seeds"))
+    out["ner_mode"] = table.get("ner_mode") if table.get("ner_mode") in NER_MODE_WORDS else None
+    out["ner_task"] = table.get("ner_task") if isinstance(table.get("ner_task"), str) else None
     out.update({k: number(table.get(k)) for k in UTILITY_GAINS})
+    out.update({g + "_reason": table.get(g + "_reason") for g in schema.UTILITY_GAINS
+                if isinstance(table.get(g + "_reason"), str)})
     out["uncertainty"] = table.get("uncertainty") if isinstance(table.get("uncertainty"), str) else None
     return out
 
@@ -153,8 +168,13 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
                         "final_mlm_accuracy": dp_model.get("final_mlm_accuracy"),
                         "clipped_fraction": dp_model.get("clipped_fraction"),
                         "diagnostics": dp_model.get("diagnostics"),
+                        # DP estimates (ratios of noisy sums, dpbert.privacy.diagnostics): the noise
+                        # std of one step's value and the window of the initial / final means.
+                        "diagnostics_step_noise_std": dp_model.get("diagnostics_step_noise_std"),
+                        "diagnostics_window": dp_model.get("diagnostics_window"),
                         "non_dp_final_mlm_loss": non_dp_model.get(schema.FINAL_MLM_LOSS)},
-        "ner": {"f1": ner.get(schema.F1), "per_type": ner.get(schema.PER_TYPE), "table": ner.get(schema.TABLE)},
+        "ner": {"f1": ner.get(schema.F1), "per_type": ner.get(schema.PER_TYPE), "table": ner.get(schema.TABLE),
+                "mode": ner.get("mode"), "task": ner.get("task"), "seeds": ner.get("seeds")},
         "canary": {"groups": canary.get(schema.GROUPS, []),
                    "audit_epsilon_lower_bound": canary.get(schema.AUDIT_EPSILON_LOWER_BOUND),
                    "audit_max_reachable_lower_bound": canary.get("audit_max_reachable_lower_bound"),
@@ -280,6 +300,9 @@ def format_report(report: Dict[str, Any]) -> str:
     for section in ("privacy", "vocab", "pretraining"):
         if not isinstance(report.get(section), dict):
             continue
+        if section == "pretraining":
+            lines += format_pretraining(report[section], fmt)
+            continue
         lines += ["", f"{section}:"]
         for k, v in report[section].items():
             if k not in ("loss_curve", "loss_curve_steps") and v is not None:
@@ -298,7 +321,7 @@ def format_report(report: Dict[str, Any]) -> str:
                 lines.append(f"  [{w.get('section', '')}] {w.get('message', '')}")
     ner = report.get("ner") or {}
     if ner.get("f1") is not None:
-        lines += ["", "ner:", f"  {'f1':<24} {fmt(ner['f1'])}"]
+        lines += ["", ner_heading(ner), f"  {'f1':<24} {fmt(ner['f1'])}"]
         for t, f1 in (ner.get("per_type") or {}).items():
             if isinstance(f1, dict):
                 f1 = f1.get("f1")
@@ -341,26 +364,89 @@ def format_report(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: The pretraining keys that are DP estimates when the diagnostics are released with noise.
+DP_ESTIMATE_KEYS = ("initial_mlm_loss", "final_mlm_loss", "final_mlm_accuracy", "clipped_fraction")
+
+
+def format_pretraining(pretraining: Dict[str, Any], fmt) -> List[str]:
+    """The pretraining section; for a DP run the diagnostics are labelled "DP estimate" and
+    explained: ratios of noisy sums, windowed means, the per-step noise std."""
+    dp = pretraining.get("diagnostics") == "dp"
+    noise = pretraining.get("diagnostics_step_noise_std")
+    noise = noise if isinstance(noise, dict) else {}
+    window = pretraining.get("diagnostics_window")
+    lines = ["", "pretraining:"]
+    for k, v in pretraining.items():
+        if k in ("loss_curve", "loss_curve_steps", "diagnostics_step_noise_std", "diagnostics_window") or v is None:
+            continue
+        label = k
+        if dp and k in DP_ESTIMATE_KEYS:
+            std = noise.get("loss" if "loss" in k else ("accuracy" if "accuracy" in k else "clipped_fraction"))
+            label = f"{k} (DP estimate)"
+            text = fmt(v) + (f"  (per-step noise std {fmt(std)})" if isinstance(std, (int, float)) else "")
+            lines.append(f"  {label:<37} {text}")
+            continue
+        lines.append(f"  {label:<37} {fmt(v)}")
+    if dp:
+        loss_std = noise.get("loss")
+        lines.append("  DP estimates: each step releases noisy sums (loss, accuracy, clipped count, batch size); a value is "
+                     "noisy sum ÷ noisy batch size, clamped to its range")
+        if isinstance(window, (int, float)) and window:
+            lines.append(f"  initial / final = means over the first / last {int(window)} steps (10 % of the run); "
+                         f"clipped fraction = mean over the run")
+        if isinstance(loss_std, (int, float)):
+            std_of_mean = loss_std / (float(window) ** 0.5) if isinstance(window, (int, float)) and window else None
+            lines.append(f"  one step's loss carries noise of std {fmt(loss_std)} nats"
+                         + (f" (a {int(window)}-step mean: ≈ {fmt(std_of_mean)})" if std_of_mean is not None else "")
+                         + ": a final loss above the initial one by less than that is noise, not divergence")
+    return lines
+
+
+def ner_heading(ner: Dict[str, Any]) -> str:
+    """The NER section's heading, naming the task and what the seeds were (probe or fine-tuning)."""
+    parts = []
+    task = ner.get("task")
+    if isinstance(task, str):
+        parts.append(NER_TASK_LABELS.get(task, task))
+    if ner.get("mode") in NER_MODE_WORDS:
+        seeds = ner.get("seeds")
+        parts.append((f"{seeds} " if isinstance(seeds, int) else "") + ner_seeds_words(ner["mode"]))
+    return "ner (DP model" + "".join(f", {p}" for p in parts) + "):"
+
+
 def format_utility(utility: Dict[str, Any], fmt=None) -> List[str]:
-    """The utility table as text lines (rows, then the gains kept when present)."""
+    """The utility table as text lines (rows, then the gains kept when present; a gain without a
+    value prints ``n/a (<reason>)``)."""
+    from dpbert.evaluate.utility import format_gain
+
     fmt = fmt or (lambda v: "-" if v is None else f"{v:.4g}")
     rows = utility["rows"]
     reference = utility.get("reference")
-    lines = ["", f"utility (NER F1 over {fmt(utility.get('ner_seeds'))} fine-tuning seeds; gains from the "
-                 f"{reference or '-'} row):",
-             f"  {'model':<12} {'MLM loss':>9} {'MLM acc':>8} {'NER F1':>17}"]
+    task = utility.get("ner_task")
+    primary = NER_TASK_LABELS.get(task, task) if isinstance(task, str) else ""
+    synthetic = any(isinstance(r, dict) and r.get("ner_synthetic_f1_mean") is not None for r in rows.values())
+    lines = ["", f"utility (NER F1 over {fmt(utility.get('ner_seeds'))} {ner_seeds_words(utility.get('ner_mode'))}; "
+                 f"gains from the {reference or '-'} row):",
+             f"  {'model':<12} {'MLM loss':>9} {'MLM acc':>8} {('NER F1 ' + primary).strip():>17}"
+             + (f" {'NER F1 in-domain':>17}" if synthetic else "")]
+
+    def f1(r, column):
+        mean = r.get(column + "_mean")
+        return "-" if mean is None else f"{mean:.4f} ± {(r.get(column + '_std') or 0):.4f}"
+
     for name in UTILITY_ROWS:
         r = rows.get(name)
         if not isinstance(r, dict):
             continue
-        f1 = "-" if r.get("ner_f1_mean") is None else f"{r['ner_f1_mean']:.4f} ± {(r.get('ner_f1_std') or 0):.4f}"
-        lines.append(f"  {name:<12} {fmt(r.get('heldout_mlm_loss')):>9} {fmt(r.get('heldout_mlm_accuracy')):>8} {f1:>17}")
+        lines.append(f"  {name:<12} {fmt(r.get('heldout_mlm_loss')):>9} {fmt(r.get('heldout_mlm_accuracy')):>8} "
+                     f"{f1(r, 'ner_f1'):>17}" + (f" {f1(r, 'ner_synthetic_f1'):>17}" if synthetic else ""))
     if reference != "public" and "public" not in rows:
         lines.append("  (model.init = random: the public start is the random row)")
-    for key, label in (("gain_kept_mlm_loss", "gain kept, MLM loss"), ("gain_kept_ner_f1", "gain kept, NER F1")):
-        if key in utility:
-            std = utility.get(key + "_std")
-            lines.append(f"  {label:<24} {fmt(utility.get(key))}" + (f" ± {fmt(std)}" if std is not None else ""))
+    for key, label in (("gain_kept_mlm_loss", "gain kept, MLM loss"), ("gain_kept_ner_f1", f"gain kept, NER F1 {primary}".strip()),
+                       ("gain_kept_ner_synthetic_f1", "gain kept, NER F1 in-domain")):
+        if key in utility and (key != "gain_kept_ner_synthetic_f1" or synthetic):
+            lines.append(f"  {label:<28} " + format_gain(utility.get(key), utility.get(key + "_std"),
+                                                         utility.get(key + "_reason"), ".4g"))
     return lines
 
 

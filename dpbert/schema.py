@@ -115,6 +115,16 @@ PUBLIC_WARMUP_SOURCE = "public_warmup_source"
 F1 = "f1"
 PER_TYPE = "per_type"
 TABLE = "table"
+#: NerReport's ``utility`` property (``dpbert.evaluate.utility.utility_table``; issues 16, 23): its
+#: rows, in order; each row's columns — the held-out MLM loss / accuracy, the PRIMARY NER task's F1
+#: (``ner.task``, named by the table's ``ner_task``: bc5cdr, synthetic or user data) and the
+#: in-domain synthetic task's F1 (``ner.synthetic_column``; None when not evaluated); the gains kept
+#: (each with ``<gain>_std`` and ``<gain>_reason``: why the value is None, e.g. "non-private gain
+#: not significant"). ``ner_mode``: probe | finetune (what the NER seeds are).
+UTILITY_ROWS = ("random", "public", "dp", "non_private")
+UTILITY_COLUMNS = ("heldout_mlm_loss", "heldout_mlm_accuracy", "ner_f1_mean", "ner_f1_std",
+                   "ner_synthetic_f1_mean", "ner_synthetic_f1_std")
+UTILITY_GAINS = ("gain_kept_mlm_loss", "gain_kept_ner_f1", "gain_kept_ner_synthetic_f1")
 
 # CanaryReport
 GROUPS = "groups"

@@ -9,15 +9,33 @@ find. Nothing here describes a real person.
 The generator streams (one note at a time) and is deterministic: the same seed and sizes give
 byte-identical notes. With ``with_labels`` it also yields word-level BIO tags for the
 problem / test / treatment mentions, aligned with ``dpbert.data.words.split_words``.
+
+Seeds. A corpus's notes come from one RNG per patient keyed ``"{seed}:{patient}"`` (any integer
+seed: ``corpus.synthetic.seed``, default 1234; the NER stage's held-out MLM text uses 987654321, the
+canary carriers their own). The in-domain NER task (:func:`ner_sentences`, ``ner.task:
+synthetic``) draws its FRESH patients from a separate stream keyed ``"ner:{split}:{seed}:{patient}"``
+(public seed :data:`NER_SEED`): the ``ner:`` prefix makes that key differ from every corpus key
+``"{seed}:{patient}"`` whatever the two seeds, so no training corpus holds an NER patient.
+
+The NER task (the analogue of the paper's i2b2-2010 concept extraction): sentences of fresh
+patients' notes and of free-text clinical sentences (varied contexts: negations, orders,
+abbreviations, lists), each problem / test / treatment mention labelled BIO by the generator
+itself (it knows which lexicon each inserted span came from), with typos in a few words. Each
+lexicon is split by a keyed hash into a training part and a HELD-OUT part (:func:`lexicon_split`,
+~30 %): training sentences use the training part only, test sentences half held-out entries, so
+a model must recognise unseen entities from their context — which in-domain pre-training (whose
+corpus uses the whole lexicons) can teach and a public encoder cannot.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import os
 import random
+import re
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -86,16 +104,25 @@ _COURSE = (
 )
 
 
+#: The entity lexicons of each entity type.
+ENTITY_LEXICONS = {"problem": "problems_bc5cdr", "test": "tests", "treatment": "treatments_bc5cdr"}
+
+
+def _lex(lexicons, name):
+    """``lexicons[name]`` when a restricted set is given (the NER task's splits), else the whole lexicon."""
+    return lexicons[name] if lexicons is not None and name in lexicons else lexicon(name)
+
+
 class _Patient:
-    def __init__(self, rng: random.Random, index: int):
+    def __init__(self, rng: random.Random, index: int, lexicons=None):
         self.patient_id = f"P{index:06d}"
         self.first = rng.choice(lexicon("given_names"))
         self.last = rng.choice(lexicon("surnames"))
         self.mrn = f"{rng.randrange(10**6, 10**7)}"
         self.sex = rng.choice(_SEX)
         self.birth = dt.date(2030, 1, 1) + dt.timedelta(days=rng.randrange(0, 365 * 70))
-        self.problems = rng.sample(lexicon("problems_bc5cdr"), 4)
-        self.treatments = rng.sample(lexicon("treatments_bc5cdr"), 4)
+        self.problems = rng.sample(_lex(lexicons, "problems_bc5cdr"), 4)
+        self.treatments = rng.sample(_lex(lexicons, "treatments_bc5cdr"), 4)
 
 
 def _entity(note: _Note, text: str, kind: str):
@@ -103,7 +130,7 @@ def _entity(note: _Note, text: str, kind: str):
 
 
 def _render_note(rng: random.Random, patient: _Patient, admit: dt.date, discharge: dt.date,
-                 note_type: str) -> _Note:
+                 note_type: str, lexicons=None) -> _Note:
     note = _Note()
     age = (admit - patient.birth).days // 365
     name = f"{patient.first.capitalize()} {patient.last.capitalize()}"
@@ -111,7 +138,7 @@ def _render_note(rng: random.Random, patient: _Patient, admit: dt.date, discharg
              f"DOB: {patient.birth:%m/%d/%Y}\nAdmission Date: {admit:%m/%d/%Y}   "
              f"Discharge Date: {discharge:%m/%d/%Y}\nAttending: Dr. "
              f"{rng.choice(lexicon('surnames')).capitalize()}\n\n")
-    problems = list(patient.problems) + rng.sample(lexicon("problems_bc5cdr"), 2)
+    problems = list(patient.problems) + rng.sample(_lex(lexicons, "problems_bc5cdr"), 2)
     main, other = problems[0], problems[1:]
 
     note.add("CHIEF COMPLAINT: ")
@@ -145,14 +172,14 @@ def _render_note(rng: random.Random, patient: _Patient, admit: dt.date, discharg
              f"BP {rng.randint(90, 180)}/{rng.randint(50, 100)} RR {rng.randint(12, 28)} "
              f"SpO2 {rng.randint(88, 100)}% on {rng.choice(['ra', '2l nc', '4l nc'])}.\n\n")
     note.add("PERTINENT RESULTS:\n")
-    for x in rng.sample(lexicon("tests"), 3):
+    for x in rng.sample(_lex(lexicons, "tests"), 3):
         _entity(note, x, "test")
         note.add(f" {rng.choice(_RESULTS)}.\n")
     note.add("\nBRIEF HOSPITAL COURSE:\n")
     for _ in range(rng.randint(3, 6)):
         template = rng.choice(_COURSE)
         values = {"p": rng.choice(problems), "t": rng.choice(patient.treatments + list(
-            rng.sample(lexicon("treatments_bc5cdr"), 1))), "x": rng.choice(lexicon("tests")),
+            rng.sample(_lex(lexicons, "treatments_bc5cdr"), 1))), "x": rng.choice(_lex(lexicons, "tests")),
                   "r": rng.choice(_RESULTS)}
         kinds = {"p": "problem", "t": "treatment", "x": "test", "r": None}
         text = template
@@ -218,6 +245,183 @@ def _generate(patients, admissions_per_patient, notes_per_admission, seed):
                 yield note, Document(doc_id=note_id, text=note.text(), patient_id=patient.patient_id,
                                      admission_id=admission_id, note_id=note_id)
             admit = discharge + dt.timedelta(days=rng.randint(30, 400))
+
+
+# ------------------------------------------------------------------------------------------
+# The in-domain NER task (``ner.task: synthetic``)
+# ------------------------------------------------------------------------------------------
+
+#: The public seed of the NER task's fresh patients (stream ``"ner:{split}:{seed}:{patient}"``,
+#: never a corpus key ``"{seed}:{patient}"``: module docstring).
+NER_SEED = 20100
+#: Default sizes: low-resource (a few hundred labelled sentences), as i2b2-2010's concept task is
+#: for a new hospital, so that what pre-training put in the encoder matters.
+NER_TRAIN_SENTENCES = 400
+NER_TEST_SENTENCES = 400
+#: Fraction of each entity lexicon held out of the training split (test sentences draw half their
+#: entities from it).
+NER_HELDOUT_FRACTION = 0.3
+NER_SPLITS = ("train", "test")
+
+#: Free-text clinical sentences: {p}/{q} problems, {t}/{u} treatments, {x}/{y} tests, {r} a result,
+#: {n} a number, {d} a dose, {who} a relative — varied contexts (negation, orders, differentials,
+#: abbreviations, allergies), so that an entity is recognised by its context, not its position.
+_NER_TEMPLATES = (
+    "pt c/o {p} x {n} days, denies {q}.",
+    "{x} ordered to r/o {p}.",
+    "no evidence of {p} on {x}.",
+    "s/p {t} for {p}, tolerated well.",
+    "{t} held due to {p}.",
+    "will start {t} {d} and repeat {x} in am.",
+    "family history significant for {p} in {who}.",
+    "{p} resolved; {t} discontinued.",
+    "ddx includes {p} vs {q}.",
+    "{x} {r}, concerning for {p}.",
+    "hx of {p}, on {t} at home.",
+    "reports {p} after starting {t}.",
+    "allergic to {t} (rash).",
+    "discussed risks and benefits of {t} with patient and {who}.",
+    "follow-up {x} in {n} weeks.",
+    "negative for {p} and {q}.",
+    "tolerated {t} without {p}.",
+    "{x} and {y} were {r}.",
+    "switched from {t} to {u} because of {p}.",
+    "pt is a {n} yo with {p} and {q} on {t}.",
+    "plan: {x}, continue {t}, monitor for {p}.",
+    "consulted for worsening {p}; recommend {t} {d} and {x}.",
+    "{p} likely secondary to {t}.",
+    "the patient was given {t} {d} for {p} with improvement.",
+    "repeat {x} showed {r} results.",
+    "symptoms controlled with {t}; {x} pending.",
+    "no {p}, no {q}.",
+    "admitted with {p}, found to have {q} on {x}.",
+    "{t} and {u} were restarted at discharge.",
+    "r/o {p}: {x} and {y} sent.",
+)
+_NER_KINDS = {"p": "problem", "q": "problem", "t": "treatment", "u": "treatment", "x": "test", "y": "test"}
+_RELATIVES = ("spouse", "daughter", "son", "mother", "father", "sister", "brother", "wife", "husband")
+
+
+def _keyed_unit(*parts) -> float:
+    """A public keyed hash of ``parts`` in [0, 1) (stable across processes and PYTHONHASHSEED)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0 ** 64
+
+
+@lru_cache(maxsize=None)
+def lexicon_split(name: str, part: str) -> Tuple[str, ...]:
+    """The ``part`` (``train`` or ``heldout``) of lexicon ``name``: an entry is held out when a
+    public keyed hash of it falls below :data:`NER_HELDOUT_FRACTION` (no entry in both parts)."""
+    if part not in ("train", "heldout"):
+        raise ValueError(f"part must be 'train' or 'heldout', got {part!r}")
+    held = [e for e in lexicon(name) if _keyed_unit("ner-heldout", name, e) < NER_HELDOUT_FRACTION]
+    return tuple(held) if part == "heldout" else tuple(e for e in lexicon(name) if e not in set(held))
+
+
+def _typo(rng: random.Random, word: str) -> str:
+    """One character dropped, doubled or two neighbours swapped (words of 4+ letters)."""
+    if len(word) < 4 or not word.isalpha():
+        return word
+    i = rng.randrange(1, len(word) - 1)
+    kind = rng.randrange(3)
+    if kind == 0:
+        return word[:i] + word[i + 1:]
+    if kind == 1:
+        return word[:i] + word[i] + word[i:]
+    return word[:i - 1] + word[i] + word[i - 1] + word[i + 1:]
+
+
+_SENTENCE_END = re.compile(r"(?<!Dr)(?<!Ms)\. ")
+
+
+def _sentences_of(note: _Note) -> List[List[Tuple[str, Optional[str]]]]:
+    """The note's pieces cut into sentences at line ends and at '. ' (entity pieces are never cut)."""
+    out: List[List[Tuple[str, Optional[str]]]] = [[]]
+    for text, entity in note.pieces:
+        if entity is not None:
+            out[-1].append((text, entity))
+            continue
+        for i, part in enumerate(_SENTENCE_END.sub(".\n", text).split("\n")):
+            if i:
+                out.append([])
+            if part:
+                out[-1].append((part, None))
+    return [s for s in out if s]
+
+
+def _entity_words(pieces, rng: random.Random, typo_rate: float) -> Tuple[List[str], List[str]]:
+    words, tags = [], []
+    for text, entity in pieces:
+        for i, word in enumerate(split_words(text)):
+            words.append(_typo(rng, word) if rng.random() < typo_rate else word)
+            tags.append("O" if entity is None else ("B-" if i == 0 else "I-") + entity)
+    return words, tags
+
+
+def ner_sentences(split: str, sentences: int, seed: int = NER_SEED, typo_rate: float = 0.04
+                  ) -> List[Tuple[Tuple[str, ...], Tuple[str, ...]]]:
+    """``sentences`` (words, BIO tags) of the in-domain NER task's ``split`` (module docstring).
+
+    Each fresh patient ``i`` of the split (stream ``"ner:{split}:{seed}:{i}"``) gives one rendered
+    note, of which up to 3 sentences are kept (at least half of them with an entity), and 3
+    free-text sentences (:data:`_NER_TEMPLATES`). Entities come from the split's lexicons:
+    training part only for ``train``; for ``test`` each mention is drawn from the held-out part
+    with probability 1/2. Words follow ``dpbert.data.words.split_words``; ``typo_rate`` of them
+    get a typo (the tags are unchanged: a misspelt mention is still a mention)."""
+    if split not in NER_SPLITS:
+        raise ValueError(f"split must be one of {NER_SPLITS}, got {split!r}")
+    if not isinstance(sentences, int) or sentences < 1:
+        raise ValueError(f"sentences must be an integer >= 1, got {sentences!r}")
+    train_lex = {name: lexicon_split(name, "train") for name in ENTITY_LEXICONS.values()}
+    heldout_lex = {name: lexicon_split(name, "heldout") for name in ENTITY_LEXICONS.values()}
+    out: List[Tuple[Tuple[str, ...], Tuple[str, ...]]] = []
+    patient = 0
+    while len(out) < sentences:
+        rng = random.Random(f"ner:{split}:{seed}:{patient}")
+        lexicons = train_lex if split == "train" or rng.random() < 0.5 else heldout_lex
+        p = _Patient(rng, patient, lexicons)
+        admit = p.birth + dt.timedelta(days=365 * rng.randint(25, 85) + rng.randrange(0, 365))
+        note = _render_note(rng, p, admit, admit + dt.timedelta(days=rng.randint(1, 12)),
+                            rng.choice(_NOTE_TYPES), lexicons)
+        candidates = [s for s in _sentences_of(note) if len(split_words("".join(t for t, _ in s))) >= 3]
+        with_entity = [s for s in candidates if any(e for _, e in s)]
+        without = [s for s in candidates if not any(e for _, e in s)]
+        chosen = rng.sample(with_entity, min(2, len(with_entity))) + rng.sample(without, min(1, len(without)))
+        for _ in range(3):
+            chosen.append(_template_sentence(rng, split, train_lex, heldout_lex))
+        rng.shuffle(chosen)
+        for pieces in chosen:
+            words, tags = _entity_words(pieces, rng, typo_rate)
+            if words and len(out) < sentences:
+                out.append((tuple(words), tuple(tags)))
+        patient += 1
+    return out
+
+
+def _template_sentence(rng: random.Random, split: str, train_lex, heldout_lex):
+    template = rng.choice(_NER_TEMPLATES)
+    pieces: List[Tuple[str, Optional[str]]] = []
+    text = template
+    while "{" in text:
+        before, after = text.split("{", 1)
+        key, text = after.split("}", 1)
+        if before:
+            pieces.append((before, None))
+        if key in _NER_KINDS:
+            kind = _NER_KINDS[key]
+            lex = train_lex if split == "train" or rng.random() < 0.5 else heldout_lex
+            pieces.append((rng.choice(lex[ENTITY_LEXICONS[kind]]), kind))
+        elif key == "r":
+            pieces.append((rng.choice(_RESULTS), None))
+        elif key == "n":
+            pieces.append((str(rng.randint(2, 90)), None))
+        elif key == "d":
+            pieces.append((f"{rng.choice(_DOSES)} {rng.choice(_ROUTES)} {rng.choice(_FREQ)}", None))
+        else:
+            pieces.append((rng.choice(_RELATIVES), None))
+    if text:
+        pieces.append((text, None))
+    return pieces
 
 
 def write_jsonl(documents, path) -> int:

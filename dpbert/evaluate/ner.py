@@ -456,6 +456,42 @@ def _trimmed(batch: np.ndarray, lengths: np.ndarray, multiple: int = 8) -> np.nd
     return batch[:, :width]
 
 
+class EarlyStopping:
+    """The early-stopping tracker of both NER recipes (fine-tuning and the probe): after each epoch
+    :meth:`update` records the dev F1; a strictly better F1 (the first best on ties) takes a
+    ``snapshot()`` of the weights; ``patience`` epochs without a better F1 stop training (None:
+    never). :meth:`restore` puts the best epoch's weights back when a later epoch was the last."""
+
+    def __init__(self, patience: Optional[int]):
+        self.patience = patience
+        self.history: List[float] = []
+        self.best_f1, self.best_epoch, self.best_state, self.since_best = -1.0, None, None, 0
+
+    def update(self, dev_f1: float, snapshot: Callable[[], object]) -> bool:
+        """Record one epoch's dev F1; True when training should stop."""
+        self.history.append(float(dev_f1))
+        if dev_f1 > self.best_f1:
+            self.best_f1, self.best_epoch, self.since_best = dev_f1, len(self.history), 0
+            self.best_state = snapshot()
+            return False
+        self.since_best += 1
+        return self.patience is not None and self.since_best >= int(self.patience)
+
+    def restore(self, epochs_run: int, load: Callable[[object], None], dev_f1: Callable[[], float]) -> Optional[float]:
+        """The dev F1 of the weights that will be tested: the best epoch's, re-measured by
+        ``dev_f1()`` after ``load(best state)`` when the last epoch run was not the best (a check
+        that costs one dev pass); None without a dev split."""
+        restored = self.history[-1] if self.history else None
+        if self.best_state is not None and self.best_epoch != epochs_run:
+            load(self.best_state)
+            restored = dev_f1()
+        return restored
+
+    def summary(self) -> dict:
+        return {"dev_f1_history": list(self.history), "best_epoch": self.best_epoch,
+                "best_dev_f1": None if self.best_epoch is None else float(self.best_f1)}
+
+
 def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: TokenizerLike,
                        train_sentences: Sequence[Sentence], test_sentences: Sequence[Sentence],
                        epochs: int, *, max_seq_length: int = 128, batch_size: int = 16,
@@ -562,8 +598,7 @@ def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: Tokeniz
     train_lengths = _lengths(train.input_ids, pad_id)
     order_rng = np.random.default_rng(seed)
     loss_history: List[float] = []
-    dev_history: List[float] = []
-    best_f1, best_epoch, best_weights, since_best = -1.0, None, None, 0
+    stopping = EarlyStopping(patience)
     n_train, bs = len(train.input_ids), int(batch_size)
     for epoch in range(int(epochs) if n_train else 0):
         order = order_rng.permutation(n_train)
@@ -581,29 +616,22 @@ def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: Tokeniz
         if dev is None:
             continue
         dev_f1 = entity_scores([s.tags for s in dev_sentences], predict(dev, dev_sentences))["f1"]
-        dev_history.append(float(dev_f1))
-        if dev_f1 > best_f1:
-            best_f1, best_epoch, since_best = dev_f1, epoch + 1, 0
-            best_weights = [v.numpy() for v in all_variables]
-        else:
-            since_best += 1
-            if patience is not None and since_best >= int(patience):
-                break
-    restored_dev_f1 = dev_history[-1] if dev_history else None
-    if best_weights is not None and best_epoch != len(loss_history):
-        for v, value in zip(all_variables, best_weights):
+        if stopping.update(dev_f1, lambda: [v.numpy() for v in all_variables]):
+            break
+
+    def load(weights):
+        for v, value in zip(all_variables, weights):
             v.assign(value)
-        # A check that costs one dev pass: the restored weights score the best epoch's dev F1.
-        restored_dev_f1 = entity_scores([s.tags for s in dev_sentences], predict(dev, dev_sentences))["f1"]
+
+    restored_dev_f1 = stopping.restore(len(loss_history), load, lambda: entity_scores(
+        [s.tags for s in dev_sentences], predict(dev, dev_sentences))["f1"])
 
     predictions = predict(test, test_sentences)
     result = entity_scores([s.tags for s in test_sentences], predictions)
     result.update({
         "labels": labels,
         "loss_history": loss_history,
-        "dev_f1_history": dev_history,
-        "best_epoch": best_epoch,
-        "best_dev_f1": None if best_epoch is None else float(best_f1),
+        **stopping.summary(),
         "restored_dev_f1": restored_dev_f1,
         "predictions": predictions,
         "train_sentences": len(train_sentences),
@@ -675,8 +703,8 @@ def _probe_and_score(encoder_builder, train: EncodedNer, dev: Optional[EncodedNe
         return decode_predictions(encoded, ids, labels, sentences)
 
     rng = np.random.default_rng(seed)
-    loss_history, dev_history = [], []
-    best_f1, best_epoch, best_weights, since_best = -1.0, None, None, 0
+    loss_history = []
+    stopping = EarlyStopping(patience)
     bs = max(int(batch_size), 1) * 16  # words, not windows: ~16 labelled words per window
     for epoch in range(int(epochs) if len(y_train) else 0):
         order = rng.permutation(len(y_train))
@@ -686,22 +714,14 @@ def _probe_and_score(encoder_builder, train: EncodedNer, dev: Optional[EncodedNe
         if dev is None:
             continue
         dev_f1 = entity_scores([s.tags for s in dev_sentences], predict(x_dev, dev, dev_sentences))["f1"]
-        dev_history.append(float(dev_f1))
-        if dev_f1 > best_f1:
-            best_f1, best_epoch, since_best, best_weights = dev_f1, epoch + 1, 0, head.get_weights()
-        else:
-            since_best += 1
-            if patience is not None and since_best >= int(patience):
-                break
-    restored_dev_f1 = dev_history[-1] if dev_history else None
-    if best_weights is not None and best_epoch != len(loss_history):
-        head.set_weights(best_weights)
-        restored_dev_f1 = entity_scores([s.tags for s in dev_sentences], predict(x_dev, dev, dev_sentences))["f1"]
+        if stopping.update(dev_f1, head.get_weights):
+            break
+    restored_dev_f1 = stopping.restore(len(loss_history), head.set_weights, lambda: entity_scores(
+        [s.tags for s in dev_sentences], predict(x_dev, dev, dev_sentences))["f1"])
     predictions = predict(x_test, test, test_sentences)
     result = entity_scores([s.tags for s in test_sentences], predictions)
     result.update({
-        "labels": labels, "loss_history": loss_history, "dev_f1_history": dev_history, "best_epoch": best_epoch,
-        "best_dev_f1": None if best_epoch is None else float(best_f1), "restored_dev_f1": restored_dev_f1,
+        "labels": labels, "loss_history": loss_history, **stopping.summary(), "restored_dev_f1": restored_dev_f1,
         "predictions": predictions, "train_sentences": len(train_sentences), "dev_sentences": len(dev_sentences),
         "test_sentences": len(test_sentences), "train_windows": int(len(train.input_ids)),
         "test_windows": int(len(test.input_ids)), "epochs": int(epochs), "epochs_run": len(loss_history),

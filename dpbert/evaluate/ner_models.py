@@ -49,20 +49,37 @@ def evaluate_rows(rows: Dict[str, Callable[[], object]], mlm_builders: Dict[str,
                   tokenizer, train: Sequence[ner.Sentence], dev: Sequence[ner.Sentence],
                   test: Sequence[ner.Sentence], heldout_ids: np.ndarray, special_ids: List[int], mask_id: int,
                   max_predictions: int, *, epochs: int, learning_rate: float, batch_size: int, max_seq_length: int,
-                  seeds: Sequence[int], patience: Optional[int], mlm_seed: int = 0, mode: str = "finetune"
+                  seeds: Sequence[int], patience: Optional[int], mlm_seed: int = 0, mode: str = "finetune",
+                  extra_tasks: Optional[Dict[str, Tuple[Sequence[ner.Sentence], Sequence[ner.Sentence],
+                                                        Sequence[ner.Sentence]]]] = None
                   ) -> Tuple[Dict[str, dict], Dict[str, dict]]:
     """(results, per-row MLM sums): for each row, NER F1 after fine-tuning (``mode = probe``: a
     linear probe of the frozen encoder) once per seed of ``seeds`` (early stopping on ``dev``),
     its mean and std, the mean per-type F1 and the best epochs; the held-out MLM loss and
-    accuracy (one pass over ``heldout_ids``)."""
+    accuracy (one pass over ``heldout_ids``). ``extra_tasks`` (task → (train, dev, test)): the
+    same per task, in ``results[row]["tasks"][task]`` (``f1_mean``, ``f1_std``, ``f1_seeds``,
+    ``per_type``, ``best_epochs``)."""
     results, mlm_rows = {}, {}
+
+    def run_seeds(build, task_train, task_dev, task_test):
+        cache: dict = {}  # probe: the frozen encoder's features, computed once for every seed
+        return [ner.finetune_and_score(build, tokenizer, task_train, task_test, epochs, max_seq_length=max_seq_length,
+                                       batch_size=batch_size, learning_rate=learning_rate, seed=int(seed),
+                                       dev_sentences=task_dev, patience=patience, train_encoder=mode == "finetune",
+                                       features_cache=cache) for seed in seeds]
+
     for name, build in rows.items():
         t0 = time.time()
-        cache: dict = {}  # probe: the frozen encoder's features, computed once for every seed
-        runs = [ner.finetune_and_score(build, tokenizer, train, test, epochs, max_seq_length=max_seq_length,
-                                       batch_size=batch_size, learning_rate=learning_rate, seed=int(seed),
-                                       dev_sentences=dev, patience=patience, train_encoder=mode == "finetune",
-                                       features_cache=cache) for seed in seeds]
+        runs = run_seeds(build, train, dev, test)
+        tasks = {}
+        for task, (task_train, task_dev, task_test) in (extra_tasks or {}).items():
+            task_runs = run_seeds(build, task_train, task_dev, task_test)
+            summary = f1_summary([r["f1"] for r in task_runs])
+            types = sorted({t for r in task_runs for t in r["per_type"]})
+            tasks[task] = {"f1_mean": summary["mean"], "f1_std": summary["std"],
+                           "f1_seeds": [r["f1"] for r in task_runs], "best_epochs": [r["best_epoch"] for r in task_runs],
+                           "per_type": {t: float(np.mean([r["per_type"].get(t, {}).get("f1", 0.0) for r in task_runs]))
+                                        for t in types}}
         t_ner = time.time() - t0
         mlm = heldout_mlm_metrics(mlm_builders[name](), heldout_ids, special_ids, mask_id, max_predictions,
                                   seed=mlm_seed)
@@ -77,6 +94,7 @@ def evaluate_rows(rows: Dict[str, Callable[[], object]], mlm_builders: Dict[str,
             "dev_f1": [r["best_dev_f1"] for r in runs],
             "heldout_mlm_loss": mlm["loss"], "heldout_mlm_accuracy": mlm["accuracy"],
             "ner_seconds": round(t_ner, 1), "mlm_seconds": round(time.time() - t0 - t_ner, 1),
+            **({"tasks": tasks} if tasks else {}),
         }
         mlm_rows[name] = {"row_loss_sum": mlm["row_loss_sum"], "row_count": mlm["row_count"]}
         log.info("ner: %s F1 %.4f ± %.4f over %d seeds (best epochs %s), held-out MLM loss %.3f, accuracy %.3f "

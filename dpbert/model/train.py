@@ -599,7 +599,10 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     writer = tf.summary.create_file_writer(str(tb_dir))
     # A progress bar on a terminal; elsewhere (TFX logs, CI, a pipe) one log line every 30 s.
     bar = _Progress(steps_planned, start_step, "DP-SGD" if not tc.non_private else "SGD (non-private)",
-                    label="exact (private)" if tc.non_private else "DP estimate") if progress else None
+                    label="exact (private)" if tc.non_private else "DP estimate",
+                    step_noise_std=diagnostics.step_noise_stds(
+                        diagnostics.noise_stds(gradient_sigma, diag), expected_batch).get("loss")
+                    if release_diagnostics else None) if progress else None
     losses: List[float] = []
     released: dict = {"loss": [], "accuracy": [], "clipped_fraction": [], "batch_size": []}
     exact_sums: List[dict] = []
@@ -708,12 +711,17 @@ class _Progress:
     ``interval`` seconds (step, rate, ETA) and one at the end, never ``\\r`` redraws in a file."""
 
     def __init__(self, total: int, initial: int, desc: str, interval: float = 30.0, stream=None,
-                 label: str = "DP estimate"):
+                 label: str = "DP estimate", step_noise_std: Optional[float] = None):
+        import collections
         import sys
 
         #: What the shown loss/accuracy are: "DP estimate" (noisy diagnostics) or, for the
         #: non-private baseline, "exact (private)" — never to be read as a released figure.
         self.label = label
+        #: Lines show the mean over the last 10 % of the steps (one DP estimate is too noisy to
+        #: read: ``step_noise_std``, the per-step loss noise std, is printed with it).
+        self.step_noise_std = step_noise_std
+        self.recent = collections.deque(maxlen=diagnostics.window(total))
         stream = stream if stream is not None else sys.stderr
         self.total, self.initial, self.desc, self.interval = total, initial, desc, interval
         self.step = initial
@@ -729,10 +737,12 @@ class _Progress:
         done, self.step = step - self.step, step
         if shown is not None:
             self.shown = shown
+            self.recent.append((float(shown["loss"]), float(shown["accuracy"])))
         if self.bar is not None:
             if shown is not None:  # refresh=False: the bar redraws at its own pace, not every step
-                self.bar.set_postfix(loss=f"{shown['loss']:.3f}", acc=f"{shown['accuracy']:.3f}",
-                                     refresh=False)
+                loss, accuracy = (sum(v) / len(self.recent) for v in zip(*self.recent))
+                self.bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.3f}", shown=f"{self.label}, mean of "
+                                     f"{len(self.recent)} steps", refresh=False)
             self.bar.update(done)
             return
         now = time.monotonic()
@@ -746,9 +756,11 @@ class _Progress:
         left = self.total - self.step
         eta = f"{_duration(left / rate)}" if rate > 0 else "?"
         extra = ""
-        if self.shown is not None:
-            extra = (f", loss {self.shown['loss']:.3f}, accuracy {self.shown['accuracy']:.3f} "
-                     f"({self.label})")
+        if self.recent:
+            loss, accuracy = (sum(v) / len(self.recent) for v in zip(*self.recent))
+            noise = f", per-step loss noise std {self.step_noise_std:.3g}" if self.step_noise_std else ""
+            extra = (f", loss {loss:.3f}, accuracy {accuracy:.3f} ({self.label}: mean of the last "
+                     f"{len(self.recent)} steps{noise})")
         log.info("%s: step %d/%d, %.3g steps/s, ETA %s%s", self.desc, self.step, self.total, rate, eta, extra)
 
     def close(self):

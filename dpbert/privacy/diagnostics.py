@@ -23,8 +23,21 @@ coin flips, so a step is PoissonSampled(q, Gaussian(σ_eff)) and the trainer's D
 public value outside tests) once per logical step.
 
 The exact values never leave the trainer's private state directory; what the model artifact,
-TensorBoard and the dashboard show are the released (noisy) estimates, normalised by the public
-expected batch size q·n (``release``).
+TensorBoard and the dashboard show are the released (noisy) estimates (``release``): each a RATIO
+OF NOISY SUMS — noisy loss sum ÷ noisy batch size, noisy accuracy sum ÷ noisy batch size, noisy
+clipped count ÷ noisy batch size (the denominator at least 1) — clamped to its range (loss
+[0, loss_bound], accuracy and clipped fraction [0, 1]; the noisy batch size ≥ 0). Both sums of a
+ratio are already released, so the ratio and the clamp are post-processing: σ_eff, the
+accountant's charge, does not change. Dividing by the public EXPECTED batch size instead (the
+previous estimator) is unbiased for the sum but not a fraction: a Poisson batch above its
+expectation gives a "clipped fraction" above 1 (1.065 in a demo), and the noise alone a negative
+accuracy (−0.406).
+
+A released per-step value is noisy: its noise std is ≈ (noise std of its sum) ÷ B (``step_noise_stds``;
+loss: r·σ·L/B, e.g. 8 · 0.8 · 12 / 16 = 4.8 nats per step at the demo's settings). A single step,
+or the mean of a handful, can therefore lie well above or below the true value (a "final" loss
+above the initial one); readers show windowed means (``window``: the last 10 % of the steps) with
+the per-step std, labelled "DP estimate".
 """
 from __future__ import annotations
 
@@ -75,14 +88,21 @@ def noise_stds(gradient_sigma: float, config: DiagnosticsConfig) -> Dict[str, fl
     return {"loss": scale * config.loss_bound, "accuracy": scale, "clipped": scale, "batch_size": scale}
 
 
+#: The range of each released ratio (``loss``: [0, loss_bound]), the clamp of ``release``.
+RATIO_RANGES = {"accuracy": (0.0, 1.0), "clipped_fraction": (0.0, 1.0)}
+
+
 def release(sums: Dict[str, float], gradient_sigma: float, expected_batch: float, config: DiagnosticsConfig,
             rng: Optional[np.random.Generator] = None) -> Dict[str, float]:
     """The released (noisy) diagnostics of one step from its exact per-step ``sums``
     (``loss_clipped_sum``, ``accuracy_sum``, ``clipped``, ``examples``).
 
-    Returns ``loss``, ``accuracy``, ``clipped_fraction`` (noisy sums / public expected batch) and
-    ``batch_size`` (noisy count).
+    Returns ``loss``, ``accuracy``, ``clipped_fraction`` — each noisy sum ÷ the noisy batch size
+    (at least 1), clamped to its range (module docstring) — and ``batch_size`` (the noisy count,
+    at least 0). ``expected_batch`` (the public q·n) is not used by the estimate; it is kept in
+    the signature for the callers (and ``step_noise_stds``).
     """
+    del expected_batch  # the denominator is the released noisy batch size (module docstring)
     rng = rng if rng is not None else np.random.default_rng()
     std = noise_stds(gradient_sigma, config)
     noisy = {
@@ -91,5 +111,36 @@ def release(sums: Dict[str, float], gradient_sigma: float, expected_batch: float
         "clipped": sums["clipped"] + rng.normal(0.0, std["clipped"]),
         "batch_size": sums["examples"] + rng.normal(0.0, std["batch_size"]),
     }
-    return {"loss": noisy["loss"] / expected_batch, "accuracy": noisy["accuracy"] / expected_batch,
-            "clipped_fraction": noisy["clipped"] / expected_batch, "batch_size": noisy["batch_size"]}
+    return ratios(noisy, config)
+
+
+def ratios(noisy: Dict[str, float], config: DiagnosticsConfig) -> Dict[str, float]:
+    """Post-processing of the four noisy sums (``loss``, ``accuracy``, ``clipped``,
+    ``batch_size``): ratios to the noisy batch size (at least 1), clamped to their ranges."""
+    denominator = max(float(noisy["batch_size"]), 1.0)
+
+    def clamp(value, low, high):
+        return float(min(max(value, low), high))
+
+    return {"loss": clamp(noisy["loss"] / denominator, 0.0, config.loss_bound),
+            "accuracy": clamp(noisy["accuracy"] / denominator, *RATIO_RANGES["accuracy"]),
+            "clipped_fraction": clamp(noisy["clipped"] / denominator, *RATIO_RANGES["clipped_fraction"]),
+            "batch_size": max(float(noisy["batch_size"]), 0.0)}
+
+
+def step_noise_stds(sum_noise_stds: Dict[str, float], expected_batch: float) -> Dict[str, float]:
+    """The noise std of one released per-step value: the noise std of its sum ÷ the public expected
+    batch size (first order; the batch size's own noise adds a smaller term). Keys ``loss``,
+    ``accuracy``, ``clipped_fraction``, ``batch_size``; empty without DP diagnostics."""
+    if not sum_noise_stds or not expected_batch or expected_batch <= 0:
+        return {}
+    b = float(expected_batch)
+    return {"loss": sum_noise_stds["loss"] / b, "accuracy": sum_noise_stds["accuracy"] / b,
+            "clipped_fraction": sum_noise_stds["clipped"] / b, "batch_size": sum_noise_stds["batch_size"]}
+
+
+def window(steps: int, fraction: float = 0.1, minimum: int = 5) -> int:
+    """How many of the last (or first) per-step values a windowed mean averages: ``fraction`` of
+    the steps, at least ``minimum`` (all of them when fewer)."""
+    steps = max(int(steps), 0)
+    return min(steps, max(int(minimum), int(math.ceil(fraction * steps))))

@@ -4,9 +4,14 @@ rows ``random``, ``public`` (the public start, when ``model.init: minilm``), ``d
 ``non_private`` (with the baseline), and the gain kept (``dpbert.evaluate.utility``).
 
 The held-out text is freshly generated synthetic notes (a seed no training run uses): public by
-construction, in the training domain, never trained on. The NER data is public (the bundled
-BC5CDR subset or the user's ``ner.train_path`` / ``ner.test_path``); the dev split of early
-stopping is carved from its TRAINING sentences (``ner.dev_fraction``), never from the test split.
+construction, in the training domain, never trained on. The NER data is public: the primary
+column (``ner.task``) is the bundled BC5CDR subset (or the user's ``ner.train_path`` /
+``ner.test_path``) or the in-domain synthetic task; the second column (``ner.synthetic_column``)
+is the in-domain synthetic task — the analogue of the paper's i2b2-2010: problem / test /
+treatment mentions in notes of FRESH synthetic patients (``dpbert.data.synthetic.ner_sentences``:
+a stream no corpus uses), a few hundred training sentences, test mentions half from held-out
+lexicon entries. The dev split of early stopping is carved from each task's TRAINING sentences
+(``ner.dev_fraction``), never from the test split.
 
 The ``public`` row is rebuilt exactly as the DP trainer builds its start
 (``dpbert.stages.pretrain.public_start_weights``: the checkpoint's first ``model.public_layers``
@@ -57,14 +62,33 @@ REPORT_FILE = "ner_report.json"
 UTILITY = "utility"
 
 
-def load_ner_data(cfg: NerConfig):
-    """(train, dev, test, source): the user's IOB files or the bundled BC5CDR subset; the dev
-    split carved from the training sentences (after ``max_train_sentences``)."""
+#: What the primary NER column is called in the utility table (``utility.ner_task``).
+USER_DATA = "user data"
+
+
+def task_name(cfg: NerConfig, task: Optional[str] = None) -> str:
+    """``synthetic``, ``bc5cdr`` or, for the user's IOB files (``ner.train_path``), ``user data``."""
+    task = cfg.task if task is None else task
+    return USER_DATA if task == "bc5cdr" and cfg.train_path else task
+
+
+def load_ner_data(cfg: NerConfig, task: Optional[str] = None):
+    """(train, dev, test, source) of ``task`` (default: the primary ``ner.task``): the user's IOB
+    files or the bundled BC5CDR subset (``bc5cdr``), or the in-domain synthetic task's sentences
+    (``synthetic``: fresh patients, ``dpbert.data.synthetic.ner_sentences``); the dev split carved
+    from the training sentences (after ``max_train_sentences``)."""
     from dpbert.evaluate import ner
 
-    if cfg.train_path:
+    task = cfg.task if task is None else task
+    if task == "synthetic":
+        from dpbert.data.synthetic import NER_SEED, ner_sentences
+
+        train = [ner.Sentence(w, t) for w, t in ner_sentences("train", cfg.synthetic_train_sentences)]
+        test = [ner.Sentence(w, t) for w, t in ner_sentences("test", cfg.synthetic_test_sentences)]
+        source = f"synthetic in-domain notes (fresh patients, public seed {NER_SEED}; held-out lexicon entries in test)"
+    elif cfg.train_path:
         train, test = ner.read_conll(cfg.train_path), ner.read_conll(cfg.test_path)
-        source = "user data"
+        source = USER_DATA
     else:
         train, test = ner.bundled_bc5cdr("train"), ner.bundled_bc5cdr("test")
         source = "bundled BC5CDR subset (CC BY 4.0)"
@@ -112,32 +136,44 @@ def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_wor
     if baseline_model_dir is not None:
         rows["non_private"], mlm["non_private"] = encoder_builder(baseline_model_dir), mlm_builder(baseline_model_dir)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    log.info("ner: fine-tuning %s × %d seeds on %d sentences (dev %d), testing on %d (%s)", list(rows), len(seeds),
-             len(train), len(dev), len(test), source)
+    extra = {task: load_ner_data(cfg, task)[:3] for task in cfg.tasks()[1:]}
+    log.info("ner: %s %s × %d seeds on %d sentences (dev %d), testing on %d (%s)%s",
+             "probing" if cfg.mode == "probe" else "fine-tuning", list(rows), len(seeds), len(train), len(dev),
+             len(test), source, "".join(f"; {task}: {len(a)} + {len(b)} dev, test {len(c)}"
+                                        for task, (a, b, c) in extra.items()))
     results, mlm_rows = evaluate_rows(
         rows, mlm, tokenizer, train, dev, test, heldout, specials, tokenizer.token_to_id("[MASK]"),
         spec.max_predictions, epochs=cfg.epochs, learning_rate=cfg.learning_rate, batch_size=cfg.batch_size,
-        max_seq_length=spec.max_seq_length, seeds=seeds, patience=cfg.patience, mlm_seed=cfg.seed, mode=cfg.mode)
-    utility = utility_table({name: {"heldout_mlm_loss": r["heldout_mlm_loss"],
-                                    "heldout_mlm_accuracy": r["heldout_mlm_accuracy"],
-                                    "ner_f1_mean": r["f1_mean"], "ner_f1_std": r["f1_std"]}
-                             for name, r in results.items()}, len(seeds), mlm_rows, bootstrap_seed=cfg.seed)
+        max_seq_length=spec.max_seq_length, seeds=seeds, patience=cfg.patience, mlm_seed=cfg.seed, mode=cfg.mode,
+        extra_tasks=extra)
+    columns = {}
+    for name, r in results.items():
+        columns[name] = {"heldout_mlm_loss": r["heldout_mlm_loss"], "heldout_mlm_accuracy": r["heldout_mlm_accuracy"],
+                         "ner_f1_mean": r["f1_mean"], "ner_f1_std": r["f1_std"]}
+        synthetic = (r.get("tasks") or {}).get("synthetic")
+        if synthetic is not None:
+            columns[name].update(ner_synthetic_f1_mean=synthetic["f1_mean"], ner_synthetic_f1_std=synthetic["f1_std"])
+    utility = utility_table(columns, len(seeds), mlm_rows, bootstrap_seed=cfg.seed, ner_task=task_name(cfg),
+                            ner_mode=cfg.mode)
     seconds = round(time.time() - t0, 1)
     os.makedirs(report_dir, exist_ok=True)
     with open(os.path.join(report_dir, REPORT_FILE), "w", encoding="utf-8") as f:
         f.write(schema.dumps({"data": source, "seeds": seeds, "rows": results, UTILITY: utility,
                               "public_start": public_record, "seconds": seconds}, indent=2))
     table = [{"model": name, **{k: v for k, v in r.items() if k not in ("per_type", "f1_seeds", "best_epochs",
-                                                                         "dev_f1", "f1")},
-              **{f"f1_{t}": f for t, f in r["per_type"].items()}} for name, r in results.items()]
-    log.info("ner: utility %s; gain kept: MLM loss %s, NER F1 %s (%.0f s)",
+                                                                         "dev_f1", "f1", "tasks")},
+              **{f"f1_{t}": f for t, f in r["per_type"].items()},
+              **{f"{task}_f1_mean": v["f1_mean"] for task, v in (r.get("tasks") or {}).items()}}
+             for name, r in results.items()]
+    log.info("ner: utility %s; gain kept: MLM loss %s, NER F1 %s, synthetic NER F1 %s (%.0f s)",
              {k: (round(v["f1_mean"], 4), round(v["heldout_mlm_loss"], 3)) for k, v in results.items()},
-             utility["gain_kept_mlm_loss"], utility["gain_kept_ner_f1"], seconds)
+             *(utility[g] if utility[g] is not None else f"n/a ({utility[g + '_reason']})"
+               for g in ("gain_kept_mlm_loss", "gain_kept_ner_f1", "gain_kept_ner_synthetic_f1")), seconds)
     return StageResult(properties={
         "f1": results["dp"]["f1_mean"], "f1_std": results["dp"]["f1_std"], "per_type": results["dp"]["per_type"],
         "table": table, UTILITY: utility, "data": source, "train_sentences": len(train),
         "dev_sentences": len(dev), "test_sentences": len(test), "epochs": cfg.epochs, "seeds": len(seeds),
-        "mode": cfg.mode,
+        "mode": cfg.mode, "task": task_name(cfg),
         "heldout_mlm_loss_dp": results["dp"]["heldout_mlm_loss"],
         "heldout_mlm_accuracy_dp": results["dp"]["heldout_mlm_accuracy"],
         "seconds": seconds,

@@ -47,6 +47,7 @@ from typing import Any, List, Optional
 
 from dpbert import schema
 from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig
+from dpbert.privacy import diagnostics as _diagnostics
 from dpbert.stages.result import StageResult
 
 log = logging.getLogger("dpbert.trainer")
@@ -570,9 +571,15 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
             # Diagnostics as released: DP estimates (dpbert.privacy.diagnostics) for a DP run.
             "diagnostics": "dp" if result.diagnostics_noise_std else ("exact (private)" if private else "none"),
             "diagnostics_noise_std": result.diagnostics_noise_std or None,
-            "final_mlm_loss": _tail_mean(shown.get("loss", [])),
-            "final_mlm_accuracy": _tail_mean(shown.get("accuracy", [])),
-            "initial_mlm_loss": _head_mean(shown.get("loss", [])),
+            # DP estimates are ratios of noisy sums (dpbert.privacy.diagnostics): their per-step noise
+            # std, and the initial / final values as means over a window of 10 % of the steps.
+            "diagnostics_step_noise_std": _diagnostics.step_noise_stds(result.diagnostics_noise_std,
+                                                                       result.expected_batch_size) or None,
+            "diagnostics_window": _diagnostics.window(len(shown.get("loss", []))),
+            "final_mlm_loss": _tail_mean(shown.get("loss", []), _diagnostics.window(len(shown.get("loss", [])))),
+            "final_mlm_accuracy": _tail_mean(shown.get("accuracy", []),
+                                             _diagnostics.window(len(shown.get("accuracy", [])))),
+            "initial_mlm_loss": _head_mean(shown.get("loss", []), _diagnostics.window(len(shown.get("loss", [])))),
             "loss_curve": loss_curve(shown.get("loss", [])),
             # The step of each point (the curve is subsampled and a resumed run starts at its checkpoint).
             LOSS_CURVE_STEPS: curve_steps(len(shown.get("loss", [])), result.resumed_from_step)

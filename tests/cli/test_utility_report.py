@@ -13,20 +13,23 @@ from tests.dashboard import fakestore
 
 RUN = "2026-05-05T08:00:00.000001"
 RANDOM_RUN = "2026-05-05T07:00:00.000001"
-COLUMNS = {"heldout_mlm_loss", "heldout_mlm_accuracy", "ner_f1_mean", "ner_f1_std"}
+COLUMNS = set(schema.UTILITY_COLUMNS)
 NON_PRIVATE_LOSS = 3.14159  # recognizable: must not appear in the released view
 
 
-def _row(loss, acc, f1, std):
-    return {"heldout_mlm_loss": loss, "heldout_mlm_accuracy": acc, "ner_f1_mean": f1, "ner_f1_std": std}
+def _row(loss, acc, f1, std, synthetic=0.5):
+    return {"heldout_mlm_loss": loss, "heldout_mlm_accuracy": acc, "ner_f1_mean": f1, "ner_f1_std": std,
+            "ner_synthetic_f1_mean": synthetic, "ner_synthetic_f1_std": 0.004}
 
 
 UTILITY = {
-    "rows": {"random": _row(7.2, 0.03, 0.31, 0.02), "public": _row(6.0, 0.12, 0.61, 0.011),
-             "dp": _row(5.0, 0.2, 0.62, 0.012), "non_private": _row(NON_PRIVATE_LOSS, 0.41, 0.66, 0.013)},
-    "reference": "public", "public_start": True, "ner_seeds": 3,
+    "rows": {"random": _row(7.2, 0.03, 0.31, 0.02, 0.27), "public": _row(6.0, 0.12, 0.61, 0.011, 0.5265),
+             "dp": _row(5.0, 0.2, 0.62, 0.012, 0.5512), "non_private": _row(NON_PRIVATE_LOSS, 0.41, 0.66, 0.013, 0.61)},
+    "reference": "public", "public_start": True, "ner_seeds": 3, "ner_task": "bc5cdr", "ner_mode": "finetune",
     "gain_kept_mlm_loss": 0.3498, "gain_kept_mlm_loss_std": 0.0123,
     "gain_kept_ner_f1": 0.2, "gain_kept_ner_f1_std": 0.2345, "uncertainty": "delta method / bootstrap",
+    "gain_kept_ner_synthetic_f1": None, "gain_kept_ner_synthetic_f1_std": None,
+    "gain_kept_ner_synthetic_f1_reason": "non-private gain not significant",
 }
 
 
@@ -113,8 +116,36 @@ def test_text_report_prints_the_table(store):
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  ") and line.split()}
     assert "0.6200 ± 0.0120" in lines["dp"] and "5" in lines["dp"] and "0.6100 ± 0.0110" in lines["public"]
     assert "gain kept, MLM loss" in text and "0.3498 ± 0.0123" in text
+    # the second NER column (in-domain synthetic task) and a gain without a value: n/a with its reason
+    assert "NER F1 BC5CDR" in text and "NER F1 in-domain" in text and "0.5512 ± 0.0040" in lines["dp"]
+    assert "gain kept, NER F1 in-domain  n/a (non-private gain not significant)" in text
     released = format_report(release.released_view(_report(store, RUN)))
     assert "utility" in released and "non_private" not in released and "gain kept" not in released
+    assert "not significant" not in released and "0.5512 ± 0.0040" in released
+
+
+def test_headings_name_the_ner_mode_and_pretraining_shows_dp_estimates():
+    """Issue 24: the NER / utility headings say probe or fine-tuning; issue 23: the pretraining
+    diagnostics are labelled DP estimates, with the per-step noise std and why a final loss can
+    exceed the initial one."""
+    from dpbert.report import format_pretraining, format_utility, ner_heading
+
+    probe = format_utility({**UTILITY, "ner_mode": "probe"})
+    assert "NER F1 over 3 probe seeds (a linear head on the frozen encoder)" in "\n".join(probe)
+    assert "fine-tuning" not in "\n".join(probe)
+    assert ner_heading({"mode": "probe", "task": "synthetic", "seeds": 3}) == \
+        "ner (DP model, in-domain, 3 probe seeds (a linear head on the frozen encoder)):"
+    assert ner_heading({"mode": "finetune", "task": "bc5cdr"}) == "ner (DP model, BC5CDR, fine-tuning seeds):"
+    text = "\n".join(format_pretraining({
+        "steps": 60, "initial_mlm_loss": 10.63, "final_mlm_loss": 13.54, "final_mlm_accuracy": 0.0,
+        "clipped_fraction": 1.0, "diagnostics": "dp", "diagnostics_window": 6,
+        "diagnostics_step_noise_std": {"loss": 4.8, "accuracy": 0.4, "clipped_fraction": 0.4, "batch_size": 6.4}},
+        lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)))
+    assert "final_mlm_loss (DP estimate)" in text and "(per-step noise std 4.8)" in text
+    assert "noisy sum ÷ noisy batch size, clamped" in text and "last 6 steps" in text
+    assert "a 6-step mean: ≈ 1.96" in text and "is noise, not divergence" in text
+    exact = "\n".join(format_pretraining({"final_mlm_loss": 2.0, "diagnostics": "exact (private)"}, str))
+    assert "DP estimate" not in exact
 
 
 def test_dashboard_run_page_shows_the_utility_table(store):
@@ -127,6 +158,8 @@ def test_dashboard_run_page_shows_the_utility_table(store):
     for label in ("random init", "public start", "DP in-domain", "non-private in-domain"):
         assert label in section
     assert "0.6200 ± 0.0120" in section and "0.3498 ± 0.0123" in section
+    assert "0.5512 ± 0.0040" in section and "NER F1, in-domain" in section and "fine-tuning seeds" in section
+    assert "n/a (non-private gain not significant)" in section
     non_private_row = section.split('class="utility-non_private"')[1].split("</tr>")[0]
     assert "operator-only" in non_private_row
     dp_row = section.split('class="utility-dp"')[1].split("</tr>")[0]

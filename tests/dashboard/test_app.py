@@ -161,7 +161,7 @@ def test_store_of_a_real_tiny_run(tiny_store):
         assert f"<td>{node}</td>" in text
     assert "tuples (WordTuples)" in text and "withheld: private artifact" in text
     assert "<th>ε_V (vocabulary)</th>" in text and "DP-BERT privacy statement" in text
-    assert "<th>vocabulary size</th>" in text and "<th>final MLM loss (DP)</th>" in text
+    assert "<th>vocabulary size</th>" in text and "<th>final MLM loss (DP estimate)</th>" in text
     for what in ("Canary exposure", "NER evaluation", "Membership inference"):
         assert f"{what} (components." in text
     assert text.count("not in this run") == 3

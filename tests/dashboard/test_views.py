@@ -108,7 +108,7 @@ def test_release_boundary_flags():
     assert plots["loss"] and plots["loss_comparison"]
     assert [r["value"] for r in views.baseline_rows(report)] == ["1"]
     assert [r["label"] for r in views.pretraining_rows({"pretraining": dict(report["pretraining"], final_mlm_loss=2.0)})] == \
-        ["final MLM loss (DP)"]
+        ["final MLM loss (DP estimate)"]
     assert not views.vocab_operator_only(run, report) and views.vocab_operator_only(run, {"vocab": {"non_private": 1}})
     assert views.marked_private(run, "NerReport") and not views.marked_private(run, "PretrainedModel")
     page = views.run_page(run, report)

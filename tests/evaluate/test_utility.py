@@ -29,12 +29,32 @@ def test_gain_kept_is_the_fraction_of_the_in_domain_gain():
     (True, 4.0, 3.0),           # not a number
 ])
 def test_gain_kept_is_none_for_degenerate_denominators_and_missing_rows(reference, dp, non_private):
-    assert utility.gain_kept(reference, dp, non_private) is None
+    g = utility.gain_kept(reference, dp, non_private)
+    assert g["value"] is None and g["std"] is None and g["reason"] in (utility.MISSING, utility.NO_GAIN)
 
 
 def test_gain_kept_tolerance_is_configurable():
-    assert utility.gain_kept(0.50, 0.49, 0.48, tol=0.05) is None
+    assert utility.gain_kept(0.50, 0.49, 0.48, tol=0.05)["value"] is None
     assert utility.gain_kept(0.50, 0.49, 0.48, tol=1e-6)["value"] == pytest.approx(0.5)
+
+
+def test_gain_kept_is_na_when_the_non_private_gain_is_within_its_noise():
+    """Issue 23's "gain kept, NER F1 98.31 ± 6408": public 0.448, non-private 0.4481 (± 0.01 over 3
+    seeds), DP 0.435 — a ratio over a denominator within noise of 0 is n/a, not a number."""
+    se = utility.standard_error(0.01, 3)
+    g = utility.gain_kept(0.448, 0.435, 0.4481, se, se, se, lower_is_better=False)
+    assert g == {"value": None, "std": None, "reason": utility.NOT_SIGNIFICANT}
+    # the same rows with a clear non-private gain (> 2 standard errors of the difference): a value
+    g = utility.gain_kept(0.448, 0.48, 0.52, se, se, se, lower_is_better=False)
+    assert g["reason"] is None and g["value"] == pytest.approx((0.448 - 0.48) / (0.448 - 0.52))
+    # the rule's edge: |b| = 2·sqrt(se_ref² + se_NP²) is n/a, a hair above is not
+    b = 2 * math.sqrt(2) * se
+    assert utility.gain_kept(0.4, 0.41, 0.4 + b, se, se, se, lower_is_better=False)["value"] is None
+    assert utility.gain_kept(0.4, 0.41, 0.4 + b * 1.01, se, se, se, lower_is_better=False)["value"] is not None
+    # a non-private row WORSE than the reference (loss up) keeps nothing either
+    assert utility.gain_kept(6.0, 5.0, 6.5, lower_is_better=True)["reason"] == utility.NOT_BETTER
+    assert utility.format_gain(None, None, utility.NOT_SIGNIFICANT) == "n/a (non-private gain not significant)"
+    assert utility.format_gain(0.7048, 0.0123) == "0.7048 ± 0.0123"
 
 
 def test_delta_method_std_matches_finite_differences_and_monte_carlo():
@@ -94,10 +114,22 @@ def test_utility_table_reference_is_public_else_random_and_gains_need_the_non_pr
     # no baseline: no gains
     t = utility.utility_table({k: v for k, v in rows.items() if k != "non_private"}, seeds=3)
     assert t["gain_kept_mlm_loss"] is None and t["gain_kept_ner_f1"] is None and t["gain_kept_ner_f1_std"] is None
+    assert t["gain_kept_ner_f1_reason"] == utility.MISSING
     # a non-private row as good as the public start: nothing to keep
     flat = dict(rows, non_private=_row(6.0, 0.10, 0.60, 0.01))
     t = utility.utility_table(flat, seeds=3)
     assert t["gain_kept_mlm_loss"] is None and t["gain_kept_ner_f1"] is None
+    # NER F1 of the non-private row within 2 standard errors of the public row: n/a with its reason
+    close = dict(rows, non_private=_row(3.0, 0.40, 0.61, 0.01))
+    t = utility.utility_table(close, seeds=3, ner_task="bc5cdr", ner_mode="probe")
+    assert t["gain_kept_ner_f1"] is None and t["gain_kept_ner_f1_reason"] == utility.NOT_SIGNIFICANT
+    assert t["gain_kept_mlm_loss"] == pytest.approx(0.5) and (t["ner_task"], t["ner_mode"]) == ("bc5cdr", "probe")
+    # the in-domain (synthetic) column has its own gain; absent columns are None
+    assert t["rows"]["dp"]["ner_synthetic_f1_mean"] is None and t["gain_kept_ner_synthetic_f1_reason"] == utility.MISSING
+    synth = {k: dict(v, ner_synthetic_f1_mean=f, ner_synthetic_f1_std=0.01)
+             for (k, v), f in zip(rows.items(), (0.2, 0.30, 0.36, 0.42))}
+    t = utility.utility_table(synth, seeds=3)
+    assert t["gain_kept_ner_synthetic_f1"] == pytest.approx(0.5) and t["gain_kept_ner_synthetic_f1_reason"] is None
 
 
 def test_utility_table_bootstraps_the_mlm_gain_over_paired_rows():
@@ -110,3 +142,10 @@ def test_utility_table_bootstraps_the_mlm_gain_over_paired_rows():
     t = utility.utility_table(rows, seeds=3, mlm_rows=mlm_rows)
     assert 0 < t["gain_kept_mlm_loss_std"] < 0.1
     assert t["gain_kept_mlm_loss_std"] == utility.utility_table(rows, seeds=3, mlm_rows=mlm_rows)["gain_kept_mlm_loss_std"]
+    # a non-private model no better than the public start on the held-out rows, but for noise: n/a
+    sums["non_private"] = sums["public"] + rng.normal(0, 1, 40)
+    rows = {k: _row(float(v.sum() / counts.sum()), 0.1, 0.5, 0.0) for k, v in sums.items()}
+    mlm_rows = {k: {"row_loss_sum": v, "row_count": counts} for k, v in sums.items()}
+    t = utility.utility_table(rows, seeds=3, mlm_rows=mlm_rows)
+    assert t["gain_kept_mlm_loss"] is None and t["gain_kept_mlm_loss_reason"] in (utility.NOT_SIGNIFICANT,
+                                                                                  utility.NOT_BETTER)

@@ -56,9 +56,13 @@ def test_dp_training_learns_with_small_noise_and_records(corpus, tmp_path):
     assert result.noise_multiplier == result.gradient_noise_multiplier == 0.3
     # The accountant charges the gradient and the 4 DP diagnostics together: σ / √(1 + 4/8²).
     assert result.effective_noise_multiplier == pytest.approx(0.3 / math.sqrt(1 + 4 / 64))
-    # Released loss = (exact clipped loss sum + N(0, (8σL)²)) / B: residuals of the stated scale.
-    residual = (np.array(result.released_diagnostics["loss"]) * result.expected_batch_size
-                - np.array([s["loss_clipped_sum"] for s in result.exact_diagnostic_sums]))
+    # Released loss = (exact clipped loss sum + N(0, (8σL)²)) / noisy B (dpbert.privacy.diagnostics:
+    # a ratio of noisy sums, clamped to [0, L]): × the released B, residuals of the stated scale.
+    loss = np.array(result.released_diagnostics["loss"])
+    inside = (loss > 0) & (loss < 12.0) & (np.array(result.released_diagnostics["batch_size"]) >= 1)
+    residual = (loss * np.array(result.released_diagnostics["batch_size"])
+                - np.array([s["loss_clipped_sum"] for s in result.exact_diagnostic_sums]))[inside]
+    assert inside.sum() >= 30 and np.all((loss >= 0) & (loss <= 12.0))
     std = result.diagnostics_noise_std["loss"]
     assert std == pytest.approx(8 * 0.3 * 12.0)
     assert abs(residual.std(ddof=1) / std - 1) < 4 / math.sqrt(2 * len(residual))  # χ² tolerance, z = 4

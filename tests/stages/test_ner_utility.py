@@ -41,7 +41,7 @@ def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
     train_path = _iob(tmp_path / "train.tsv", TRAIN, 20)
     test_path = _iob(tmp_path / "test.tsv", TEST, 6)
     cfg = NerConfig(enabled=True, train_path=train_path, test_path=test_path, epochs=2, seeds=2, batch_size=8,
-                    dev_fraction=0.25, patience=1)
+                    dev_fraction=0.25, patience=1, synthetic_train_sentences=16, synthetic_test_sentences=8)
     train, dev, test, source = stage.load_ner_data(cfg)
     assert source == "user data" and (len(train), len(dev), len(test)) == (15, 5, 6)
     assert all(s.tokens[0] == "Aspirin" for s in train + dev) and all(s.tokens[0] == "Heparin" for s in test)
@@ -55,10 +55,13 @@ def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
     utility = props[stage.UTILITY]
     # model.init = random: no public row; the gains are measured from the random row
     assert list(utility["rows"]) == ["random", "dp", "non_private"] and utility["reference"] == "random"
+    assert (utility["ner_task"], utility["ner_mode"]) == ("user data", "finetune")
     for row in utility["rows"].values():
-        assert set(row) == {"heldout_mlm_loss", "heldout_mlm_accuracy", "ner_f1_mean", "ner_f1_std"}
+        assert set(row) == set(schema.UTILITY_COLUMNS)
         assert row["heldout_mlm_loss"] > 0 and 0 <= row["heldout_mlm_accuracy"] <= 1
         assert 0 <= row["ner_f1_mean"] <= 1 and row["ner_f1_std"] >= 0
+        # the second column: the in-domain synthetic task (ner.synthetic_column, on by default)
+        assert 0 <= row["ner_synthetic_f1_mean"] <= 1 and row["ner_synthetic_f1_std"] >= 0
     assert props["f1"] == utility["rows"]["dp"]["ner_f1_mean"]
     assert props[schema.PRIVATE] == 1  # the non-private row: operator-only
     report = json.loads((tmp_path / "report" / stage.REPORT_FILE).read_text())
@@ -66,8 +69,10 @@ def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
     assert all(1 <= e <= 2 for e in report["rows"]["dp"]["best_epochs"])
     # without the baseline the artifact may be released (and the linear probe: ner.mode = probe)
     probe = NerConfig(**{**cfg.__dict__, "mode": "probe", "learning_rate": 0.05, "epochs": 3})
+    probe.synthetic_column = False
     alone = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report2"), probe, 24)
     assert alone.properties[schema.PRIVATE] == 0 and alone.properties[stage.UTILITY]["gain_kept_ner_f1"] is None
+    assert alone.properties[stage.UTILITY]["rows"]["dp"]["ner_synthetic_f1_mean"] is None
     assert alone.properties["mode"] == "probe" and list(alone.properties[stage.UTILITY]["rows"]) == ["random", "dp"]
 
 
@@ -80,6 +85,29 @@ def test_the_dev_split_comes_from_the_training_sentences_only():
     bundled_train = set(ner.bundled_bc5cdr("train")[:200])
     assert set(dev) <= bundled_train and set(train) <= bundled_train and not set(dev) & set(train)
     assert stage.load_ner_data(cfg)[1] == dev  # the same dev split for every model and seed
+
+
+def test_the_synthetic_task_loads_fresh_patients_with_a_dev_split_and_its_config_is_checked():
+    from dpbert.config import ConfigError
+
+    cfg = NerConfig(enabled=True, task="synthetic", synthetic_train_sentences=50, synthetic_test_sentences=20,
+                    max_train_sentences=40, dev_fraction=0.1)
+    train, dev, test, source = stage.load_ner_data(cfg)
+    assert (len(train), len(dev), len(test)) == (36, 4, 20) and "synthetic" in source
+    assert {e.type for s in train + test for e in ner_entities(s)} == {"problem", "test", "treatment"}
+    assert cfg.tasks() == ["synthetic"] and NerConfig().tasks() == ["bc5cdr", "synthetic"]
+    assert NerConfig(synthetic_column=False).tasks() == ["bc5cdr"]
+    assert stage.task_name(NerConfig(train_path="a", test_path="b")) == stage.USER_DATA
+    for bad in (dict(task="i2b2"), dict(task="synthetic", train_path="a", test_path="b"),
+                dict(synthetic_train_sentences=1)):
+        with pytest.raises(ConfigError, match="ner.(task|synthetic_train_sentences)"):
+            NerConfig(**bad).validate("ner")
+
+
+def ner_entities(sentence):
+    from dpbert.evaluate import ner
+
+    return ner.extract_entities(sentence.tags)
 
 
 @pytest.fixture
@@ -110,7 +138,7 @@ def test_the_public_row_is_the_dp_trainers_public_start(tmp_path, public_checkpo
     models.mlm.set_weights(weights)
     bert_lib.save_bert(models, tmp_path / "dp" / schema.MODEL_DIR)
     shutil.copytree(tmp_path / "vocabulary", tmp_path / "dp" / schema.TOKENIZER_DIR)
-    cfg = NerConfig(enabled=True, epochs=1, seeds=1, max_train_sentences=12, batch_size=8)
+    cfg = NerConfig(enabled=True, epochs=1, seeds=1, max_train_sentences=12, batch_size=8, synthetic_column=False)
     result = stage.ner_evaluation(str(tmp_path / "dp"), str(tmp_path / "report"), cfg, 24,
                                   model_config=mc, training_config=tc)
     rows = result.properties[stage.UTILITY]["rows"]
