@@ -25,7 +25,7 @@ _LOCK = threading.Lock()  # rcParams are process-global; render one figure at a 
 _RC = {"svg.fonttype": "path", "svg.hashsalt": "dpbert-dashboard", "font.size": 9,
        "axes.spines.top": False, "axes.spines.right": False}
 STATE_COLOURS = {"COMPLETE": "#d4edda", "CACHED": "#d6e4f0", "RUNNING": "#fff3cd", "NEW": "#fff3cd",
-                 "FAILED": "#f8d7da", "CANCELED": "#e2e3e5"}
+                 "FAILED": "#f8d7da", "CANCELLED": "#e2e3e5"}
 DP_COLOUR, NON_DP_COLOUR = "#1f77b4", "#d62728"
 
 

@@ -581,6 +581,31 @@ def interrupted_view(report: Dict[str, Any]) -> Optional[str]:
     return text + "; re-running the same command resumes it (from the trainer's last checkpoint)."
 
 
+def ner_released(report: Dict[str, Any]) -> bool:
+    """Whether the NER F1 is in the released view (``dpbert.release.released_view``: one definition
+    of what is released; a run that is not DP or is over its budget releases no NER value)."""
+    from dpbert.release import released_view
+
+    ner = released_view(report).get("ner") or {}
+    return ner.get("f1") is not None or bool(ner.get("per_type"))
+
+
+def canary_audit_view(report: Dict[str, Any]) -> Optional[Dict[str, str]]:
+    """The canary (black-box) one-run audit's line: its bound, its power (the bound with every guess
+    right) and whether it could refute the ledger's ε_T at all."""
+    canary = report.get("canary") or {}
+    lower = number(canary.get("audit_epsilon_lower_bound"))
+    if lower is None:
+        return None
+    reach = number(canary.get("audit_max_reachable_lower_bound"))
+    claimed = number((report.get("privacy") or {}).get(schema.EPSILON_TRAIN))
+    verdict = None
+    if reach is not None and claimed is not None:
+        verdict = (f"it could refute ε_T = {fmt(claimed)}" if reach > claimed else
+                   f"ε_T = {fmt(claimed)} is above what it can refute")
+    return {"epsilon": fmt(lower), "power": fmt(reach) if reach is not None else None, "verdict": verdict}
+
+
 def audit_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The white-box audit next to the ledger: rows, and the verdict (consistent, and whether the
     audit had the power to refute the claimed ε at all)."""
@@ -620,13 +645,13 @@ def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
         "loss_curves": sorted(loss_curves(run, report)),
         "ner": ner_view(report),
         "utility": utility_view(report),
-        # NER's "dp" row is the main model's: operator-only when that model is not DP.
-        "ner_operator_only": marked_private(run, schema.NER_REPORT) or not any(
-            not _bool_flag(a.properties.get(schema.NON_PRIVATE))
-            for a in run.artifacts(schema.type_name(schema.PRETRAINED_MODEL))),
+        # The badge says what `dpbert report --released` says: the DP model's F1 is released with a
+        # releasable run (dpbert.release.released_view), the every-model table stays operator-only.
+        "ner_operator_only": not ner_released(report),
         "canary_groups": exposure_groups(report),
         "audit_epsilon": fmt(canary.get("audit_epsilon_lower_bound"))
         if canary.get("audit_epsilon_lower_bound") is not None else None,
+        "canary_audit": canary_audit_view(report),
         "attacks": membership_attacks(report),
         "membership_present": "membership_inference" in report,
         "plots": plots_available(run, report),

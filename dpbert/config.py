@@ -50,11 +50,16 @@ class CorpusConfig:
     path: Optional[str] = None
     #: text | jsonl | csv; None = from the file name.
     format: Optional[str] = None
+    #: A directory corpus: the file names read (matched at any depth), one note per file.
+    glob: str = "*.txt"
     synthetic: SyntheticCorpusConfig = dataclasses.field(default_factory=SyntheticCorpusConfig)
 
     def validate(self, prefix: str):
         _check(self.format in (None, "text", "jsonl", "csv"), f"{prefix}.format",
                "must be one of text, jsonl, csv", self.format)
+        _check(isinstance(self.glob, str) and bool(self.glob.strip()) and not self.glob.startswith("/")
+               and ".." not in self.glob.split("/"), f"{prefix}.glob",
+               "must be a file-name pattern inside the corpus directory, e.g. *.txt", self.glob)
         self.synthetic.validate(prefix + ".synthetic")
 
 

@@ -22,13 +22,15 @@ from ml_metadata.proto import metadata_store_pb2
 
 from dpbert import schema
 
-STATE_NAMES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: "CANCELED"}
-#: The run status of an interrupted run (``RunInfo.status``; MLMD's execution state is CANCELED).
+#: The run status of an interrupted run (``RunInfo.status``), and the name shown for MLMD's
+#: CANCELED execution state: one spelling in every table, status and sentence.
 CANCELLED = "CANCELLED"
+STATE_NAMES = {0: "UNKNOWN", 1: "NEW", 2: "RUNNING", 3: "COMPLETE", 4: "FAILED", 5: "CACHED", 6: CANCELLED}
 #: Custom properties of a pipeline-run context written by ``mark_interrupted``.
 INTERRUPTED_PROPERTY = "dpbert_interrupted"          # 1
 INTERRUPTED_COMPONENT = "dpbert_interrupted_component"
 INTERRUPTED_STEP = "dpbert_interrupted_step"          # the trainer's step (steps started), if training
+INTERRUPTED_CHECKPOINT_STEP = "dpbert_interrupted_checkpoint_step"  # where a re-run resumes, if a checkpoint
 #: Written by ``mark_charged`` on a run that stopped before its accountant (the ε its training chain
 #: spent), with ``BUDGET_REFUSED_PROPERTY`` when the trainer refused a step the budget does not cover.
 BUDGET_REFUSED_PROPERTY = "dpbert_budget_refused"    # 1
@@ -96,7 +98,7 @@ class RunInfo:
     @property
     def status(self) -> str:
         states = {c.state for c in self.components}
-        if self.interrupted or "CANCELED" in states:
+        if self.interrupted or CANCELLED in states:
             return CANCELLED
         if not states:
             return "EMPTY"
@@ -209,10 +211,12 @@ def mark_charged(path: str, since_ms: int, charged: Dict[str, Any],
     return ctx.name
 
 
-def mark_interrupted(path: str, since_ms: int, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
+def mark_interrupted(path: str, since_ms: int, step: Optional[int] = None,
+                     checkpoint_step: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """Mark the newest pipeline run created at or after ``since_ms`` as cancelled: its RUNNING/NEW
     executions become CANCELED and its context gets ``INTERRUPTED_PROPERTY`` = 1, the running
-    component (``INTERRUPTED_COMPONENT``) and ``step`` (``INTERRUPTED_STEP``) when given.
+    component (``INTERRUPTED_COMPONENT``), ``step`` (``INTERRUPTED_STEP``) and the trainer's last
+    ``checkpoint_step`` (``INTERRUPTED_CHECKPOINT_STEP``: where a re-run resumes) when given.
 
     Returns ``{"run_id", "component"}`` (component: the node that was running, else None), or None
     when no run was registered since ``since_ms`` (interrupted before the first component) or the
@@ -239,5 +243,7 @@ def mark_interrupted(path: str, since_ms: int, step: Optional[int] = None) -> Op
         ctx.custom_properties[INTERRUPTED_COMPONENT].string_value = component
     if step is not None:
         ctx.custom_properties[INTERRUPTED_STEP].int_value = int(step)
+    if checkpoint_step:
+        ctx.custom_properties[INTERRUPTED_CHECKPOINT_STEP].int_value = int(checkpoint_step)
     store.put_contexts([ctx])
     return {"run_id": ctx.name, "component": component}

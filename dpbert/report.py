@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Optional
 
 from dpbert import schema
 from dpbert.metadata import (BUDGET_REFUSED_PROPERTY, DELTA_CHARGED, EPSILON_BUDGET, EPSILON_CHARGED,
-                             INTERRUPTED_COMPONENT, INTERRUPTED_PROPERTY, INTERRUPTED_STEP, STEPS_CHARGED, RunInfo)
+                             INTERRUPTED_CHECKPOINT_STEP, INTERRUPTED_COMPONENT, INTERRUPTED_PROPERTY,
+                             INTERRUPTED_STEP, STEPS_CHARGED, RunInfo)
 
 #: The ledger properties the report's ``privacy`` section shows (same keys).
 LEDGER_KEYS = (schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC,
@@ -55,16 +56,64 @@ def corpus_section(run: RunInfo) -> Optional[Dict[str, Any]]:
     return out
 
 
+#: The corpus's training units may differ from the configured public n by this factor before the
+#: report warns (``public_size_warning``).
+PUBLIC_SIZE_FACTOR = 2.0
+
+
+def public_size_warning(tuples: Dict[str, Any], model: Dict[str, Any]) -> Optional[Dict[str, str]]:
+    """OPERATOR-ONLY (the corpus's exact count): a warning when the units the trainer sampled from
+    differ from the plan's n by more than ``PUBLIC_SIZE_FACTOR``. The plan's n is the configured
+    public size (``training.dataset_size``, ``dataset_patients`` for the patient unit) after the
+    holdout, or the DP count when the run drew one instead — then the count is the corpus's size up
+    to its noise and nothing is compared. q = B/n comes from that n, so a corpus r× larger gives
+    Poisson batches r× the planned B. Never logged: only the report (and the dashboard's
+    operator-only warnings) carry it; ``released_view`` drops every warning."""
+    def num(props, key):
+        value = props.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    planned = num(model, "planned_dataset_size")
+    if model.get("dataset_size_source") != "public" or not planned:
+        return None
+    patient = model.get("privacy_unit") == "patient"
+    units = num(tuples, "num_patients" if patient else schema.NUM_TUPLES)
+    if not units:
+        return None
+    holdout = num(model, schema.HOLDOUT_FRACTION) or 0.0
+    ratio = units * (1.0 - holdout) / planned
+    if 1.0 / PUBLIC_SIZE_FACTOR <= ratio <= PUBLIC_SIZE_FACTOR:
+        return None
+    field = "training.dataset_patients" if patient else "training.dataset_size"
+    unit = "patients" if patient else "tuples"
+    batch = num(model, "logical_batch")
+    planned_b = f" = {batch:g} {unit}" if batch is not None else ""
+    effect = ("more memory and time per step; the DP diagnostics, normalised by the planned B, read "
+              f"about {ratio:.1f}× too high (a clipped fraction above 1)" if ratio > 1 else
+              "the noise, scaled for the planned B, swamps the smaller clipped sums")
+    return {"section": "corpus", "code": "public_size_mismatch", "message": (
+        f"the corpus holds about {ratio:.1f}× the {unit} of the configured public size ({field}, the n of "
+        f"q = B/n): Poisson batches average about {ratio:.1f}× the planned B{planned_b} per step — {effect}. "
+        f"The ε is that of the configured n; set {field} to (a public bound on) your corpus's size, or null "
+        f"to plan from a DP count")}
+
+
 def report_warnings(run: RunInfo) -> List[Dict[str, str]]:
-    """``[{"section", "code", "message"}]``: heavy byte replacement, short documents, a tiny corpus
-    (operator-only: computed from the corpus's exact counts), a tiny DP vocabulary."""
+    """``[{"section", "code", "message"}]``: heavy byte replacement, short documents, a tiny corpus,
+    a corpus far from the configured public size (operator-only: computed from the corpus's exact
+    counts), a tiny DP vocabulary."""
     from dpbert.stages.ingest import corpus_warnings
 
     tuples = run.artifacts(schema.type_name(schema.WORD_TUPLES))
+    tuple_props = tuples[0].properties if tuples else {}
     vocab = _props(run, schema.DP_VOCABULARY)
     out = []
-    for w in corpus_warnings(tuples[0].properties if tuples else {}, vocab.get(schema.WORDS_KEPT)):
+    for w in corpus_warnings(tuple_props, vocab.get(schema.WORDS_KEPT)):
         out.append({"section": "vocab" if w["code"] == "tiny_vocabulary" else "corpus", **w})
+    mismatch = public_size_warning(tuple_props, _props(run, schema.PRETRAINED_MODEL,
+                                                       where=lambda p: not p.get(schema.NON_PRIVATE)))
+    if mismatch is not None:
+        out.append(mismatch)
     return out
 
 
@@ -202,7 +251,8 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
                              "epsilon_budget": run.properties.get(EPSILON_BUDGET)}
     if run.properties.get(INTERRUPTED_PROPERTY):
         report["interrupted"] = {"component": run.properties.get(INTERRUPTED_COMPONENT),
-                                 "step": run.properties.get(INTERRUPTED_STEP)}
+                                 "step": run.properties.get(INTERRUPTED_STEP),
+                                 "checkpoint_step": run.properties.get(INTERRUPTED_CHECKPOINT_STEP)}
     if mia:
         # The contract: {"dp"|"non_dp": {attack: {"advantage", "auc"}}}; rows (with ROC curves and
         # the advantage bound) for tables and the dashboard.
@@ -215,6 +265,14 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
         report["membership_inference_rows"] = membership_rows(mia.get(schema.ATTACKS),
                                                               mia.get(schema.ROC_CURVES), ledger)
     return report
+
+
+def resume_hint(checkpoint_step) -> str:
+    """What a re-run of an interrupted run does: resume from the trainer's checkpoint when there is
+    one, else say there is none (``pipeline.local_runner.RunInterrupted.message`` says the same)."""
+    if isinstance(checkpoint_step, int) and not isinstance(checkpoint_step, bool) and checkpoint_step > 0:
+        return f"re-run the same command to resume from the checkpoint at step {checkpoint_step}"
+    return "no training checkpoint to resume from"
 
 
 def charged_sentence(charged: Dict[str, Any]) -> str:
@@ -292,7 +350,7 @@ def format_report(report: Dict[str, Any]) -> str:
         where = interrupted.get("component") or "between components"
         step = interrupted.get("step")
         lines.append(f"  interrupted (SIGINT/SIGTERM) in {where}" + (f" at step {step}" if step is not None else "")
-                     + "; re-run the same command to resume")
+                     + "; " + resume_hint(interrupted.get("checkpoint_step")))
     if "components" in report:
         lines += ["", "components:"]
         for c in report["components"]:
@@ -300,13 +358,15 @@ def format_report(report: Dict[str, Any]) -> str:
     for section in ("privacy", "vocab", "pretraining"):
         if not isinstance(report.get(section), dict):
             continue
+        shown = [(k, v) for k, v in report[section].items()
+                 if v is not None and k not in ("loss_curve", "loss_curve_steps")]
+        if not shown:
+            continue  # a run that stopped before the stage: no empty heading (the ε charged is above)
         if section == "pretraining":
             lines += format_pretraining(report[section], fmt)
             continue
         lines += ["", f"{section}:"]
-        for k, v in report[section].items():
-            if k not in ("loss_curve", "loss_curve_steps") and v is not None:
-                lines.append(f"  {k:<24} {fmt(v)}")
+        lines += [f"  {k:<24} {fmt(v)}" for k, v in shown]
     corpus = report.get("corpus")
     if isinstance(corpus, dict):
         lines += ["", "corpus (OPERATOR-ONLY: exact counts of the private data, never release):"]

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Dict, Optional
@@ -65,7 +66,10 @@ class RunInterrupted(Exception):
             charged = f"{self.charged} steps charged"
         else:
             charged = "0 training steps charged by this run"
-        return f"{head}; re-run the same command to resume; {charged}"
+        # The resume hint only where there is something to resume from (dpbert.report.resume_hint).
+        from dpbert.report import resume_hint
+
+        return f"{head}; {resume_hint(self.checkpoint_step)}; {charged}"
 
 
 class RunRefused(Exception):
@@ -168,6 +172,20 @@ def _interrupt_on_sigterm():
 
 
 @contextlib.contextmanager
+def components_argv():
+    """While the DAG runs, the process's argv is the program name alone: no component parses the
+    command line that started it. (TFX's Beam executor hands ``sys.argv`` + the Beam arguments to
+    absl's flag parser, which read ``dpbert -v run`` as ``--verbosity=run``; the Beam pipeline
+    gets its own explicit ``beam_pipeline_args``.)"""
+    saved = sys.argv
+    sys.argv = saved[:1] or ["dpbert"]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+@contextlib.contextmanager
 def _signals_ignored():
     """While the interrupted run is marked: a second Ctrl-C must not leave it half-marked."""
     if threading.current_thread() is not threading.main_thread():
@@ -191,14 +209,15 @@ def run_local(config: Config) -> dict:
     # MLMD's create times are in ms; a second of slack for clocks read differently.
     started = time.time()
     try:
-        with _interrupt_on_sigterm():
+        with _interrupt_on_sigterm(), components_argv():
             tfx.orchestration.LocalDagRunner().run(pipeline)
     except KeyboardInterrupt:
         with _signals_ignored():
             progress = trainer_progress(pipeline_root, started - 1.0)
             step = progress["steps_executed"] if progress else None
             try:
-                marked = _mark(metadata_path, int((started - 1.0) * 1000), step)
+                marked = _mark(metadata_path, int((started - 1.0) * 1000), step,
+                               progress and progress["checkpoint_step"])
             except Exception as err:  # noqa: BLE001 -- the interrupt is what the user must see
                 log.warning("could not mark the interrupted run cancelled in %s: %s", metadata_path, err)
                 marked = None
@@ -217,7 +236,7 @@ def run_local(config: Config) -> dict:
     return {"pipeline_root": pipeline_root, "metadata": metadata_path}
 
 
-def _mark(metadata_path: str, since_ms: int, step: Optional[int]):
+def _mark(metadata_path: str, since_ms: int, step: Optional[int], checkpoint_step: Optional[int] = None):
     from dpbert.metadata import mark_interrupted
 
-    return mark_interrupted(metadata_path, since_ms, step)
+    return mark_interrupted(metadata_path, since_ms, step, checkpoint_step)

@@ -45,7 +45,7 @@ def corpus_files(config: CorpusConfig) -> List[Tuple[str, Path]]:
         return []
     root = Path(config.path)
     if root.is_dir():
-        return [(str(p.relative_to(root)), p) for p in readers.text_dir_files(root)]
+        return [(str(p.relative_to(root)), p) for p in readers.text_dir_files(root, config.glob)]
     if not root.exists():
         raise FileNotFoundError(str(root))
     return [(root.name, root)]

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
+from dpbert.config import CorpusConfig
+
 FORMATS = ("text", "jsonl", "csv")
 
 
@@ -80,14 +82,19 @@ def _opt(value) -> Optional[str]:
     return value or None
 
 
-def read_text_dir(path, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
-    """Every regular file under ``path`` (recursively, sorted) is one document.
+#: The files a folder corpus reads by default (``corpus.glob``, defined in ``dpbert.config``):
+#: its ``*.txt`` files, at any depth.
+DEFAULT_GLOB = CorpusConfig.glob
+
+
+def read_text_dir(path, stats: Optional[DecodeStats] = None, pattern: str = DEFAULT_GLOB) -> Iterator[Document]:
+    """Every file under ``path`` matching ``pattern`` (``text_dir_files``) is one document.
 
     The document id is the file's path relative to ``path``. Hidden files are skipped.
     """
     stats = stats if stats is not None else DecodeStats()
     root = Path(path)
-    for file in text_dir_files(root):
+    for file in text_dir_files(root, pattern):
         text = _read_text(file, stats)
         if not text.strip():
             stats.skipped_empty += 1
@@ -96,12 +103,14 @@ def read_text_dir(path, stats: Optional[DecodeStats] = None) -> Iterator[Documen
         yield Document(doc_id=str(file.relative_to(root)), text=text)
 
 
-def text_dir_files(root) -> list:
-    """The files ``read_text_dir`` reads: every regular file under ``root`` (recursively,
-    sorted), hidden files and directories skipped."""
+def text_dir_files(root, pattern: str = DEFAULT_GLOB) -> list:
+    """The files ``read_text_dir`` reads (the one definition, ``fingerprint.corpus_files`` too):
+    every regular file under ``root`` whose name matches ``pattern`` (``corpus.glob``, default
+    ``*.txt``: a README.md or a notes.csv next to the notes is not a note), at any depth, sorted;
+    hidden files and directories skipped."""
     root = Path(root)
     return sorted(
-        p for p in root.rglob("*")
+        p for p in root.rglob(pattern or DEFAULT_GLOB)
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
     )
 
@@ -266,22 +275,24 @@ def _checked_format(path: Path, fmt: Optional[str]) -> str:
     return fmt
 
 
-def read_corpus(path, fmt: Optional[str] = None, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
+def read_corpus(path, fmt: Optional[str] = None, stats: Optional[DecodeStats] = None,
+                pattern: str = DEFAULT_GLOB) -> Iterator[Document]:
     """Stream the documents of ``path`` in format ``fmt`` (detected from the name if None).
 
-    A single ``.txt`` file in ``text`` format is one document.
+    A single ``.txt`` file in ``text`` format is one document; a folder's files matching
+    ``pattern`` (``corpus.glob``) are one document each.
     """
     path = Path(path)
     fmt = _checked_format(path, fmt)
     if fmt == "text":
         if path.is_dir():
-            return read_text_dir(path, stats)
+            return read_text_dir(path, stats, pattern)
         return _single_text_file(path, stats)
     return read_jsonl(path, stats) if fmt == "jsonl" else read_csv(path, stats)
 
 
-def read_records(path, fmt: Optional[str] = None, stats: Optional[DecodeStats] = None
-                 ) -> Iterator[Tuple[Path, Optional[int], Document]]:
+def read_records(path, fmt: Optional[str] = None, stats: Optional[DecodeStats] = None,
+                 pattern: str = DEFAULT_GLOB) -> Iterator[Tuple[Path, Optional[int], Document]]:
     """The documents of :func:`read_corpus` (the same readers, in the same order) with where each
     one is: ``(file, line, document)``; ``line`` is the record's (first) line in a JSONL or CSV
     file, None for a text file (one document per file). For ``dpbert.data.validate``."""
@@ -290,7 +301,7 @@ def read_records(path, fmt: Optional[str] = None, stats: Optional[DecodeStats] =
     stats = stats if stats is not None else DecodeStats()
     if fmt == "text":
         if path.is_dir():
-            return ((path / document.doc_id, None, document) for document in read_text_dir(path, stats))
+            return ((path / document.doc_id, None, document) for document in read_text_dir(path, stats, pattern))
         return ((path, None, document) for document in _single_text_file(path, stats))
     records = _jsonl_records(path, stats) if fmt == "jsonl" else _csv_records(path, stats)
     return ((path, line, document) for line, document in records)

@@ -67,7 +67,7 @@ def validate_corpus(config: CorpusConfig, unit: str = "tuple") -> ValidationSumm
         fmt = config.format or readers.detect_format(config.path)
         if need_patient and fmt == "text":
             raise ConfigError(patient_ids_missing_message(config.path))
-        records = readers.read_records(config.path, fmt, DecodeStats())
+        records = readers.read_records(config.path, fmt, DecodeStats(), config.glob)
     seen: Dict[bytes, Optional[int]] = {}
     for path, line, document in records:
         summary.documents += 1

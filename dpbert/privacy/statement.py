@@ -21,6 +21,19 @@ def _eps(x) -> str:
     return "∞ (non-private)" if math.isinf(x) else f"{x:.4f}"
 
 
+def sigma_text(accounted, configured=None) -> str:
+    """The σ the ledger charged, labelled: ``σ 0.8`` when it is the configured gradient σ, else
+    ``effective σ 0.776 (σ 0.8, DP diagnostics included)`` — the DP diagnostics' noisy sums share
+    the privacy of every step, so the accountant charges a smaller σ_eff
+    (``dpbert.privacy.diagnostics.effective_noise_multiplier``)."""
+    if not isinstance(accounted, (int, float)) or isinstance(accounted, bool):
+        return "σ ?"
+    if isinstance(configured, (int, float)) and not isinstance(configured, bool) and configured > 0 \
+            and not math.isclose(accounted, configured, rel_tol=1e-9):
+        return f"effective σ {accounted:.3g} (σ {configured:.3g}, DP diagnostics included)"
+    return f"σ {accounted:.3g}"
+
+
 def training_record(records) -> Mapping[str, Any]:
     """The DP-SGD record of a ledger's training records (the one whose q, σ and sampling unit the
     statement prints): the first ``dp_sgd`` record, else the first that is not a DP count
@@ -52,8 +65,9 @@ def ledger_statement(ledger: Mapping[str, Any]) -> str:
             f" (of which the threshold's δ₂ = {ledger.get('delta_threshold', 0):.3g})"]),
         "",
         f"Pre-training (DP-SGD, {train.get('sampling', ledger.get('sampling', '?'))} sampling, "
-        f"q = {train.get('sampling_probability', float('nan')):.4g}, noise multiplier "
-        f"{train.get('noise_multiplier', float('nan'))}, {ledger.get('steps')} optimizer steps actually taken):",
+        f"q = {train.get('sampling_probability', float('nan')):.4g}, "
+        f"{sigma_text(train.get('noise_multiplier'), ledger.get('noise_multiplier'))}, "
+        f"{ledger.get('steps')} optimizer steps actually taken):",
         *[f"  DP count of the training units (Gaussian, noise multiplier {c.get('noise_multiplier')}, released "
           f"n̂ = {c.get('released')}; it planned q and the steps): charged in ε_T" for c in counts],
         f"  ε_T = {_eps(ledger.get('epsilon_train'))} (PLD), {_eps(ledger.get('epsilon_train_rdp'))} (RDP)"

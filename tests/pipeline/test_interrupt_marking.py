@@ -36,20 +36,22 @@ def test_mark_interrupted_cancels_the_running_execution_and_the_run(running_stor
     before = metadata.get_run(metadata.open_store(path))
     assert before.status == "RUNNING"  # what report and dashboard showed forever before issue 18
 
-    marked = metadata.mark_interrupted(path, since_ms, step=16)
+    marked = metadata.mark_interrupted(path, since_ms, step=16, checkpoint_step=12)
     assert marked == {"run_id": "2026-01-02T00:00:00.000001", "component": "MLMPretrainer"}
 
     runs = metadata.list_runs(metadata.open_store(path))
     new, old = runs
     assert new.status == metadata.CANCELLED and new.interrupted
-    assert [c.state for c in new.components] == ["COMPLETE", "CANCELED"]
+    assert [c.state for c in new.components] == ["COMPLETE", "CANCELLED"]  # one spelling (issue 24)
     assert new.properties[metadata.INTERRUPTED_STEP] == 16
     assert old.status == "COMPLETE" and not old.interrupted  # an earlier run is untouched
     report = build_report(new)
     assert report["status"] == "CANCELLED"
-    assert report["interrupted"] == {"component": "MLMPretrainer", "step": 16}
-    assert "CANCELLED" in format_report(report)
-    assert "interrupted (SIGINT/SIGTERM) in MLMPretrainer at step 16" in format_report(report)
+    assert report["interrupted"] == {"component": "MLMPretrainer", "step": 16, "checkpoint_step": 12}
+    text = format_report(report)
+    assert "CANCELLED" in text and "CANCELED" not in text
+    assert ("interrupted (SIGINT/SIGTERM) in MLMPretrainer at step 16; re-run the same command to resume from "
+            "the checkpoint at step 12") in text
 
 
 def test_interrupt_between_components_still_marks_the_run(tmp_path):
@@ -60,7 +62,12 @@ def test_interrupt_between_components_still_marks_the_run(tmp_path):
     b.execute(run, "CorpusIngest", "COMPLETE")
     del b
     assert metadata.mark_interrupted(path, since_ms) == {"run_id": "r1", "component": None}
-    assert metadata.get_run(metadata.open_store(path)).status == "CANCELLED"
+    run = metadata.get_run(metadata.open_store(path))
+    assert run.status == "CANCELLED"
+    # no checkpoint: no resume hint (issue 24), and no empty privacy / vocab / pretraining headings
+    text = format_report(build_report(run))
+    assert "no training checkpoint to resume from" in text and "re-run the same command" not in text
+    assert "\nprivacy:" not in text and "\nvocab:" not in text and "\npretraining:" not in text
 
 
 def test_nothing_to_mark_before_the_first_component(running_store, tmp_path):
@@ -87,11 +94,13 @@ def test_trainer_progress_and_the_one_line(tmp_path):
 
     line = RunInterrupted("r", "MLMPretrainer", step=258, checkpoint_step=250, charged=258).message()
     assert line == ("interrupted at step 258 (MLMPretrainer, last checkpoint at step 250); "
-                    "re-run the same command to resume; 258 steps charged")
+                    "re-run the same command to resume from the checkpoint at step 250; 258 steps charged")
     assert "\n" not in line
     assert RunInterrupted(None, None).message().startswith("interrupted before any component started;")
+    # No checkpoint: no "re-run … to resume" (issue 24; fails on the previous main).
     assert RunInterrupted("r", "DPVocabularyGen").message() == (
-        "interrupted in DPVocabularyGen; re-run the same command to resume; 0 training steps charged by this run")
+        "interrupted in DPVocabularyGen; no training checkpoint to resume from; 0 training steps charged by this run")
+    assert "resume from the" not in RunInterrupted("r", "MLMPretrainer", step=1, charged=1).message()
     assert "not accounted" in RunInterrupted("r", "MLMPretrainerNonPrivate", step=3, non_private=True).message()
 
 

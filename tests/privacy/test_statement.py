@@ -65,9 +65,20 @@ def test_statement_reads_the_training_record_not_the_dp_count():
     ledger = accountant.ledger(None, [counted, train], 1e-5)
     text = ledger_statement({**ledger, "train_events": [counted, train]})
     assert "q = nan" not in text and "noise multiplier 20.0, 60 optimizer" not in text
-    assert f"q = {16 / 682:.4g}, noise multiplier 2.0, 60 optimizer steps" in text
+    assert f"q = {16 / 682:.4g}, σ 2, 60 optimizer steps" in text
     assert "user-level DP-SGD" in text and "ε_T is per patient" in text  # the patient note is kept
     assert "DP count of the training units (Gaussian, noise multiplier 20.0, released n̂ = 682" in text
     assert f"ε_T = {ledger['epsilon_train']:.4f}" in text and "(DP-SGD and the DP count)" in text
     # without a count: no count line
     assert "DP count" not in ledger_statement({**ledger, "train_events": [train]})
+
+
+def test_statement_labels_the_effective_sigma_against_the_configured_one():
+    """Issue 24 (fails on the previous main: "noise multiplier 0.7761140001162656" next to a
+    configured 0.8, unlabelled): the ledger charges σ_eff (gradient + DP diagnostics)."""
+    train = events.dpsgd_event(0.7761140001162656, 16, 1000, 60, "poisson", 4, unit="patient")
+    ledger = accountant.ledger(None, [train], 1e-5)
+    text = ledger_statement({**ledger, "train_events": [train], "noise_multiplier": 0.8})
+    assert "effective σ 0.776 (σ 0.8, DP diagnostics included)" in text and "0.7761140001162656" not in text
+    same = ledger_statement({**ledger, "train_events": [train], "noise_multiplier": 0.7761140001162656})
+    assert "σ 0.776," in same and "effective" not in same and "DP diagnostics" not in same
