@@ -20,7 +20,7 @@ def test_ner_evaluation_rows_and_properties(tmp_path, vocabulary_dir):
         shutil.copytree(vocabulary_dir, dirs[name] / schema.TOKENIZER_DIR)
     result = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report"),
                                   NerConfig(enabled=True, epochs=1, max_train_sentences=16, batch_size=8, seeds=1,
-                                            synthetic_test_sentences=40), 24,
+                                            synthetic_column=False), 24,
                                   baseline_model_dir=str(dirs["non_private"]))
     props = result.properties
     assert [row["model"] for row in props["table"]] == ["random", "dp", "non_private"]

@@ -41,7 +41,7 @@ def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
     train_path = _iob(tmp_path / "train.tsv", TRAIN, 20)
     test_path = _iob(tmp_path / "test.tsv", TEST, 6)
     cfg = NerConfig(enabled=True, train_path=train_path, test_path=test_path, epochs=2, seeds=2, batch_size=8,
-                    dev_fraction=0.25, patience=1, synthetic_train_sentences=16, synthetic_test_sentences=8)
+                    dev_fraction=0.25, patience=1, synthetic_column=False)
     train, dev, test, source = stage.load_ner_data(cfg)
     assert source == "user data" and (len(train), len(dev), len(test)) == (15, 5, 6)
     assert all(s.tokens[0] == "Aspirin" for s in train + dev) and all(s.tokens[0] == "Heparin" for s in test)
@@ -60,19 +60,22 @@ def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
         assert set(row) == set(schema.UTILITY_COLUMNS)
         assert row["heldout_mlm_loss"] > 0 and 0 <= row["heldout_mlm_accuracy"] <= 1
         assert 0 <= row["ner_f1_mean"] <= 1 and row["ner_f1_std"] >= 0
-        # the second column: the in-domain synthetic task (ner.synthetic_column, on by default)
-        assert 0 <= row["ner_synthetic_f1_mean"] <= 1 and row["ner_synthetic_f1_std"] >= 0
+        assert row["ner_synthetic_f1_mean"] is None  # ner.synthetic_column off
     assert props["f1"] == utility["rows"]["dp"]["ner_f1_mean"]
     assert props[schema.PRIVATE] == 1  # the non-private row: operator-only
     report = json.loads((tmp_path / "report" / stage.REPORT_FILE).read_text())
     assert len(report["rows"]["dp"]["f1_seeds"]) == 2 and report["seeds"] == [0, 1]
     assert all(1 <= e <= 2 for e in report["rows"]["dp"]["best_epochs"])
     # without the baseline the artifact may be released (and the linear probe: ner.mode = probe)
-    probe = NerConfig(**{**cfg.__dict__, "mode": "probe", "learning_rate": 0.05, "epochs": 3})
-    probe.synthetic_column = False
+    # (and the second column, the in-domain synthetic task: ner.synthetic_column, on by default)
+    probe = NerConfig(**{**cfg.__dict__, "mode": "probe", "learning_rate": 0.05, "epochs": 3,
+                         "synthetic_column": True, "synthetic_train_sentences": 16, "synthetic_test_sentences": 8})
     alone = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report2"), probe, 24)
     assert alone.properties[schema.PRIVATE] == 0 and alone.properties[stage.UTILITY]["gain_kept_ner_f1"] is None
-    assert alone.properties[stage.UTILITY]["rows"]["dp"]["ner_synthetic_f1_mean"] is None
+    assert alone.properties[stage.UTILITY]["gain_kept_ner_f1_reason"] == "a row is missing"
+    for row in alone.properties[stage.UTILITY]["rows"].values():
+        assert 0 <= row["ner_synthetic_f1_mean"] <= 1 and row["ner_synthetic_f1_std"] >= 0
+    assert alone.properties[stage.UTILITY]["ner_mode"] == "probe"
     assert alone.properties["mode"] == "probe" and list(alone.properties[stage.UTILITY]["rows"]) == ["random", "dp"]
 
 
