@@ -173,6 +173,10 @@ class ModelConfig:
                        getattr(self, name))
 
 
+#: The sets ``training.trainable`` accepts (``dpbert.model.trainable``).
+TRAINABLE_SETS = ("all", "lora", "bias", "head", "new_tokens")
+
+
 @dataclasses.dataclass
 class TrainingConfig:
     #: Logical batch size B (expected size under Poisson sampling).
@@ -230,8 +234,32 @@ class TrainingConfig:
     seed: int = 0
     #: Fixed noise seed: tests only. None = OS entropy.
     noise_seed: Optional[int] = None
+    #: What DP-SGD trains (the union of the listed sets; everything else frozen: no gradient, no
+    #: part in the clipped norm, no noise, no weight decay): all | lora (rank-r adapters on the
+    #: attention q/k/v/output and both FFN dense layers; base frozen) | bias (every bias and
+    #: LayerNorm γ/β, BiTFiT) | head (MLM transform dense + its LayerNorm + the output bias) |
+    #: new_tokens (the input- and output-embedding rows of the tokens the DP vocabulary appended;
+    #: needs vocab.source public or public+dp). ``all`` stands alone. The released model holds
+    #: merged weights (a plain BERT). See dpbert.model.trainable.
+    trainable: List[str] = dataclasses.field(default_factory=lambda: ["all"])
+    #: LoRA rank r (training.trainable lora).
+    lora_rank: int = 16
+    #: LoRA scale numerator α: the adapter's update is (α/r)·A·B.
+    lora_alpha: float = 32.0
 
     def validate(self, prefix: str):
+        _check(isinstance(self.trainable, list) and len(self.trainable) >= 1, f"{prefix}.trainable",
+               "must be a non-empty list", self.trainable)
+        bad = [name for name in self.trainable if name not in TRAINABLE_SETS]
+        _check(not bad, f"{prefix}.trainable", f"has unknown set(s) {bad}; choose from {', '.join(TRAINABLE_SETS)}",
+               self.trainable)
+        _check(len(set(self.trainable)) == len(self.trainable), f"{prefix}.trainable", "lists a set twice",
+               self.trainable)
+        _check("all" not in self.trainable or len(self.trainable) == 1, f"{prefix}.trainable",
+               "cannot combine all with another set", self.trainable)
+        _check(self.lora_rank >= 1, f"{prefix}.lora_rank", "must be >= 1", self.lora_rank)
+        _check(self.lora_alpha > 0 and math.isfinite(self.lora_alpha), f"{prefix}.lora_alpha", "must be > 0",
+               self.lora_alpha)
         _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
         _check(self.noise_multiplier > 0 or self.non_private, f"{prefix}.noise_multiplier",
                "must be > 0 (set training.non_private for the baseline)", self.noise_multiplier)
@@ -474,6 +502,9 @@ class Config:
             raise ConfigError(f"vocab.source = {self.vocab.source} needs model.init = minilm (the public "
                               f"checkpoint whose WordPiece vocabulary it keeps), got model.init = "
                               f"{self.model.init!r}")
+        if "new_tokens" in self.training.trainable and self.vocab.source == "dp":
+            raise ConfigError("training.trainable new_tokens needs vocab.source public or public+dp (the rows "
+                              "the DP vocabulary appended to the public one), got vocab.source = dp")
         if self.privacy.unit == "patient" and self.training.sampling != "poisson" and not self.training.non_private:
             raise ConfigError("privacy.unit = patient (user-level DP-SGD) needs training.sampling = poisson, "
                               f"got {self.training.sampling!r}")

@@ -32,6 +32,20 @@ Two models share every layer (and so every weight):
 
 ``save_bert`` / ``load_bert`` write and read Keras weights plus ``model_config.json`` (the
 ``BertSpec``), which is all an evaluator needs to rebuild the encoder.
+
+LoRA (``build_bert(spec, lora=LoRASpec(rank, alpha))``, ``training.trainable: [lora]``): rank-r
+adapters in parallel with the attention query / key / value / output projections and the two FFN
+dense layers of every encoder layer, output W·x + (α/r)·B(A(x)), A initialised as in LoRA
+(uniform ±1/√fan_in), B = 0 so the adapted model starts equal to its base. The FFN adapters are two
+``Dense`` layers (``layer_i_intermediate_lora_a`` / ``_lora_b``; the base ``Dense`` then has no
+activation: Add → Activation(gelu)); the attention adapters live inside
+:class:`LoRAMultiHeadAttention` (a ``MultiHeadAttention`` whose four projections are
+:class:`LoRAProjection`\ s: base ``EinsumDense`` + adapter ``EinsumDense`` A and B, each with the
+same einsum forms as the base projections, so ``dpbert.model.ghost`` clips them exactly).
+:func:`add_lora` builds the adapted model from a plain one (base weights copied by layer name);
+:func:`merge_lora` folds the adapters into the base kernels (W + (α/r)·A·B) and returns a PLAIN
+model: ``save_bert`` always writes the merged plain BERT, so every evaluator and user loads a
+model without adapters.
 """
 from __future__ import annotations
 
@@ -143,13 +157,98 @@ def count_parameters(spec: BertSpec) -> int:
     return emb + spec.num_layers * layer + head
 
 
+@dataclasses.dataclass(frozen=True)
+class LoRASpec:
+    """Rank r and scale α of the LoRA adapters (update (α/r)·A·B)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+
+    def __post_init__(self):
+        if int(self.rank) < 1:
+            raise ValueError(f"LoRA rank must be >= 1, got {self.rank!r}")
+        if not float(self.alpha) > 0:
+            raise ValueError(f"LoRA alpha must be > 0, got {self.alpha!r}")
+
+    @property
+    def scale(self) -> float:
+        return float(self.alpha) / int(self.rank)
+
+
 @dataclasses.dataclass
 class BertModels:
-    """The encoder and the MLM model; they share every layer and weight."""
+    """The encoder and the MLM model; they share every layer and weight. ``lora``: the adapters'
+    spec when the model carries LoRA adapters (``merge_lora`` gives the plain model)."""
 
     spec: BertSpec
     encoder: tf_keras.Model
     mlm: tf_keras.Model
+    lora: Optional[LoRASpec] = None
+
+
+#: The LoRA-adapted projections of an encoder layer: the four attention projections (inside the
+#: attention layer) and the two FFN dense layers.
+ATTENTION_PROJECTIONS = ("_query_dense", "_key_dense", "_value_dense", "_output_dense")
+FFN_LAYERS = ("intermediate", "output")
+
+
+def _lora_a_initializer(seed):
+    # LoRA / peft: A ~ U(−1/√fan_in, 1/√fan_in) (kaiming_uniform with a = √5); B = 0.
+    return tf_keras.initializers.VarianceScaling(scale=1.0 / 3.0, mode="fan_in", distribution="uniform", seed=seed)
+
+
+class LoRAProjection(tf_keras.layers.Layer):
+    """base(x) + scale·B(A(x)) for one attention projection (``EinsumDense`` base, A, B).
+
+    Only the two einsum forms of ``MultiHeadAttention`` over rank-3 inputs are supported:
+    query/key/value ``abc,cde->abde`` (A: ``abc,cr->abr`` written as ``...b,bc->...c``, B:
+    ``abr,rde->abde``) and output ``abcd,cde->abe`` (A: ``abcd,cdr->abr``, B: ``...b,bc->...c``)."""
+
+    def __init__(self, base, rank: int, scale: float, seed=None, **kwargs):
+        super().__init__(name=base.name + "_lora", **kwargs)
+        self.base, self.rank, self.scale = base, int(rank), float(scale)
+        out_shape = list(base.partial_output_shape)  # the base is not built yet
+        if base.equation == "abc,cde->abde":
+            self.lora_a = tf_keras.layers.EinsumDense("...b,bc->...c", output_shape=[self.rank],
+                                                      kernel_initializer=_lora_a_initializer(seed),
+                                                      name=base.name + "_lora_a")
+            self.lora_b = tf_keras.layers.EinsumDense("abc,cde->abde", output_shape=out_shape,
+                                                      kernel_initializer="zeros", name=base.name + "_lora_b")
+            self.form = "qkv"
+        elif base.equation == "abcd,cde->abe":
+            self.lora_a = tf_keras.layers.EinsumDense("abcd,cde->abe", output_shape=[None, self.rank],
+                                                      kernel_initializer=_lora_a_initializer(seed),
+                                                      name=base.name + "_lora_a")
+            self.lora_b = tf_keras.layers.EinsumDense("...b,bc->...c", output_shape=out_shape[-1:],
+                                                      kernel_initializer="zeros", name=base.name + "_lora_b")
+            self.form = "output"
+        else:
+            raise NotImplementedError(f"LoRA on the attention projection {base.equation!r} (rank-3 inputs only)")
+
+    def call(self, x):
+        return self.base(x) + self.scale * self.lora_b(self.lora_a(x))
+
+    def delta(self) -> tf.Tensor:
+        """(α/r)·A·B in the base kernel's shape."""
+        if self.form == "qkv":
+            return self.scale * tf.einsum("cr,rde->cde", self.lora_a.kernel, self.lora_b.kernel)
+        return self.scale * tf.einsum("cdr,re->cde", self.lora_a.kernel, self.lora_b.kernel)
+
+
+class LoRAMultiHeadAttention(tf_keras.layers.MultiHeadAttention):
+    """``MultiHeadAttention`` whose four projections carry LoRA adapters (:class:`LoRAProjection`)."""
+
+    def __init__(self, *args, lora: LoRASpec, lora_seed=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lora, self._lora_seed = lora, lora_seed
+
+    def _build_from_signature(self, query, value, key=None):
+        super()._build_from_signature(query, value, key=key)
+        for i, name in enumerate(ATTENTION_PROJECTIONS):
+            base = getattr(self, name)
+            delattr(self, name)
+            seed = None if self._lora_seed is None else self._lora_seed + i
+            setattr(self, name, LoRAProjection(base, self._lora.rank, self._lora.scale, seed=seed))
 
 
 class _Init:
@@ -176,9 +275,12 @@ def _gather_positions(tensors):
     return tf.gather(sequence, positions, batch_dims=1)
 
 
-def build_bert(spec: BertSpec, seed: Optional[int] = None) -> BertModels:
-    """Build the encoder and MLM models (shared layers). ``seed`` fixes the initialisation."""
+def build_bert(spec: BertSpec, seed: Optional[int] = None, lora: Optional[LoRASpec] = None) -> BertModels:
+    """Build the encoder and MLM models (shared layers). ``seed`` fixes the initialisation.
+    ``lora``: add LoRA adapters (module docstring); the base layers' initialisation does not
+    depend on it (the adapters draw from their own seeds)."""
     init = _Init(spec.initializer_range, seed)
+    lora_seed = None if seed is None else seed * 1000 + 500  # after the ≤ 500 base initializers
     L, H = spec.max_seq_length, spec.hidden_size
     pad_id = int(spec.pad_id)
     input_ids = tf_keras.Input(shape=(L,), dtype=tf.int32, name="input_ids")
@@ -203,18 +305,29 @@ def build_bert(spec: BertSpec, seed: Optional[int] = None) -> BertModels:
     hidden_states = [x]
     attention_probs = []
     for i in range(spec.num_layers):
-        attention = tf_keras.layers.MultiHeadAttention(
-            num_heads=spec.num_heads, key_dim=spec.head_size, dropout=spec.attention_dropout,
-            kernel_initializer=init(), name=f"layer_{i}_attention")
+        mha_kwargs = dict(num_heads=spec.num_heads, key_dim=spec.head_size, dropout=spec.attention_dropout,
+                          kernel_initializer=init(), name=f"layer_{i}_attention")
+        if lora is None:
+            attention = tf_keras.layers.MultiHeadAttention(**mha_kwargs)
+        else:
+            attention = LoRAMultiHeadAttention(
+                lora=lora, lora_seed=None if lora_seed is None else lora_seed + 10 * i, **mha_kwargs)
         attended, probs = attention(x, x, attention_mask=attention_mask,
                                     return_attention_scores=True)
         attended = tf_keras.layers.Dropout(spec.dropout, name=f"layer_{i}_attention_dropout")(attended)
         x = tf_keras.layers.Add(name=f"layer_{i}_attention_add")([x, attended])
         x = tf_keras.layers.LayerNormalization(epsilon=spec.layer_norm_epsilon,
                                                name=f"layer_{i}_attention_layer_norm")(x)
-        inner = tf_keras.layers.Dense(spec.intermediate_size, activation="gelu",
-                                      kernel_initializer=init(), name=f"layer_{i}_intermediate")(x)
-        out = tf_keras.layers.Dense(H, kernel_initializer=init(), name=f"layer_{i}_output")(inner)
+        if lora is None:
+            inner = tf_keras.layers.Dense(spec.intermediate_size, activation="gelu",
+                                          kernel_initializer=init(), name=f"layer_{i}_intermediate")(x)
+            out = tf_keras.layers.Dense(H, kernel_initializer=init(), name=f"layer_{i}_output")(inner)
+        else:
+            seeds = None if lora_seed is None else (lora_seed + 10 * i + 4, lora_seed + 10 * i + 5)
+            inner = _lora_dense(x, spec.intermediate_size, init(), f"layer_{i}_intermediate", lora,
+                                None if seeds is None else seeds[0])
+            inner = tf_keras.layers.Activation("gelu", name=f"layer_{i}_intermediate_gelu")(inner)
+            out = _lora_dense(inner, H, init(), f"layer_{i}_output", lora, None if seeds is None else seeds[1])
         out = tf_keras.layers.Dropout(spec.dropout, name=f"layer_{i}_output_dropout")(out)
         x = tf_keras.layers.Add(name=f"layer_{i}_output_add")([x, out])
         x = tf_keras.layers.LayerNormalization(epsilon=spec.layer_norm_epsilon,
@@ -235,12 +348,84 @@ def build_bert(spec: BertSpec, seed: Optional[int] = None) -> BertModels:
     logits = tf_keras.layers.Dense(spec.vocab_size, kernel_initializer=init(), name="mlm_output")(t)
     mlm = tf_keras.Model(inputs={"input_ids": input_ids, "masked_positions": masked_positions},
                          outputs=logits, name="bert_mlm")
-    return BertModels(spec=spec, encoder=encoder, mlm=mlm)
+    return BertModels(spec=spec, encoder=encoder, mlm=mlm, lora=lora)
+
+
+def _lora_dense(x, units: int, initializer, name: str, lora: LoRASpec, seed):
+    """Dense(units)(x) + (α/r)·B(A(x)): the base ``Dense`` (no activation) and two adapter
+    ``Dense`` layers in parallel (no bias; B zero-initialised)."""
+    base = tf_keras.layers.Dense(units, kernel_initializer=initializer, name=name)(x)
+    a = tf_keras.layers.Dense(lora.rank, use_bias=False, kernel_initializer=_lora_a_initializer(seed),
+                              name=f"{name}_lora_a")(x)
+    b = tf_keras.layers.Dense(units, use_bias=False, kernel_initializer="zeros", name=f"{name}_lora_b")(a)
+    scale = lora.scale
+    b = tf_keras.layers.Lambda(lambda t: t * scale, name=f"{name}_lora_scale")(b)
+    return tf_keras.layers.Add(name=f"{name}_lora_add")([base, b])
+
+
+def _base_layers(models: BertModels):
+    """name → the layer holding the base (non-adapter) weights of that name."""
+    return {layer.name: layer for layer in models.mlm.layers if layer.weights}
+
+
+def _copy_base(source: BertModels, target: BertModels, fold: bool):
+    """Copy every base weight of ``source`` into ``target`` by layer name; with ``fold`` the
+    source's adapters are folded into the copied kernels (source adapted, target plain)."""
+    targets = _base_layers(target)
+    for name, layer in _base_layers(source).items():
+        if name.endswith(("_lora_a", "_lora_b")):
+            continue
+        dest = targets[name]
+        if isinstance(layer, tf_keras.layers.MultiHeadAttention):
+            for attr in ATTENTION_PROJECTIONS:
+                src, dst = getattr(layer, attr), getattr(dest, attr)
+                src_base = src.base if isinstance(src, LoRAProjection) else src
+                dst_base = dst.base if isinstance(dst, LoRAProjection) else dst
+                kernel = src_base.kernel + (src.delta() if fold and isinstance(src, LoRAProjection) else 0.0)
+                dst_base.kernel.assign(kernel)
+                dst_base.bias.assign(src_base.bias)
+            continue
+        values = [w.numpy() for w in layer.weights]
+        if fold and _has_layer(source.mlm, name + "_lora_a"):
+            a = source.mlm.get_layer(name + "_lora_a").kernel
+            b = source.mlm.get_layer(name + "_lora_b").kernel
+            values[0] = (layer.kernel + source.lora.scale * tf.matmul(a, b)).numpy()
+        dest.set_weights(values)
+
+
+def _has_layer(model, name: str) -> bool:
+    try:
+        model.get_layer(name)
+        return True
+    except ValueError:
+        return False
+
+
+def add_lora(models: BertModels, lora: LoRASpec, seed: Optional[int] = None) -> BertModels:
+    """The LoRA-adapted model with ``models``' weights as its (frozen) base: B = 0, so its outputs
+    equal ``models``' at the start. Build it under the same distribution strategy scope."""
+    if models.lora is not None:
+        raise ValueError("the model already carries LoRA adapters")
+    adapted = build_bert(models.spec, seed=seed, lora=lora)
+    _copy_base(models, adapted, fold=False)
+    return adapted
+
+
+def merge_lora(models: BertModels) -> BertModels:
+    """The plain BERT with the adapters folded in (W + (α/r)·A·B); ``models`` itself if it has
+    none."""
+    if models.lora is None:
+        return models
+    plain = build_bert(models.spec)
+    _copy_base(models, plain, fold=True)
+    return plain
 
 
 def save_bert(models: BertModels, directory) -> Dict[str, str]:
     """Write ``model_config.json`` and the Keras weights (TF format) of the MLM model (which
-    contains the encoder's). Returns the paths written."""
+    contains the encoder's). Returns the paths written. A LoRA-adapted model is written MERGED
+    (``merge_lora``): the files are those of a plain BERT."""
+    models = merge_lora(models)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / MODEL_CONFIG_FILE).write_text(models.spec.to_json(), encoding="utf-8")

@@ -74,6 +74,19 @@ PoissonSampled(q_patients, Gaussian(σ)) per patient. Norms come from ``ghost`` 
 loss and accuracy are the patient's mean over its tuples (∈ [0, bound], [0, 1]), ``clipped``
 counts patients, ``units`` the patients in the batch — each sensitivity 1 unit, as per tuple.
 
+What is trained (``training.trainable``, ``dpbert.model.trainable``)
+--------------------------------------------------------------------
+``DPSGDTrainStep(..., selection=)``: only the selection's pieces are trained. ``self.variables``
+(accumulators, the noise draw, the optimizer) is aligned with the pieces: a whole variable, or for
+a sliced piece (``new_tokens``: the appended rows of the word embedding, the matching columns of
+the output layer) a SHADOW variable of the slice's shape, gathered from the model variable
+before every apply and scattered back after it. So z ~ N(0, σ²C²I) is drawn over the trained
+coordinates only (d = the selection's size), frozen coordinates get no gradient, no noise, no
+optimizer state and no weight decay and stay bit-identical, and the per-unit norm is that of the
+trained pieces' gradient (``ghost.clipped_gradient_sum(selection=)``). The mechanism per step is
+the same Gaussian mechanism with sensitivity C and multiplier σ whatever the set: the accountant
+is unchanged.
+
 Noise RNG: the base seed comes from OS entropy (``secrets``) unless an explicit test seed is
 given. The base seed is never logged or checkpointed (a resumed run draws a new one).
 """
@@ -97,6 +110,7 @@ from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import multi_head_attention
 
 from dpbert.model import ghost
+from dpbert.model import trainable as trainable_lib
 
 log = logging.getLogger(__name__)
 
@@ -122,14 +136,22 @@ def make_layer_registry() -> lr.LayerRegistry:
     return registry
 
 
-def check_model_supported(model: tf_keras.Model, registry: Optional[lr.LayerRegistry] = None):
-    """Raise unless ghost clipping is exact for ``model``: every trainable layer registered, no
-    nested model, no variable owned by two layers."""
+def check_model_supported(model: tf_keras.Model, registry: Optional[lr.LayerRegistry] = None,
+                          selection: Optional[trainable_lib.Selection] = None):
+    """Raise unless ghost clipping is exact for ``model``: every layer with a TRAINED variable
+    (``selection``; default every trainable variable) registered, no nested model, no variable
+    owned by two layers. A frozen layer (no selected variable) is only called, whatever its type."""
     registered = registry.is_elem if registry is not None else ghost.is_registered
+    if selection is None:
+        selection = trainable_lib.Selection.whole(model.trainable_variables)
+
+    def trained(layer):
+        return [v for v in layer.trainable_variables if selection.piece(v) is not None]
+
     calls = {}
     for nodes in model._nodes_by_depth.values():  # pylint: disable=protected-access
         for node in nodes:
-            if not node.is_input and node.layer.trainable_variables:
+            if not node.is_input and trained(node.layer):
                 calls[node.layer.name] = calls.get(node.layer.name, 0) + 1
     shared = sorted(name for name, count in calls.items() if count > 1)
     if shared:
@@ -137,7 +159,7 @@ def check_model_supported(model: tf_keras.Model, registry: Optional[lr.LayerRegi
                                   f"weights): ghost norms would miss the cross terms")
     owners = {}
     for layer in model.layers:
-        if not layer.trainable_variables:
+        if not trained(layer):
             continue
         if isinstance(layer, tf_keras.Model):
             raise NotImplementedError(f"nested model {layer.name!r}: flatten it for ghost clipping")
@@ -145,7 +167,7 @@ def check_model_supported(model: tf_keras.Model, registry: Optional[lr.LayerRegi
             raise NotImplementedError(
                 f"layer {layer.name!r} ({type(layer).__name__}) has trainable weights but no fast "
                 f"clipping registry function; refusing to fall back to a slow path")
-        for var in layer.trainable_variables:
+        for var in trained(layer):
             other = owners.setdefault(var.ref(), layer.name)
             if other != layer.name:
                 raise NotImplementedError(
@@ -214,16 +236,18 @@ def tfp_two_pass_clipped_gradients(model: tf_keras.Model, registry: lr.LayerRegi
     return [_dense(g) for g in grads], losses, norms, outputs
 
 
-def plain_gradients(model: tf_keras.Model, inputs, loss_fn: Callable, example_mask, training: bool = True):
-    """Non-private: Σ_i mask_i ∇ℓ_i (no clipping). Returns ``(grads, per_example_loss, outputs)``."""
+def plain_gradients(model: tf_keras.Model, inputs, loss_fn: Callable, example_mask, training: bool = True,
+                    selection: Optional[trainable_lib.Selection] = None):
+    """Non-private: Σ_i mask_i ∇ℓ_i (no clipping). Returns ``(grads, per_example_loss, outputs)``,
+    ``grads`` aligned with ``selection.pieces`` (default: every trainable variable)."""
     example_mask = tf.cast(example_mask, tf.float32)
+    if selection is None:
+        selection = trainable_lib.Selection.whole(model.trainable_variables)
     with tf.GradientTape() as tape:
         outputs = model(inputs, training=training)
         losses = loss_fn(outputs) * example_mask
         summed = tf.reduce_sum(losses)
-    grads = tape.gradient(summed, model.trainable_variables,
-                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return [_dense(g) for g in grads], losses, outputs
+    return selection.gradients(tape, summed), losses, outputs
 
 
 @dataclasses.dataclass
@@ -349,7 +373,7 @@ class DPSGDTrainStep:
     def __init__(self, model: tf_keras.Model, optimizer, config: DPSGDConfig, *,
                  prepare_fn: Callable, loss_fn: Callable, metrics_fn: Optional[Callable] = None,
                  strategy: Optional[tf.distribute.Strategy] = None, audit_probe: Optional[AuditProbe] = None,
-                 noise_probe: Optional[NoiseProbe] = None):
+                 noise_probe: Optional[NoiseProbe] = None, selection: Optional[trainable_lib.Selection] = None):
         self.model = model
         self.optimizer = optimizer
         self.config = config
@@ -362,15 +386,22 @@ class DPSGDTrainStep:
         if self.replicas != config.replicas:
             raise ValueError(f"strategy has {self.replicas} replicas, config says {config.replicas}")
         self.registry = make_layer_registry()
+        #: What the step trains (``dpbert.model.trainable``): ``self.variables`` is aligned with
+        #: its pieces (a sliced piece is a shadow variable of the slice's shape).
+        self.selection = selection if selection is not None else \
+            trainable_lib.Selection.whole(model.trainable_variables)
         if config.non_private:
             self.clipping_path = "none"
             _log_path_once("dpbert DP-SGD: NON-PRIVATE baseline (no clipping, no noise, epsilon = inf)")
         else:
             self.clipping_path = config.clipping
             if config.clipping == "ghost":
-                check_model_supported(model)
+                check_model_supported(model, selection=self.selection)
                 detail = "ghost norms + book-keeping (one forward, one backward)"
             else:
+                if selection is not None and [p.variable.ref() for p in self.selection.pieces] != \
+                        [v.ref() for v in model.trainable_variables]:
+                    raise ValueError("clipping = tfp_two_pass trains every variable; use ghost for training.trainable")
                 check_model_supported(model, self.registry)
                 detail = "tensorflow-privacy registry ghost norms + second backward pass"
             if config.group_size > 1:
@@ -381,7 +412,20 @@ class DPSGDTrainStep:
         seed = config.noise_seed if config.noise_seed is not None else _entropy_seed()
         self._noise_seed = tf.constant([seed >> 31, seed & 0x7FFFFFFF], dtype=tf.int64)
         with self.strategy.scope():
-            self.variables = list(model.trainable_variables)
+            # A sliced piece (new_tokens' rows) is optimised as a SHADOW variable of the slice's
+            # shape, gathered from its variable before every apply and scattered back after: the
+            # optimizer (slots, weight decay) never sees a frozen coordinate, which stays bit-identical.
+            self._slices = []
+            self.variables = []
+            for i, piece in enumerate(self.selection.pieces):
+                if piece.axis is None:
+                    self.variables.append(piece.variable)
+                    continue
+                shadow = tf.Variable(tf.zeros(piece.shape, piece.variable.dtype), trainable=False,
+                                     name=piece.variable.name.split(":")[0].replace("/", "__") + "__trainable_slice",
+                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+                self._slices.append((piece.variable, shadow, tf.constant(piece.nd_indices())))
+                self.variables.append(shadow)
             self.dp_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_step",
                                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             self.accumulators = [
@@ -428,7 +472,7 @@ class DPSGDTrainStep:
         if self.config.clipping == "ghost":
             grads, losses, norms, outputs = ghost.clipped_gradient_sum(
                 self.model, inputs, loss_fn, example_mask, self.config.clip_norm, training=training,
-                group_size=int(self.config.group_size))
+                group_size=int(self.config.group_size), selection=self.selection)
             return [_dense(g) for g in grads], losses, norms, outputs
         return tfp_two_pass_clipped_gradients(self.model, self.registry, inputs, loss_fn, example_mask,
                                               self.config.clip_norm, training=training)
@@ -441,7 +485,8 @@ class DPSGDTrainStep:
         # A unit (tuple, or patient of k slots) is in the batch when any of its slots is.
         unit_mask = example_mask if k == 1 else tf.reduce_max(tf.reshape(example_mask, [-1, k]), axis=1)
         if self.config.non_private:
-            grads, losses, outputs = plain_gradients(self.model, inputs, loss_fn, example_mask)
+            grads, losses, outputs = plain_gradients(self.model, inputs, loss_fn, example_mask,
+                                                     selection=self.selection)
             clipped = tf.constant(0.0)
             norms = tf.zeros_like(unit_mask)
         else:
@@ -513,7 +558,11 @@ class DPSGDTrainStep:
                 self.strategy.experimental_local_results(norms))
 
     def _apply(self, denominator, canary_sum):
+        for variable, shadow, index in self._slices:  # the slice's current values (e.g. after a restore)
+            shadow.assign(tf.reshape(tf.gather_nd(variable, index), shadow.shape))
         self.strategy.run(self._replica_apply, args=(denominator, canary_sum))
+        for variable, shadow, index in self._slices:  # only the slice's coordinates are written
+            variable.scatter_nd_update(index, tf.reshape(shadow.read_value(), [-1]))
         self.dp_step.assign_add(1)
 
     # ----------------------------------------------------------------- host API

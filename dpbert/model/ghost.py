@@ -40,6 +40,17 @@ vectors summed over the group. Embedding: rows of the same token anywhere in the
 min(1, C/‖Σ_j ∇ℓ_j‖) (times its slot mask), so the group's clipped contribution has norm ≤ C.
 ``group_size = 1`` is per-example clipping.
 
+Partial trainability (``training.trainable``, ``dpbert.model.trainable``): every registry function
+contributes only the terms of its SELECTED variables — a layer's squared norm is the sum of
+per-variable terms (kernel term, bias term; γ, β; each attention projection's kernel and bias),
+so a frozen variable's term is simply left out and it gets no gradient; a layer with no selected
+variable is called as is (not watched). Selected ROWS: the word embedding's frozen rows are zeroed
+in the per-example row gradients before the norm (rows of one token summed first, as always) and
+left out of the book-kept gradient; the output ``Dense``'s selected columns use only those columns
+of G (kernel column j's per-example gradient is X_iᵀG_i[:, j], the bias entry Σ_rows G_i[:, j]).
+LoRA adapters inside attention (``bert.LoRAProjection``: base(x) + s·B(A(x))) are two more linear
+entries of the same einsum forms; the FFN adapters are plain ``Dense`` layers. All exact.
+
 Cost ≈ forward + activation backward + per-layer weight products (what a normal backward does)
 + the norms, so close to a non-private step. ``check_against_brute_force`` in the tests compares
 both the norms and S with per-example gradients computed one example at a time.
@@ -50,11 +61,15 @@ import dataclasses
 import math
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
 import tensorflow as tf
 import tf_keras
 from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import einsum_utils
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import registry_function_utils
+
+from dpbert.model import bert as bert_lib
+from dpbert.model import trainable as trainable_lib
 
 
 @dataclasses.dataclass
@@ -62,13 +77,23 @@ class LayerEntry:
     """What one trainable layer contributes: watched tensors, norm and weighted-gradient fns."""
 
     base: list  # tensors / variables watched on the tape (their gradients feed the fns below)
-    variables: list  # the layer's trainable variables, in the order grad_fn returns them
+    variables: list  # the layer's SELECTED variables, in the order grad_fn returns them
     sqr_norm_fn: Callable  # (base_grads) -> [b]
-    grad_fn: Callable  # (base_grads, weights [b]) -> list aligned with ``variables``
+    grad_fn: Callable  # (base_grads, weights [b]) -> list aligned with ``variables`` (piece shapes)
 
 
 #: cache key of the group size k (rows per clipped group)
 GROUP = "group_size"
+#: cache key of the selection: variable -> ``trainable.Piece`` or None (frozen)
+SELECT = "select"
+
+
+def _select(cache: Dict, variable):
+    """The trainable piece of ``variable`` (None: frozen, no gradient, no part in the norm)."""
+    if variable is None:
+        return None
+    fn = cache.get(SELECT)
+    return trainable_lib.Piece(variable) if fn is None else fn(variable)
 
 
 def _group_sum(t, k: int):
@@ -86,62 +111,104 @@ def _prod(values) -> int:
     return out
 
 
-class _EinsumOp:
-    """Z = einsum(equation, X, W) (+ bias) of one (Einsum)Dense, reshaped to [b, r, a]·[a, o]."""
+#: The einsum form of a ``Dense`` layer: the only one whose kernel / bias may be SLICED (output columns).
+DENSE_EQUATION = "...b,bc->...c"
 
-    def __init__(self, equation: str, kernel, bias, bias_axes: Optional[str], x, z):
+
+class _EinsumOp:
+    """Z = einsum(equation, X, W) (+ bias) of one (Einsum)Dense, reshaped to [b, r, a]·[a, o].
+
+    Only the SELECTED parts contribute: the kernel term and / or the bias term (per-variable
+    contributions to the squared norm). A ``Dense`` kernel / bias selected as a slice of output
+    columns (``new_tokens``: the output layer's columns of the appended tokens) uses only those
+    columns of G: the per-example gradient of kernel column j is X_iᵀG_i[:, j], so the norm and
+    the book-kept gradient of the slice are those of the full formulas on G[:, :, idx]."""
+
+    def __init__(self, equation: str, kernel, bias, bias_axes: Optional[str], x, z, cache: Dict):
         self.equation, self.kernel, self.bias, self.bias_axes = equation, kernel, bias, bias_axes
         self.x, self.z = x, z
+        self.kernel_piece = _select(cache, kernel)
+        self.bias_piece = _select(cache, bias)
+        for piece in (self.kernel_piece, self.bias_piece):
+            if piece is not None and piece.axis is not None:
+                want = len(piece.variable.shape) - 1
+                if equation != DENSE_EQUATION or piece.axis != want:
+                    raise NotImplementedError(f"a slice of {piece.variable.name} along axis {piece.axis}: only the "
+                                              f"output columns of a Dense layer can be sliced")
         x_size, z_size, k_size = _prod(x.shape[1:]), _prod(z.shape[1:]), _prod(kernel.shape)
         rows = int(round(math.sqrt(x_size * z_size / k_size)))
         if rows < 1 or x_size % rows or z_size % rows or (x_size // rows) * (z_size // rows) != k_size:
             raise NotImplementedError(f"cannot factor einsum {equation} shapes {x.shape} {z.shape} {kernel.shape}")
         self.rows, self.a, self.o = rows, x_size // rows, z_size // rows
-        self.use_ghost = rows * (self.a + self.o) < self.a * self.o
-        self.x3 = tf.reshape(einsum_utils._reshape_einsum_inputs(x, equation), [-1, rows, self.a])  # pylint: disable=protected-access
+        self.kernel_cols = None if self.kernel_piece is None or self.kernel_piece.axis is None else \
+            tf.constant(np.asarray(self.kernel_piece.indices, np.int64))
+        self.bias_cols = None if self.bias_piece is None or self.bias_piece.axis is None else \
+            tf.constant(np.asarray(self.bias_piece.indices, np.int64))
+        self.o_sel = self.o if self.kernel_cols is None else int(self.kernel_cols.shape[0])
+        self.use_ghost = rows * (self.a + self.o_sel) < self.a * self.o_sel
+        if self.kernel_piece is not None:
+            self.x3 = tf.reshape(einsum_utils._reshape_einsum_inputs(x, equation), [-1, rows, self.a])  # pylint: disable=protected-access
+
+    @property
+    def variables(self) -> list:
+        return [p.variable for p in (self.kernel_piece, self.bias_piece) if p is not None]
 
     def g3(self, grad):
-        return tf.reshape(einsum_utils._reshape_einsum_outputs(grad, self.equation), [-1, self.rows, self.o])  # pylint: disable=protected-access
+        g3 = tf.reshape(einsum_utils._reshape_einsum_outputs(grad, self.equation), [-1, self.rows, self.o])  # pylint: disable=protected-access
+        return g3 if self.kernel_cols is None else tf.gather(g3, self.kernel_cols, axis=2)
 
     def _bias_axes(self):
         return einsum_utils._get_einsum_bias_adjoint_reduction_axes(  # pylint: disable=protected-access
             self.equation, self.bias_axes, len(self.z.shape))
 
+    def _bias_rows(self, grad):
+        """[b, bias size (or the selected entries)]: each row's bias gradient."""
+        axes = self._bias_axes()
+        qg = tf.reduce_sum(grad, axis=axes) if axes else grad
+        qg = tf.reshape(qg, [tf.shape(qg)[0], -1])
+        return qg if self.bias_cols is None else tf.gather(qg, self.bias_cols, axis=1)
+
     def sqr_norm(self, grad, cache: Dict) -> tf.Tensor:
-        """Squared norms per group of k = ``cache[GROUP]`` rows (k = 1: per example)."""
+        """Squared norms per group of k = ``cache[GROUP]`` rows (k = 1: per example), of the
+        selected variables' gradients only."""
         k = int(cache.get(GROUP, 1))
-        g3 = self.g3(grad)
-        if self.rows * k * (self.a + self.o) < self.a * self.o:  # ghost on the group's k·r rows
-            key = ("xxt", id(self.x), k)
-            xu = self.x3 if k == 1 else tf.reshape(self.x3, [-1, k * self.rows, self.a])
-            gu = g3 if k == 1 else tf.reshape(g3, [-1, k * self.rows, self.o])
-            if key not in cache:
-                cache[key] = tf.matmul(xu, xu, transpose_b=True)
-            norms = tf.reduce_sum(cache[key] * tf.matmul(gu, gu, transpose_b=True), axis=[1, 2])
-        else:
-            per_example = tf.matmul(self.x3, g3, transpose_a=True)  # [b, a, o]
-            cache[("pe", id(self))] = per_example
-            norms = tf.reduce_sum(tf.square(_group_sum(per_example, k)), axis=[1, 2])
-        if self.bias is not None:
-            axes = self._bias_axes()
-            qg = tf.reduce_sum(grad, axis=axes) if axes else grad
-            qg = tf.reshape(qg, [tf.shape(qg)[0], -1])
-            norms += tf.reduce_sum(tf.square(_group_sum(qg, k)), axis=1)
-        return norms
+        terms = []
+        if self.kernel_piece is not None:
+            g3 = self.g3(grad)
+            o = self.o_sel
+            if self.rows * k * (self.a + o) < self.a * o:  # ghost on the group's k·r rows
+                key = ("xxt", id(self.x), k)
+                xu = self.x3 if k == 1 else tf.reshape(self.x3, [-1, k * self.rows, self.a])
+                gu = g3 if k == 1 else tf.reshape(g3, [-1, k * self.rows, o])
+                if key not in cache:
+                    cache[key] = tf.matmul(xu, xu, transpose_b=True)
+                terms.append(tf.reduce_sum(cache[key] * tf.matmul(gu, gu, transpose_b=True), axis=[1, 2]))
+            else:
+                per_example = tf.matmul(self.x3, g3, transpose_a=True)  # [b, a, o]
+                cache[("pe", id(self))] = per_example
+                terms.append(tf.reduce_sum(tf.square(_group_sum(per_example, k)), axis=[1, 2]))
+        if self.bias_piece is not None:
+            terms.append(tf.reduce_sum(tf.square(_group_sum(self._bias_rows(grad), k)), axis=1))
+        return tf.add_n(terms)
 
     def weighted_grads(self, grad, weights, cache: Dict) -> List[tf.Tensor]:
-        per_example = cache.get(("pe", id(self)))
-        if per_example is not None:
-            kernel_grad = tf.tensordot(weights, per_example, axes=1)
-        else:
-            wg = self.g3(grad) * weights[:, tf.newaxis, tf.newaxis]
-            kernel_grad = tf.matmul(tf.reshape(self.x3, [-1, self.a]), tf.reshape(wg, [-1, self.o]),
-                                    transpose_a=True)
-        out = [tf.reshape(kernel_grad, self.kernel.shape)]
-        if self.bias is not None:
-            wgrad = grad * tf.reshape(weights, [-1] + [1] * (len(grad.shape) - 1))
-            axes = [0] + list(self._bias_axes())
-            out.append(tf.reshape(tf.reduce_sum(wgrad, axis=axes), self.bias.shape))
+        out = []
+        if self.kernel_piece is not None:
+            per_example = cache.get(("pe", id(self)))
+            if per_example is not None:
+                kernel_grad = tf.tensordot(weights, per_example, axes=1)
+            else:
+                wg = self.g3(grad) * weights[:, tf.newaxis, tf.newaxis]
+                kernel_grad = tf.matmul(tf.reshape(self.x3, [-1, self.a]), tf.reshape(wg, [-1, self.o_sel]),
+                                        transpose_a=True)
+            out.append(tf.reshape(kernel_grad, self.kernel_piece.shape))
+        if self.bias_piece is not None:
+            if self.bias_cols is None:
+                wgrad = grad * tf.reshape(weights, [-1] + [1] * (len(grad.shape) - 1))
+                axes = [0] + list(self._bias_axes())
+                out.append(tf.reshape(tf.reduce_sum(wgrad, axis=axes), self.bias_piece.shape))
+            else:
+                out.append(tf.tensordot(weights, self._bias_rows(grad), axes=1))
         return out
 
 
@@ -158,27 +225,63 @@ def _call_linear(layer, x, tape):
 
 
 def _einsum_entry(op: _EinsumOp, cache: Dict) -> LayerEntry:
-    variables = [op.kernel] + ([op.bias] if op.bias is not None else [])
-    return LayerEntry(base=[op.z], variables=variables,
+    return LayerEntry(base=[op.z], variables=op.variables,
                       sqr_norm_fn=lambda grads: op.sqr_norm(grads[0], cache),
                       grad_fn=lambda grads, w: op.weighted_grads(grads[0], w, cache))
+
+
+def _has_selected(layer, cache: Dict) -> bool:
+    return any(_select(cache, v) is not None for v in layer.trainable_variables)
+
+
+def _merge(entries: List[LayerEntry]) -> LayerEntry:
+    """One entry for a layer made of several linear parts (sum of their squared norms)."""
+    if len(entries) == 1:
+        return entries[0]
+    sizes = [len(e.base) for e in entries]
+
+    def split(grads):
+        out, start = [], 0
+        for n in sizes:
+            out.append(grads[start:start + n])
+            start += n
+        return out
+
+    def sqr_norm_fn(grads):
+        return tf.add_n([e.sqr_norm_fn(g) for e, g in zip(entries, split(grads))])
+
+    def grad_fn(grads, weights):
+        return [x for e, g in zip(entries, split(grads)) for x in e.grad_fn(g, weights)]
+
+    return LayerEntry(base=[t for e in entries for t in e.base], variables=[v for e in entries for v in e.variables],
+                      sqr_norm_fn=sqr_norm_fn, grad_fn=grad_fn)
+
+
+def _linear(sub, x, equation, bias_axes, tape, cache, entries: List[LayerEntry]):
+    """Call one (Einsum)Dense; registers its entry when it has a selected variable."""
+    if not _has_selected(sub, cache):
+        return sub(x)
+    z, out = _call_linear(sub, x, tape)
+    bias = getattr(sub, "bias", None)
+    op = _EinsumOp(equation, sub.kernel, bias, bias_axes if bias is not None else None, x, z, cache)
+    entries.append(_einsum_entry(op, cache))
+    return out
 
 
 def dense_computation(layer, args, kwargs, tape, cache):
     if kwargs or len(args) != 1:
         raise ValueError("Dense layer calls take exactly one positional input")
-    z, out = _call_linear(layer, args[0], tape)
-    op = _EinsumOp("...b,bc->...c", layer.kernel, layer.bias if layer.use_bias else None,
-                   "c" if layer.use_bias else None, args[0], z)
-    return out, _einsum_entry(op, cache)
+    entries: List[LayerEntry] = []
+    out = _linear(layer, args[0], DENSE_EQUATION, "c", tape, cache, entries)
+    return out, _merge(entries)
 
 
 def einsum_dense_computation(layer, args, kwargs, tape, cache):
     if kwargs or len(args) != 1:
         raise ValueError("EinsumDense layer calls take exactly one positional input")
-    z, out = _call_linear(layer, args[0], tape)
-    op = _EinsumOp(layer.equation, layer.kernel, layer.bias, layer.bias_axes, args[0], z)
-    return out, _einsum_entry(op, cache)
+    entries: List[LayerEntry] = []
+    out = _linear(layer, args[0], layer.equation, layer.bias_axes, tape, cache, entries)
+    return out, _merge(entries)
 
 
 def embedding_computation(layer, args, kwargs, tape, cache):
@@ -188,20 +291,36 @@ def embedding_computation(layer, args, kwargs, tape, cache):
         raise NotImplementedError("sparse / one-hot Embedding is not supported")
     ids = tf.cast(args[0], tf.int32)
     table = layer.embeddings
+    piece = _select(cache, table)
     tape.watch(table)
     out = tf.nn.embedding_lookup(table, ids)
     per_row = _prod(ids.shape[1:])
+    if piece.axis not in (None, 0):
+        raise NotImplementedError(f"embedding {table.name}: only whole rows can be selected")
+    rows = None if piece.axis is None else int(len(piece.indices))
+    local_index = None if piece.axis is None else tf.constant(piece.local_index())
+
+    def kept(g):
+        """(values with the frozen rows zeroed, local row of each value or ``rows``)."""
+        if local_index is None:
+            return g.values, g.indices
+        local = tf.gather(local_index, g.indices)
+        keep = local >= 0
+        return g.values * tf.cast(keep, g.values.dtype)[:, tf.newaxis], tf.where(keep, local, rows)
 
     def sqr_norm_fn(grads):
         k = int(cache.get(GROUP, 1))
-        # A group's rows of the same token (in any of its k sequences) are summed first.
+        # A group's rows of the same token (in any of its k sequences) are summed first; frozen
+        # rows contribute zero vectors.
         group_ids = ids if k == 1 else tf.reshape(ids, [-1, k * per_row])
-        return registry_function_utils.embedding_sqr_norm_fn(grads[0].values, group_ids)
+        return registry_function_utils.embedding_sqr_norm_fn(kept(grads[0])[0], group_ids)
 
     def grad_fn(grads, weights):
-        g = grads[0]
-        values = g.values * tf.repeat(weights, per_row)[:, tf.newaxis]
-        return [tf.math.unsorted_segment_sum(values, g.indices, table.shape[0])]
+        values, segments = kept(grads[0])
+        values = values * tf.repeat(weights, per_row)[:, tf.newaxis]
+        if rows is None:
+            return [tf.math.unsorted_segment_sum(values, segments, table.shape[0])]
+        return [tf.math.unsorted_segment_sum(values, segments, rows + 1)[:rows]]
 
     return out, LayerEntry(base=[table], variables=[table], sqr_norm_fn=sqr_norm_fn, grad_fn=grad_fn)
 
@@ -211,12 +330,17 @@ def layer_norm_computation(layer, args, kwargs, tape, cache):
     if not (layer.center and layer.scale):
         raise NotImplementedError("LayerNormalization needs center=True and scale=True")
     batch = tf.shape(inputs)[0]
-    tiled = []
+    tiled, selected = [], []
 
     def expand(var):
+        if _select(cache, var) is None:
+            return var
+        if _select(cache, var).axis is not None:
+            raise NotImplementedError(f"LayerNorm {var.name}: only whole variables can be selected")
         t = tf.tile(var[tf.newaxis], [batch] + [1] * len(var.shape))
         tape.watch(t)
         tiled.append(t)
+        selected.append(var)
         shape = [1] * len(inputs.shape)
         shape[0] = batch
         for d in layer.axis:
@@ -238,10 +362,13 @@ def layer_norm_computation(layer, args, kwargs, tape, cache):
     def grad_fn(grads, weights):
         return [tf.tensordot(weights, g, axes=1) for g in grads]
 
-    return out, LayerEntry(base=tiled, variables=[gamma, beta], sqr_norm_fn=sqr_norm_fn, grad_fn=grad_fn)
+    return out, LayerEntry(base=tiled, variables=selected, sqr_norm_fn=sqr_norm_fn, grad_fn=grad_fn)
 
 
 def multi_head_attention_computation(layer, args, kwargs, tape, cache):
+    """The four projections as (Einsum)Dense entries (selected variables only); a projection with
+    LoRA adapters (``bert.LoRAProjection``) is base(x) + s·B(A(x)), each of base, A, B its own
+    linear entry (A and B have the einsum forms of the base projections)."""
     query = kwargs.get("query", args[0] if args else None)
     value = kwargs.get("value", args[1] if len(args) > 1 else None)
     key = kwargs.get("key")
@@ -254,13 +381,13 @@ def multi_head_attention_computation(layer, args, kwargs, tape, cache):
         layer._build_from_signature(query=query, value=value, key=key)  # pylint: disable=protected-access
     if key is None:
         key = value
-    entries = []
+    entries: List[LayerEntry] = []
 
     def project(sub, x):
-        z, out = _call_linear(sub, x, tape)
-        op = _EinsumOp(sub.equation, sub.kernel, sub.bias, sub.bias_axes, x, z)
-        entries.append(_einsum_entry(op, cache))
-        return out
+        if isinstance(sub, bert_lib.LoRAProjection):
+            base = project(sub.base, x)
+            return base + sub.scale * project(sub.lora_b, project(sub.lora_a, x))
+        return _linear(sub, x, sub.equation, sub.bias_axes, tape, cache, entries)
 
     q = project(layer._query_dense, query)  # pylint: disable=protected-access
     k = project(layer._key_dense, key)  # pylint: disable=protected-access
@@ -268,16 +395,7 @@ def multi_head_attention_computation(layer, args, kwargs, tape, cache):
     attended, scores = layer._compute_attention(q, k, v, attention_mask, kwargs.get("training"))  # pylint: disable=protected-access
     output = project(layer._output_dense, attended)  # pylint: disable=protected-access
     outputs = (output, scores) if kwargs.get("return_attention_scores") else output
-
-    def sqr_norm_fn(grads):
-        return tf.add_n([e.sqr_norm_fn([g]) for e, g in zip(entries, grads)])
-
-    def grad_fn(grads, weights):
-        return [x for e, g in zip(entries, grads) for x in e.grad_fn([g], weights)]
-
-    variables = [var for e in entries for var in e.variables]
-    return outputs, LayerEntry(base=[e.base[0] for e in entries], variables=variables,
-                               sqr_norm_fn=sqr_norm_fn, grad_fn=grad_fn)
+    return outputs, _merge(entries)
 
 
 #: layer class → computation(layer, args, kwargs, tape, cache) -> (outputs, LayerEntry)
@@ -287,6 +405,7 @@ REGISTRY = {
     tf_keras.layers.Embedding: embedding_computation,
     tf_keras.layers.LayerNormalization: layer_norm_computation,
     tf_keras.layers.MultiHeadAttention: multi_head_attention_computation,
+    bert_lib.LoRAMultiHeadAttention: multi_head_attention_computation,
 }
 
 
@@ -295,8 +414,14 @@ def is_registered(layer) -> bool:
 
 
 def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, example_mask, clip_norm: float,
-                         training: bool = True, group_size: int = 1):
+                         training: bool = True, group_size: int = 1,
+                         selection: Optional["trainable_lib.Selection"] = None):
     """S = Σ_i mask_i·min(1, C/‖∇ℓ_i‖)·∇ℓ_i in ``model.trainable_variables`` order.
+
+    ``selection`` (``dpbert.model.trainable``): only its pieces are trained — the norms are those
+    of the gradient of the selected pieces (frozen variables and frozen rows take no part) and
+    the returned list is aligned with ``selection.pieces`` (a sliced piece's gradient has the
+    slice's shape). Default: every trainable variable, whole.
 
     ``loss_fn(outputs) -> [b]`` per-example losses. Returns ``(grads, losses, norms, outputs)``
     with ``losses`` already multiplied by the mask and ``norms`` the unclipped gradient norms.
@@ -311,7 +436,9 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if k > 1 and example_mask.shape[0] is not None and example_mask.shape[0] % k:
         raise ValueError(f"batch of {example_mask.shape[0]} rows is not a whole number of groups of {k}")
-    cache: Dict = {GROUP: k}
+    if selection is None:
+        selection = trainable_lib.Selection.whole(model.trainable_variables)
+    cache: Dict = {GROUP: k, SELECT: selection.piece}
     entries: List[LayerEntry] = []
     tape = tf.GradientTape(watch_accessed_variables=False)
 
@@ -319,7 +446,7 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
         kwargs = dict(kwargs)
         if training is not None and getattr(layer, "_expects_training_arg", False):
             kwargs["training"] = training
-        if layer.trainable_variables:
+        if _has_selected(layer, cache):
             fn = REGISTRY.get(type(layer))
             if fn is None:
                 raise NotImplementedError(f"layer {layer.name!r} ({type(layer).__name__}) has no ghost "
@@ -354,7 +481,7 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
             if var.ref() in by_var:
                 raise NotImplementedError(f"variable {var.name} is used by two layers (tied weights)")
             by_var[var.ref()] = grad
-    missing = [v.name for v in model.trainable_variables if v.ref() not in by_var]
+    missing = [p.variable.name for p in selection.pieces if p.variable.ref() not in by_var]
     if missing:
         raise NotImplementedError(f"no clipped gradient for variables {missing}")
-    return [by_var[v.ref()] for v in model.trainable_variables], losses, norms, outputs
+    return [by_var[p.variable.ref()] for p in selection.pieces], losses, norms, outputs

@@ -21,7 +21,8 @@ directory; the messages carry no raw text and no exact count.
    ``training.integrity_check_every`` steps (0 = off): one unit of the step's batch chosen with
    secret randomness; before the step runs (same weights), its gradient is recomputed by brute
    force — ONE ``GradientTape`` over that unit's rows alone (a patient: the sum of its ≤ k rows'
-   gradients), independent of ``ghost.py`` — and compared at rtol 1e-4 (float32) with (a) the
+   gradients; with ``training.trainable`` the gradient of the trained pieces only,
+   ``Selection.gradients``), independent of ``ghost.py`` — and compared at rtol 1e-4 (float32) with (a) the
    norm the step's clipping path (``DPSGDTrainStep.clip``) gives that unit on the same micro-batch,
    (b) that path's clipped contribution of the unit alone vs min(1, C/‖g‖)·g, and (c) when the
    model has no active dropout, the norm the step itself used (``DPSGDTrainStep.last_unit_norms``).
@@ -260,7 +261,6 @@ class ClippingCheck:
 
     def _build(self):
         stepper, k, clip = self.stepper, self.k, self.clip_norm
-        variables = stepper.variables
 
         def replica_fn(batch, rows):
             mask = tf.cast(batch["example_mask"], tf.float32)
@@ -272,8 +272,9 @@ class ClippingCheck:
             with tf.GradientTape() as tape:
                 outputs = stepper.model(unit_inputs, training=False)
                 loss = tf.reduce_sum(stepper.loss_fn(unit_targets, outputs) * unit_mask)
-            brute = [tf.convert_to_tensor(g) for g in
-                     tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)]
+            # The gradient of the TRAINED pieces only (training.trainable: frozen variables and rows
+            # are no part of the clipped unit), aligned with the step's variables.
+            brute = [tf.convert_to_tensor(g) for g in stepper.selection.gradients(tape, loss)]
             brute_norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in brute]))
             # The step's clipping path on the same micro-batch, only that unit's slots unmasked.
             grads, _, norms, _ = stepper.clip(inputs, lambda o: stepper.loss_fn(targets, o), mask, training=False)

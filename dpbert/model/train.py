@@ -54,6 +54,7 @@ import tf_keras
 
 from dpbert.model import bert as bert_lib
 from dpbert.model import dpsgd, integrity, masking, sampling
+from dpbert.model import trainable as trainable_lib
 from dpbert.privacy import diagnostics
 from dpbert.privacy.plan import TrainingPlan, plan_training
 
@@ -180,6 +181,8 @@ class TrainResult:
     #: PRIVATE: the run-time integrity checks (``dpbert.model.integrity``): which ran, statistic,
     #: tolerance, passed — with exact counts.
     integrity_checks: dict = dataclasses.field(default_factory=dict)
+    #: What DP-SGD trained (``training.trainable``): the sets and the trained parameter count.
+    trainable: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -411,7 +414,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
               example_ids: Optional[np.ndarray] = None, initial_weights: Optional[list] = None,
               patient_keys: Optional[Sequence[str]] = None,
               charge_limit: Optional[Callable[[float, int], int]] = None,
-              held_lock: Optional[HeldStateLock] = None) -> TrainResult:
+              held_lock: Optional[HeldStateLock] = None,
+              new_token_ids: Optional[Sequence[int]] = None) -> TrainResult:
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
     ``plan``: the ``dpbert.privacy.plan.TrainingPlan`` the budget was checked against (q, steps,
@@ -438,9 +442,21 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     the ledger exceed L is refused (:class:`BudgetExhausted`) BEFORE its write-ahead entry.
     ``held_lock``: ``state_lock(output_dir)``'s value when the caller already holds the lock;
     otherwise ``train_mlm`` takes it for its whole duration.
+    ``new_token_ids``: the ids the DP vocabulary appended to the public one (``token_sources.json``
+    ``ranges.dp``, ``trainable.new_token_ids_from_sources``); required by ``training.trainable``
+    ``new_tokens``. What DP-SGD trains is ``training.trainable`` (``dpbert.model.trainable``):
+    the model is built with LoRA adapters when the set has ``lora`` (base weights from the public
+    start), only the selected pieces get gradients, noise and optimizer state, and the released
+    ``model/`` holds the MERGED weights (a plain BERT).
     """
     t0 = time.time()
     tc = training_config
+    trainable_names = trainable_lib.validate_names(list(getattr(tc, "trainable", ["all"])))
+    lora_spec = bert_lib.LoRASpec(int(tc.lora_rank), float(tc.lora_alpha)) \
+        if trainable_lib.needs_lora(trainable_names) else None
+    if "new_tokens" in trainable_names and new_token_ids is None:
+        raise ValueError("training.trainable new_tokens needs a public or public+dp vocabulary (its "
+                         "token_sources.json says which token ids the DP vocabulary appended)")
     token_ids = np.asarray(token_ids)
     if token_ids.ndim != 2 or not np.issubdtype(token_ids.dtype, np.integer):
         raise ValueError(f"token_ids must be an integer array [n, L], got {token_ids.dtype} {token_ids.shape}")
@@ -501,6 +517,10 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     }
     if patient_unit:  # only then: a tuple-level state directory resumes as before
         run_config.update(unit="patient", max_contributions=k)
+    if trainable_names != ["all"]:  # only then: an existing state directory resumes as before
+        run_config["trainable"] = {"sets": trainable_names,
+                                   "lora_rank": None if lora_spec is None else lora_spec.rank,
+                                   "lora_alpha": None if lora_spec is None else lora_spec.alpha}
     if not resume and (ckpt_dir.exists() or ledger_path.exists()):
         old = _read_json(ledger_path, {})
         log.warning("resume=False: discarding checkpoints in %s (previous chain executed %s DP steps)",
@@ -512,7 +532,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     previous = _read_json(output_dir / RUN_CONFIG_FILE, None)
     if resume and previous is not None and (ckpt_dir.exists() and tf.train.latest_checkpoint(str(ckpt_dir))):
         if previous != json.loads(json.dumps(run_config)):
-            diff = sorted(k for k in run_config if previous.get(k) != json.loads(json.dumps(run_config[k])))
+            current = json.loads(json.dumps(run_config))
+            diff = sorted(k for k in set(current) | set(previous) if previous.get(k) != current.get(k))
             raise ValueError(f"cannot resume {output_dir}: parameters changed ({', '.join(diff)}); "
                              f"use a new output_dir or resume=False")
     _write_json_atomic(output_dir / RUN_CONFIG_FILE, run_config)
@@ -546,11 +567,16 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         elif model_config.init == "minilm":
             init_stats = init_public.init_from_checkpoint(models, vocab_tokens, public_checkpoint_dir, tc.seed)
             log.info("initialised from the public checkpoint: %s", init_stats)
+        if lora_spec is not None:  # adapters (B = 0) on the start above, which becomes the frozen base
+            models = bert_lib.add_lora(models, lora_spec, seed=tc.seed)
+        selection = trainable_lib.select(models, trainable_names, new_token_ids)
         optimizer = make_optimizer(tc, steps_planned)
+    log.info("training.trainable %s: %d trained parameters of %d", ",".join(trainable_names), selection.size,
+             bert_lib.count_parameters(spec))
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn,
                                    loss_fn=loss_fn, metrics_fn=metrics_fn, strategy=strategy,
                                    noise_probe=None if tc.non_private else integrity.make_noise_probe(
-                                       models.mlm.trainable_variables, seed=tc.noise_seed))
+                                       selection.pieces, seed=tc.noise_seed), selection=selection)
     checkpoint = tf.train.Checkpoint(model=models.mlm, optimizer=optimizer, dp_step=stepper.dp_step)
     manager = tf.train.CheckpointManager(checkpoint, str(ckpt_dir), max_to_keep=3)
     start_step = 0
@@ -669,11 +695,12 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[1]) != step:
         manager.save(checkpoint_number=step)
     model_dir = output_dir / "model"
-    bert_lib.save_bert(models, model_dir)
+    released_models = bert_lib.merge_lora(models)  # a plain BERT: adapters folded into the kernels
+    bert_lib.save_bert(released_models, model_dir)
     saved_model_dir = None
     if export_saved_model:
         saved_model_dir = output_dir / "saved_model"
-        models.encoder.save(str(saved_model_dir), include_optimizer=False, save_format="tf")
+        released_models.encoder.save(str(saved_model_dir), include_optimizer=False, save_format="tf")
         saved_model_dir = str(saved_model_dir)
 
     result = TrainResult(
@@ -695,6 +722,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         strategy=type(strategy).__name__, seconds=time.time() - t0, model_dir=str(model_dir),
         checkpoint_dir=str(ckpt_dir), saved_model_dir=saved_model_dir, tensorboard_dir=str(tb_dir),
         ledger_path=str(ledger_path), integrity_checks=integrity_checks,
+        trainable=dict(selection.describe(), total_parameters=bert_lib.count_parameters(spec)),
         observed=integrity.observe(sampler, stepper, ledger_path,
                                    diagnostics.noise_stds(gradient_sigma, diag) if release_diagnostics else {}))
     _write_json_atomic(output_dir / RESULT_FILE, result.to_dict())

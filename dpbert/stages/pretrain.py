@@ -355,6 +355,15 @@ def charged_ledger(vocab_record, count_record, sigma: float, plan, rows: int, st
     return ledger(vocab_record, records, ledger_delta(vocab_record, training_delta))
 
 
+def _new_token_ids(vocabulary_dir):
+    """The ids the DP vocabulary appended to the public one (training.trainable new_tokens); None
+    for a DP vocabulary (no token_sources.json)."""
+    from dpbert.model.trainable import new_token_ids_from_sources
+    from dpbert.vocab.public import read_token_sources
+
+    return new_token_ids_from_sources(read_token_sources(vocabulary_dir))
+
+
 def budget_step_limit(budget: float, vocab_record, count_record, plan, rows: int, training_delta: float):
     """``limit(σ, needed) -> L`` for ``train_mlm(charge_limit=...)``: the largest number of executed
     steps L ≤ ``needed`` whose composed ε (vocabulary, count and L steps at σ) is ≤ ``budget``.
@@ -503,7 +512,8 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
                                progress=True, vocab_tokens=vocab_tokens, stop_after_steps=stop_after_steps,
                                export_saved_model=export_saved_model, example_ids=row_ids,
                                public_checkpoint_dir=checkpoint, initial_weights=initial_weights,
-                               patient_keys=patient_keys, charge_limit=limit, held_lock=held_lock)
+                               patient_keys=patient_keys, charge_limit=limit, held_lock=held_lock,
+                               new_token_ids=_new_token_ids(vocabulary_dir))
         except BudgetExhausted as refused:
             _refuse(state, refused, budget, vocab_record, count_record, plan, n, tc.delta)
         _copy_artifact_files(state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
