@@ -444,16 +444,49 @@ class LocalPrivacyConfig:
         _check(self.seed is None or self.seed >= 0, f"{prefix}.seed", "must be >= 0 (or null)", self.seed)
 
 
+#: Beam runners dpbert refuses (``beam.runner`` or a ``--runner`` in ``beam.extra_args``), by
+#: normalized name (``BeamConfig.runner_key``), with the reason.
+REFUSED_BEAM_RUNNERS = {
+    "dask": ("is refused: Beam's DaskRunner splits a key's group across partitions (apache/beam#29365; "
+             "in Beam 2.59 Count.PerElement returned every key as two partial counts). The vocabulary "
+             "job's shuffles would then cap a patient at k tuples PER PART and noise and threshold a "
+             "word once PER PART: with two parts the sensitivity and the threshold's δ double, and the "
+             "recorded ε is not the mechanism's. Use DirectRunner, DataflowRunner, or FlinkRunner / "
+             "SparkRunner / PortableRunner through a Beam job server"),
+}
+
+
 @dataclasses.dataclass
 class BeamConfig:
-    #: DirectRunner | DataflowRunner | FlinkRunner | SparkRunner | PortableRunner
+    #: DirectRunner | DataflowRunner | FlinkRunner | SparkRunner | PortableRunner (DaskRunner refused)
     runner: str = "DirectRunner"
     direct_running_mode: str = "multi_processing"
     direct_num_workers: int = 2
     #: Extra pipeline options passed verbatim (e.g. --project=..., --region=...).
     extra_args: List[str] = dataclasses.field(default_factory=list)
 
+    @staticmethod
+    def runner_key(runner) -> str:
+        """``DaskRunner``, ``dask``, ``apache_beam.runners.dask.dask_runner.DaskRunner`` → ``dask``."""
+        key = str(runner or "").strip().rsplit(".", 1)[-1].lower()
+        return key[: -len("runner")] if key.endswith("runner") else key
+
+    def _extra_runners(self) -> List[str]:
+        """The values of ``--runner`` in ``extra_args`` (they override ``runner``: Beam's last wins)."""
+        args, found = list(self.extra_args), []
+        for i, arg in enumerate(args):
+            if arg.startswith("--runner="):
+                found.append(arg.split("=", 1)[1])
+            elif arg == "--runner" and i + 1 < len(args):
+                found.append(args[i + 1])
+        return found
+
     def validate(self, prefix: str):
+        _check(self.runner_key(self.runner) not in REFUSED_BEAM_RUNNERS, f"{prefix}.runner",
+               REFUSED_BEAM_RUNNERS.get(self.runner_key(self.runner), ""), self.runner)
+        for runner in self._extra_runners():
+            _check(self.runner_key(runner) not in REFUSED_BEAM_RUNNERS, f"{prefix}.extra_args --runner",
+                   REFUSED_BEAM_RUNNERS.get(self.runner_key(runner), ""), runner)
         _check(self.direct_running_mode in ("in_memory", "multi_threading", "multi_processing"),
                f"{prefix}.direct_running_mode", "must be in_memory, multi_threading or multi_processing",
                self.direct_running_mode)

@@ -23,13 +23,20 @@ matter:
   engine runs the job is decided by the job server behind the endpoint, so ``beam.runner:
   FlinkRunner`` / ``SparkRunner`` / ``PortableRunner`` all compile to ``--runner=PortableRunner``
   (this also avoids ``FlinkRunner``'s default of ``--environment_type=LOOPBACK``, which would
-  make the Flink workers call back into the Vertex step).
+  make the Flink workers call back into the Vertex step). The job-service protocol itself is
+  tested end to end in ``tests/beam/test_job_service.py`` (Beam's local job service and an
+  ``EXTERNAL`` worker pool on loopback); Dataflow, Flink and Spark themselves are not run here.
+* **DaskRunner is refused** (``dpbert.config.REFUSED_BEAM_RUNNERS``, exit 2 naming
+  ``beam.runner``): Beam 2.59's DaskRunner splits a key's group across partitions
+  (apache/beam#29365: per-key counts come back in parts), so the patient cap would keep k tuples
+  per part and each part of a word's count would be noised and thresholded on its own: with two
+  parts, twice the sensitivity and the threshold's δ the recorded ε was computed for.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from dpbert.config import Config, ConfigError
+from dpbert.config import REFUSED_BEAM_RUNNERS, BeamConfig, Config, ConfigError
 
 #: beam.runner (normalized) -> the Beam runner the Vertex step launches.
 _RUNNERS = {
@@ -45,9 +52,9 @@ PORTABLE_ENVIRONMENTS = ("DOCKER", "EXTERNAL", "PROCESS")
 
 
 def _normalized_runner(runner: str) -> str:
-    key = (runner or "").strip().lower()
-    if key.endswith("runner"):
-        key = key[: -len("runner")]
+    key = BeamConfig.runner_key(runner)
+    if key in REFUSED_BEAM_RUNNERS:  # BeamConfig.validate refuses it first; a config built in code too
+        raise ConfigError(f"beam.runner {REFUSED_BEAM_RUNNERS[key]}, got {runner!r}")
     if key not in _RUNNERS:
         raise ConfigError(
             f"beam.runner {runner!r} is not supported for Vertex AI; use DirectRunner (inside the "
