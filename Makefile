@@ -32,11 +32,15 @@ demo: venv
 browser:
 	bash .ci/install-chromium.sh
 
+# Two pytest-xdist workers (one TensorFlow thread each: tests/conftest.py); --dist loadgroup keeps the
+# tests of one xdist_group (the shared tiny DAG run) on one worker.
+PYTEST_XDIST := -n 2 --dist loadgroup
+
 test: venv browser
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow" tests
 
 test-all: venv browser
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PYTEST_XDIST) tests
 
 bench: venv
 	$(PY) benchmarks/run_all.py
