@@ -213,7 +213,8 @@ class TrainingConfig:
     diagnostics_noise_ratio: float = 8.0
     #: Per-example MLM loss clipped to [0, this] nats before its noisy sum (its sensitivity).
     diagnostics_loss_bound: float = 12.0
-    #: tpu | mirrored | multi_worker_mirrored | default.
+    #: default | mirrored (P devices of one process) | multi_worker (MultiWorkerMirroredStrategy over the
+    #: cluster in $TF_CONFIG; Poisson sampling only) | tpu.
     strategy: str = "default"
     learning_rate: float = 1e-3
     warmup_steps: int = 10
@@ -287,8 +288,13 @@ class TrainingConfig:
                f"{self.replicas * self.accumulation_steps}", self.batch_size)
         _check(self.sampling in ("poisson", "shuffle"), f"{prefix}.sampling", "must be poisson or shuffle",
                self.sampling)
-        _check(self.strategy in ("default", "mirrored", "tpu", "multi_worker_mirrored"), f"{prefix}.strategy",
-               "must be default, mirrored, tpu or multi_worker_mirrored", self.strategy)
+        _check(self.strategy != "multi_worker_mirrored", f"{prefix}.strategy",
+               "multi_worker_mirrored is now called multi_worker", self.strategy)
+        _check(self.strategy in ("default", "mirrored", "tpu", "multi_worker"), f"{prefix}.strategy",
+               "must be default, mirrored, tpu or multi_worker", self.strategy)
+        _check(self.strategy != "multi_worker" or self.sampling == "poisson", f"{prefix}.sampling",
+               "must be poisson with training.strategy multi_worker (each worker flips its own units' "
+               "coins; a shuffled fixed-size batch would need one permutation across workers)", self.sampling)
         _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
         _check(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0", self.warmup_steps)
         _check(0 < self.mask_probability < 1, f"{prefix}.mask_probability", "must be in (0, 1)",

@@ -137,6 +137,10 @@ def _add_privacy_parser(sub):
     q.add_argument("--clip", type=float, required=True)
     q.add_argument("--batch-size", type=int, required=True, help="B, logical batch size")
     q.add_argument("--steps", type=int, default=200, help="noisy steps to measure over")
+    q.add_argument("--workers", type=int, default=1,
+                   help="W worker processes on loopback (training.strategy multi_worker: "
+                        "MultiWorkerMirroredStrategy, one replica each; TF_CONFIG set per process)")
+    q.add_argument("--timeout", type=float, default=300.0, help="--workers: seconds before every worker is killed")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=commands.cmd_privacy_noise_check)
 

@@ -34,6 +34,45 @@ The logical batch is split into P·T shards (p, t); S = Σ_p Σ_t S_{p,t}.
    √(P·T) (same distribution as P·T independent σC draws) and ``effective_noise_multiplier``
    reports σ√(P·T), which is what an accountant must then be given.
 
+Across worker processes (``training.strategy: multi_worker``, ``MultiWorkerMirroredStrategy``)
+------------------------------------------------------------------------------------------
+W processes (R = Σ_w P_w replicas in sync, the all-reduce spans all of them). Worker w holds the
+units u with h(u) mod W = w (``sampling.shard_of``: a stable hash of the record id, or of the
+patient's own id, so a patient's ≤ k tuples are all on one worker and its ghost norm is the
+norm of its whole summed gradient), flips its own units' Poisson coins with q, clips them and
+accumulates S_w = Σ_{u∈β_w} g_u. Coins are independent across units whatever worker flips
+them, so β = ∪_w β_w is the Poisson sample of the whole dataset at q: the DP event is that of
+one process. The SUM all-reduce gives every replica S = Σ_w S_w exactly (bit-identical on all
+workers: a ring all-reduce reduces each chunk once and broadcasts it).
+
+Choice made here: the SAME draw z ~ N(0, σ²C²I) added AFTER the SUM on every replica, as in one
+process. The workers agree on the noise seed by an all-reduce at construction: replica 0 (on the
+chief) contributes its OS-entropy seed, every other replica 0, so the SUM is the chief's seed on
+every worker; it lives in a tensor only (never logged, never checkpointed; a resumed run draws a
+new one). Then every worker computes z from (seed, dp_step, variable index), adds it to the
+identical S, divides by B and applies the identical optimizer update: parameters stay
+bit-identical on every worker after every step, and the update's noise std is σC/B — not
+σC√W/B (each worker its own full-σ draw before the SUM), not WσC/B (the same draw added before
+the SUM: Σ_w z = W·z), and with each worker's own seed after the SUM the workers' parameters
+would silently diverge. Those three broken placements are the positive controls of the noise
+check (``DPSGDConfig.noise_control``, tests only; ``noise_check --workers``).
+The equivalent alternative (independent N(0, σ²C²/R) per replica before the SUM, no shared
+secret) was not chosen: it would make a run's noise depend on R, so the same test seed could not
+give the same released parameters in every layout, and the run-time noise probe (z = (S+z) − S,
+``dpbert.model.integrity``) would need the per-replica parts.
+
+Every worker runs the same number of accumulation rounds per step (``sync_step`` all-reduces the
+local round counts and takes the max; a worker with fewer sampled units runs all-padding rounds,
+which add exactly 0), because every round and the apply are collective. The same all-reduce is
+the write-ahead barrier: the chief enters it only after its ledger entry for the step is on
+disk and carries its go/stop flag (budget), so no worker computes a step the chief has not
+charged (``dpbert.model.train``). Non-chief workers write nothing to the state directory except
+through the chief: their checkpoints go to a temporary directory that is removed at once.
+
+TPU pods (``TPUStrategy``): the step is compiled with a static number of rounds, so the batch
+needs a cap (``sampling.poisson_batch_cap``); the guarantee becomes (ε, δ + steps·p_fail). The
+noise placement (one seeded draw after the cross-replica SUM) is the same; untested here.
+
 Because a Poisson batch has a random size, the number of micro-steps of a logical step is
 whatever the batch needs (``sampling.py``); the noise is still drawn once, at the end.
 
@@ -115,6 +154,8 @@ from dpbert.model import trainable as trainable_lib
 log = logging.getLogger(__name__)
 
 NOISE_MODES = ("once", "paper")
+#: Positive controls of the noise check (``DPSGDConfig.noise_control``): broken on purpose.
+NOISE_CONTROLS = ("per_replica_full", "same_before_sum", "own_seed")
 CLIPPING_PATHS = ("ghost", "tfp_two_pass")
 _LOGGED_PATHS = set()
 
@@ -262,6 +303,11 @@ class DPSGDConfig:
     noise_mode: str = "once"
     #: Fixed noise seed: tests only. None = OS entropy.
     noise_seed: Optional[int] = None
+    #: TESTS ONLY: a deliberately BROKEN noise placement, the positive controls of the noise check
+    #: (``NOISE_CONTROLS``): per_replica_full (each replica its own N(0, σ²C²) before the SUM: std
+    #: √R × σC), same_before_sum (the one draw added on every replica before the SUM: R × σC),
+    #: own_seed (each worker its own seed after the SUM: parameters diverge). Never set by train_mlm.
+    noise_control: Optional[str] = None
     replicas: int = 1
     accumulation_steps: int = 1
     #: ghost (one backward, book-keeping) | tfp_two_pass (tensorflow-privacy registry, 2 backward)
@@ -280,6 +326,8 @@ class DPSGDConfig:
             raise ValueError("group_size > 1 (user-level clipping) needs clipping = ghost")
         if self.noise_mode not in NOISE_MODES:
             raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
+        if self.noise_control is not None and self.noise_control not in NOISE_CONTROLS:
+            raise ValueError(f"noise_control must be one of {NOISE_CONTROLS} (tests only), got {self.noise_control!r}")
         if self.clipping not in CLIPPING_PATHS:
             raise ValueError(f"clipping must be one of {CLIPPING_PATHS}, got {self.clipping!r}")
         if not self.non_private:
@@ -347,6 +395,30 @@ def _entropy_seed() -> int:
     return secrets.randbits(62)
 
 
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """The strategy's public name (TF's MultiWorkerMirroredStrategy is a CollectiveAllReduceStrategy)."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "MultiWorkerMirroredStrategy"
+    return type(strategy).__name__
+
+
+def worker_layout(strategy: Optional[tf.distribute.Strategy] = None):
+    """``(W, w)``: the number of worker processes of ``strategy`` and this process's rank in it
+    (the chief is rank 0; the rank orders the replicas: global replica id = w·P_local + local id).
+    ``(1, 0)`` for every single-process strategy."""
+    strategy = strategy or tf.distribute.get_strategy()
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None:
+        return 1, 0
+    from tensorflow.python.distribute import multi_worker_util  # pylint: disable=import-outside-toplevel
+
+    spec = resolver.cluster_spec()
+    if not spec.jobs:
+        return 1, 0
+    count = sum(len(spec.job_tasks(job)) for job in ("chief", "worker") if job in spec.jobs)
+    return count, int(multi_worker_util.id_in_cluster(spec, resolver.task_type, resolver.task_id))
+
+
 class DPSGDTrainStep:
     """The distributed train step: clipped sums accumulated over micro-rounds, one noise draw.
 
@@ -385,6 +457,11 @@ class DPSGDTrainStep:
         self.replicas = self.strategy.num_replicas_in_sync
         if self.replicas != config.replicas:
             raise ValueError(f"strategy has {self.replicas} replicas, config says {config.replicas}")
+        #: Worker processes and this one's rank (``worker_layout``); the replicas of this process.
+        self.workers, self.worker_index = worker_layout(self.strategy)
+        self.local_replicas = len(self.strategy.extended.worker_devices) if self.workers > 1 else self.replicas
+        if self.workers * self.local_replicas != self.replicas:
+            raise ValueError(f"{self.workers} workers x {self.local_replicas} local replicas != {self.replicas}")
         self.registry = make_layer_registry()
         #: What the step trains (``dpbert.model.trainable``): ``self.variables`` is aligned with
         #: its pieces (a sliced piece is a shadow variable of the slice's shape).
@@ -410,7 +487,13 @@ class DPSGDTrainStep:
                            f"noise mode = {config.noise_mode} (one draw per logical batch"
                            f"{'' if config.noise_mode == 'once' else ', scaled by sqrt(P*T)'})")
         seed = config.noise_seed if config.noise_seed is not None else _entropy_seed()
+        if config.noise_control == "own_seed":  # positive control: each worker its own seed
+            seed = (seed + 7919 * self.worker_index) % (1 << 62) if config.noise_seed is not None else seed
         self._noise_seed = tf.constant([seed >> 31, seed & 0x7FFFFFFF], dtype=tf.int64)
+        if self.workers > 1 and config.noise_control != "own_seed":
+            # One seed for every worker: the chief's (replica 0), shared by an all-reduce in which
+            # every other replica contributes 0. Held in a tensor only, never logged or stored.
+            self._noise_seed = self._from_replica_zero(self._noise_seed)
         with self.strategy.scope():
             # A sliced piece (new_tokens' rows) is optimised as a SHADOW variable of the slice's
             # shape, gathered from its variable before every apply and scattered back after: the
@@ -512,8 +595,10 @@ class DPSGDTrainStep:
             acc.assign_add(g)
         return stats, norms
 
-    def _noise(self):
+    def _noise(self, stream=None):
         step_seed = tf.random.experimental.stateless_fold_in(self._noise_seed, self.dp_step.read_value())
+        if stream is not None:  # positive control only: a different draw per replica
+            step_seed = tf.random.experimental.stateless_fold_in(step_seed, tf.cast(stream, tf.int64) + 1)
         std = self.config.effective_noise_multiplier * self.config.clip_norm
         return [std * tf.random.stateless_normal(
                     v.shape, tf.random.experimental.stateless_fold_in(step_seed, i), dtype=v.dtype,
@@ -523,6 +608,11 @@ class DPSGDTrainStep:
     def _replica_apply(self, denominator, canary_sum):
         grads = [acc.read_value() for acc in self.accumulators]
         ctx = tf.distribute.get_replica_context()
+        control = None if self.config.non_private else self.config.noise_control
+        if control == "per_replica_full":  # BROKEN on purpose: R independent σC draws summed
+            grads = [g + z for g, z in zip(grads, self._noise(stream=ctx.replica_id_in_sync_group))]
+        elif control == "same_before_sum":  # BROKEN on purpose: R copies of the one draw summed
+            grads = [g + z for g, z in zip(grads, self._noise())]
         if self.replicas > 1:
             grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         if self.audit_probe is not None:
@@ -533,8 +623,8 @@ class DPSGDTrainStep:
             self.observed_noiseless.assign(tf.gather_nd(flat, self._probe_index))
         if self.noise_probe is not None:
             self.noise_probe_clean.assign(self._noise_probe_gather(grads))
-        if not self.config.non_private:
-            # The same seed on every replica: the same single draw z is added everywhere.
+        if not self.config.non_private and control in (None, "own_seed"):
+            # The same seed on every replica (and every worker): the same single draw z everywhere.
             grads = [g + z for g, z in zip(grads, self._noise())]
         if self.audit_probe is not None:
             self.observed.assign(tf.gather_nd(tf.reshape(grads[self.audit_probe.variable_index], [-1]),
@@ -553,6 +643,14 @@ class DPSGDTrainStep:
 
     # ----------------------------------------------------------------- cross-replica functions
     def _accumulate(self, batch, round_index):
+        if self.workers > 1:  # the stats summed over every worker's replicas (a collective in the round)
+            def replica_fn(batch, round_index):
+                stats, norms = self._replica_accumulate(batch, round_index)
+                return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, stats), norms
+
+            stats, norms = self.strategy.run(replica_fn, args=(batch, round_index))
+            return (self.strategy.experimental_local_results(stats)[0],
+                    self.strategy.experimental_local_results(norms))
         stats, norms = self.strategy.run(self._replica_accumulate, args=(batch, round_index))
         return (self.strategy.reduce(tf.distribute.ReduceOp.SUM, stats, axis=None),
                 self.strategy.experimental_local_results(norms))
@@ -565,12 +663,55 @@ class DPSGDTrainStep:
             variable.scatter_nd_update(index, tf.reshape(shadow.read_value(), [-1]))
         self.dp_step.assign_add(1)
 
+    def _from_replica_zero(self, value):
+        """``value`` as held by global replica 0 (the chief), on every worker (an all-reduce SUM in
+        which every other replica contributes zeros)."""
+        def replica_fn(x):
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                                  tf.where(tf.equal(ctx.replica_id_in_sync_group, 0), x, tf.zeros_like(x)))
+
+        out = tf.function(lambda x: self.strategy.run(replica_fn, args=(x,)), autograph=False)(value)
+        return tf.identity(self.strategy.experimental_local_results(out)[0])
+
+    def sync_step(self, local_rounds: int, go: bool = True):
+        """Agree across worker processes before a step: ``(rounds, go)`` — the MAX of every
+        worker's round count (every worker must run as many collective rounds) and the chief's
+        go flag (False: the chief refused the step, e.g. over budget). It is a collective all
+        workers must enter, so it is also the barrier behind the chief's write-ahead ledger entry.
+        One process: ``(local_rounds, go)``, nothing exchanged."""
+        if self.workers == 1:
+            return int(local_rounds), bool(go)
+        fn = getattr(self, "_sync_fn", None)
+        if fn is None:
+            size = self.replicas + 1
+
+            def replica_fn(rounds, flag):
+                ctx = tf.distribute.get_replica_context()
+                rid = tf.cast(ctx.replica_id_in_sync_group, tf.int64)
+                vec = tf.one_hot(rid, size, dtype=tf.int64) * rounds + tf.one_hot(
+                    size - 1, size, dtype=tf.int64) * tf.where(tf.equal(rid, 0), flag, tf.zeros_like(flag))
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, vec)
+
+            fn = self._sync_fn = tf.function(
+                lambda r, f: self.strategy.run(replica_fn, args=(r, f)), autograph=False)
+        out = self.strategy.experimental_local_results(
+            fn(tf.constant(int(local_rounds), tf.int64), tf.constant(int(bool(go)), tf.int64)))[0].numpy()
+        return int(out[:-1].max()), bool(out[-1])
+
+    @staticmethod
+    def padding_round(like: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """An all-padding round shaped like ``like`` (zeros, example mask 0: adds exactly 0)."""
+        return {"features": tf.nest.map_structure(lambda a: np.zeros_like(np.asarray(a)), like["features"]),
+                "example_mask": np.zeros_like(np.asarray(like["example_mask"], np.float32))}
+
     # ----------------------------------------------------------------- host API
     def _distribute(self, round_batch):
         features = tf.nest.map_structure(np.asarray, round_batch["features"])
         mask = np.asarray(round_batch["example_mask"], dtype=np.float32)
-        if any(a.shape[0] != self.replicas for a in tf.nest.flatten(features)) or mask.shape[0] != self.replicas:
-            raise ValueError(f"round arrays must have a leading replica axis of {self.replicas}")
+        local = self.local_replicas
+        if any(a.shape[0] != local for a in tf.nest.flatten(features)) or mask.shape[0] != local:
+            raise ValueError(f"round arrays must have a leading replica axis of {local} (this process's replicas)")
 
         def replica(p):
             return {"features": tf.nest.map_structure(lambda a: tf.constant(a[p]), features),
@@ -578,8 +719,9 @@ class DPSGDTrainStep:
 
         if self._default_strategy:
             return replica(0)
+        # Global replica id = worker rank · local replicas + local id (one process: the id itself).
         return self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: replica(ctx.replica_id_in_sync_group))
+            lambda ctx: replica(ctx.replica_id_in_sync_group % local))
 
     def distribute(self, round_batch):
         """One round ``{"features": [P, m, ...], "example_mask": [P, m]}`` as the step's per-replica

@@ -88,15 +88,29 @@ def _rng(seed: Optional[int], stream: int) -> np.random.Generator:
 
 
 # --------------------------------------------------------------------------- event values
-def observe(sampler, stepper: dpsgd.DPSGDTrainStep, ledger_path, diagnostics_noise_std: Mapping[str, float]) -> dict:
+def observe(sampler, stepper: dpsgd.DPSGDTrainStep, ledger_path, diagnostics_noise_std: Mapping[str, float],
+            steps_executed: Optional[int] = None) -> dict:
     """The values ``event_check.check_event`` compares with the record, read from the objects that
     used them: the running sampler, the step, and the write-ahead ledger on disk.
     ``diagnostics_noise_std``: the std of the noise on each released diagnostic sum (empty without
-    DP diagnostics), whose sensitivity is the step's loss bound (loss) or 1."""
+    DP diagnostics), whose sensitivity is the step's loss bound (loss) or 1.
+
+    Several worker processes: the values are the GLOBAL mechanism's, never one worker's share —
+    q is the coin probability every worker's sampler flips with (the union of the workers'
+    samples is the Poisson sample at q), the divisor B the step's public global expected batch
+    (a worker's own expected share is B/W and appears nowhere), P the replicas in sync over all
+    workers (the all-reduce's span), σ and the mode the step's, and the steps the CHIEF's ledger
+    (``ledger_path``; a non-chief, which has no ledger, passes ``steps_executed``, its own count,
+    and its values are not what the stage checks)."""
     config = stepper.config
     patient = isinstance(sampler, sampling.PatientPoissonSampler)
-    with open(ledger_path, encoding="utf-8") as f:
-        steps = int(json.load(f)["steps_executed"])
+    if ledger_path is not None:
+        with open(ledger_path, encoding="utf-8") as f:
+            steps = int(json.load(f)["steps_executed"])
+    elif steps_executed is not None:
+        steps = int(steps_executed)
+    else:
+        raise ValueError("observe needs the chief's ledger_path (or a non-chief's steps_executed)")
     multipliers = {}
     for part, std in (diagnostics_noise_std or {}).items():
         sensitivity = float(config.loss_bound) if part == "loss" else 1.0
@@ -115,6 +129,8 @@ def observe(sampler, stepper: dpsgd.DPSGDTrainStep, ledger_path, diagnostics_noi
         "accumulation_steps": int(config.accumulation_steps),
         "diagnostic_noise_multipliers": multipliers,
         "expected_batch_size": float(config.expected_batch_size),
+        "workers": int(getattr(stepper, "workers", 1)),
+        "steps_from": "ledger" if ledger_path is not None else "this worker (not the chief)",
     }
     if sampler.mode == "shuffle":  # PRIVATE: the exact n the permutations run over
         out.update(batch_size=int(sampler.batch_size), units=int(sampler.n))
@@ -363,7 +379,9 @@ class RunChecks:
 
     def __init__(self, stepper: dpsgd.DPSGDTrainStep, *, sampling_mode: str, units: int, q: float,
                  batch_size: int, every: int, output_dir, seed: Optional[int] = None):
-        self.stepper, self.every, self.output_dir = stepper, int(every), Path(output_dir)
+        # output_dir None: a non-chief worker of a multi-worker run (writes nothing).
+        self.stepper, self.every = stepper, int(every)
+        self.output_dir = Path(output_dir) if output_dir is not None else None
         self.enabled = not stepper.config.non_private
         self.steps_run = 0
         self.units = UnitsCheck(sampling_mode, units, q, batch_size)
@@ -408,7 +426,8 @@ class RunChecks:
             if result.get("ran") and not result.get("passed"):
                 raise IntegrityCheckFailed(
                     f"run-time integrity check '{name}' failed: {checks[name].message(result)}. The run stops and "
-                    f"nothing is released; the statistics (operator-only) are in {self.output_dir / INTEGRITY_FILE}")
+                    f"nothing is released; the statistics (operator-only) are in "
+                    f"{self.output_dir / INTEGRITY_FILE if self.output_dir is not None else 'the chief'}")
 
     def finish(self) -> Dict[str, dict]:
         """Evaluate everything once more at the end of the run; raises on a failure."""
@@ -419,6 +438,8 @@ class RunChecks:
         return results
 
     def _write(self, results):
+        if self.output_dir is None:
+            return
         path = self.output_dir / INTEGRITY_FILE
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(results, indent=2, sort_keys=True, default=float), encoding="utf-8")

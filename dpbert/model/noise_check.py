@@ -23,16 +23,34 @@ CLI (its own process, so P logical CPUs can be configured before TensorFlow star
         --clip 0.01 --batch-size 16 --steps 30 [--json]
 
 ``run_noise_check_cli(args)`` serves ``dpbert privacy noise-check`` (P > 1 in a subprocess).
+
+Across worker processes (``--workers W``, ``training.strategy: multi_worker``): ``launch_workers``
+starts W processes of this module on loopback (free ports, one ``TF_CONFIG`` each, their own
+sessions, all killed when one fails or the time limit passes), each builds
+``MultiWorkerMirroredStrategy`` (R = W replicas) and runs the same zero-gradient steps. The
+expected std is still σC/B (one draw per logical batch: ``dpbert.model.dpsgd``), not σC√W/B or
+WσC/B; ``replicas_in_sync`` then compares a digest of every worker's parameters after the steps.
+Positive controls (tests only, ``noise_controls``): the broken placements of
+``DPSGDConfig.noise_control`` run in the same worker processes and must FAIL the check.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
+import signal
+import socket
+import subprocess
 import sys
-from typing import Dict, List, Optional
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from dpbert import exit_codes
 
 Z_TOLERANCE = 4.0
 
@@ -55,16 +73,20 @@ def _ensure_devices(replicas: int):
 
 def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip: float,
                 batch_size: int, steps: int = 30, seed: Optional[int] = None,
-                noise_mode: str = "once", group_size: int = 1) -> Dict:
+                noise_mode: str = "once", group_size: int = 1, strategy=None,
+                noise_control: Optional[str] = None) -> Dict:
     """Run ``steps`` real DP-SGD steps with zero gradients and measure the update noise.
 
     Returns a dict with ``measured_std``, ``expected_std`` (= σ·C/B), ``paper_std`` (σ√(P·T)·C/B,
     what per-shard noise would give), ``ratio``, ``ci95``, ``tolerance``, ``passed`` and the
     auxiliary checks. ``seed=None``: OS entropy. ``group_size = k > 1``: patient mode (user-level
     DP-SGD): ``batch_size`` is B_patients, each round holds m patients × k slots per replica and
-    the step clips per group of k; the expected std is still σ·C/B_patients.
+    the step clips per group of k; the expected std is still σ·C/B_patients. ``strategy``: a
+    ready strategy (``MultiWorkerMirroredStrategy``: ``replicas`` is then R over all workers and
+    each worker feeds its own replicas). ``noise_control``: a broken placement (positive control).
     """
-    _ensure_devices(replicas)
+    if strategy is None:
+        _ensure_devices(replicas)
     import tensorflow as tf
     import tf_keras
 
@@ -73,10 +95,13 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     from dpbert.model.train import make_mlm_functions, mirrored_strategy
 
     m_per = sampling.micro_batch_size(batch_size, replicas, accumulation)
+    local = replicas
     spec = bert_lib.BertSpec(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
                              intermediate_size=32, max_seq_length=8, max_predictions=2,
                              dropout=0.1, attention_dropout=0.1, preset="custom")
-    if replicas > 1:
+    if strategy is not None:
+        local = len(strategy.extended.worker_devices) if dpsgd.worker_layout(strategy)[0] > 1 else replicas
+    elif replicas > 1:
         strategy = mirrored_strategy(replicas)
     else:
         strategy = tf.distribute.get_strategy()
@@ -86,7 +111,7 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     config = dpsgd.DPSGDConfig(clip_norm=clip, noise_multiplier=noise_multiplier,
                                expected_batch_size=float(batch_size), noise_mode=noise_mode,
                                noise_seed=seed, replicas=replicas, accumulation_steps=accumulation,
-                               group_size=group_size)
+                               group_size=group_size, noise_control=noise_control)
     specials = [0, 1, 2, 3, 4]
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, 4, 0.15)
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
@@ -96,11 +121,11 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     from dpbert.model.masking import example_keys
 
     def masked_round():
-        ids = rng.integers(5, spec.vocab_size, (replicas * m_per * group_size, spec.max_seq_length)).astype(np.int32)
+        ids = rng.integers(5, spec.vocab_size, (local * m_per * group_size, spec.max_seq_length)).astype(np.int32)
         features = mask_fn(ids, example_keys(0, 0, np.arange(ids.shape[0])))
-        return {k: v.reshape((replicas, m_per * group_size) + v.shape[1:]) for k, v in features.items()}
+        return {k: v.reshape((local, m_per * group_size) + v.shape[1:]) for k, v in features.items()}
 
-    rounds = [{"features": masked_round(), "example_mask": np.zeros((replicas, m_per * group_size), np.float32)}
+    rounds = [{"features": masked_round(), "example_mask": np.zeros((local, m_per * group_size), np.float32)}
               for _ in range(accumulation)]
 
     def snapshot() -> np.ndarray:
@@ -126,7 +151,9 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     mean = float(noise.mean())
     lag1 = float(np.corrcoef(noise[:-1].ravel(), noise[1:].ravel())[0, 1]) if steps > 1 else 0.0
     in_sync = True
-    if replicas > 1:
+    if replicas > local:  # other workers hold the other replicas: compared by launch_workers' caller
+        pass
+    elif replicas > 1:
         for v in stepper.variables:
             values = [x.numpy() for x in v.values]
             in_sync &= all(np.array_equal(values[0], x) for x in values[1:])
@@ -140,13 +167,144 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     return {
         "replicas": replicas, "accumulation": accumulation, "noise_multiplier": noise_multiplier,
         "clip": clip, "batch_size": batch_size, "steps": steps, "noise_mode": noise_mode, "group_size": group_size,
-        "strategy": type(strategy).__name__, "coordinates": int(noise.shape[1]), "samples": int(m),
+        "strategy": dpsgd.strategy_name(strategy), "workers": dpsgd.worker_layout(strategy)[0],
+        "noise_control": noise_control,
+        # A digest of this process's parameters after the steps (workers must agree exactly).
+        "parameter_digest": hashlib.sha256(b"".join(np.ascontiguousarray(v.numpy()).tobytes()
+                                                    for v in stepper.variables)).hexdigest(),
+        "coordinates": int(noise.shape[1]), "samples": int(m),
         "measured_std": measured, "expected_std": expected, "paper_std": paper, "target_std": target,
         "ratio": measured / target,
         "ci95": [measured / (1 + 1.96 * rel_se), measured / (1 - 1.96 * rel_se)],
         "relative_standard_error": rel_se, "tolerance": tolerance, "mean": mean, "lag1_correlation": lag1,
         "checks": checks, "passed": all(checks.values()),
     }
+
+
+# --------------------------------------------------------------------------- worker processes
+#: Default wall-clock limit of a multi-worker check (start-up ≈ 5–10 s per worker on a loaded CPU).
+WORKER_TIMEOUT_S = 300.0
+
+
+def free_ports(count: int) -> List[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def tf_config(ports: Sequence[int], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` of a loopback cluster (worker 0 is the chief)."""
+    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": int(index)}})
+
+
+def launch_workers(command: Sequence[str], workers: int, timeout: float = WORKER_TIMEOUT_S,
+                   env: Optional[Dict[str, str]] = None) -> List[str]:
+    """Run ``command`` as ``workers`` processes of one loopback ``MultiWorkerMirroredStrategy``
+    cluster (free ports; ``TF_CONFIG`` per process) and return each one's stdout, in rank order.
+
+    Bounded: every process runs in its own session; when one exits non-zero the others (which
+    would wait in a collective forever) are killed, and so is every process still running after
+    ``timeout`` seconds. Raises ``RuntimeError`` (with the failing worker's stderr tail) or
+    ``TimeoutError``."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    ports = free_ports(workers)
+    base = dict(os.environ if env is None else env, TF_USE_LEGACY_KERAS="1")
+    tmp = tempfile.mkdtemp(prefix="dpbert-workers-")
+    procs, outs, errs = [], [], []
+    try:
+        for i in range(workers):
+            outs.append(open(os.path.join(tmp, f"{i}.out"), "w+"))
+            errs.append(open(os.path.join(tmp, f"{i}.err"), "w+"))
+            procs.append(subprocess.Popen(list(command), stdout=outs[i], stderr=errs[i], start_new_session=True,
+                                          env=dict(base, TF_CONFIG=tf_config(ports, i))))
+        deadline = time.monotonic() + float(timeout)
+        failed = None
+        while any(p.poll() is None for p in procs):
+            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            if failed is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if failed is None:
+            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+        timed_out = failed is None and any(p.poll() is None for p in procs)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        texts = []
+        for f in outs + errs:
+            f.seek(0)
+            texts.append(f.read())
+        if timed_out:
+            raise TimeoutError(f"{workers} worker processes did not finish within {timeout:g} s (killed)")
+        if failed is not None:
+            raise RuntimeError(f"worker {failed} of {workers} exited with {procs[failed].returncode}:\n"
+                               f"{texts[workers + failed][-3000:]}")
+        return texts[:workers]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for f in outs + errs:
+            f.close()
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _combine_workers(per_worker: List[Dict]) -> Dict:
+    """The chief's result, with ``replicas_in_sync`` decided over every worker's parameters."""
+    result = dict(per_worker[0])
+    digests = {r["parameter_digest"] for r in per_worker}
+    result["checks"] = dict(result["checks"], replicas_in_sync=len(digests) == 1)
+    result["workers_in_sync"] = len(digests) == 1
+    result["passed"] = all(result["checks"].values())
+    return result
+
+
+def multi_worker_noise_check(workers: int, accumulations: Sequence[int], noise_multiplier: float, clip: float,
+                             batch_size: int, steps: int, seed: Optional[int] = None, noise_mode: str = "once",
+                             noise_controls: Sequence[str] = (), timeout: float = WORKER_TIMEOUT_S) -> List[Dict]:
+    """The noise check on ``workers`` loopback worker processes (module docstring). Returns one
+    result per T; with ``noise_controls`` (tests only) each result carries ``positive_controls``:
+    the same check with each broken placement, which must fail."""
+    cmd = [sys.executable, "-m", "dpbert.model.noise_check", "--as-worker", "--replicas", str(workers),
+           "--accumulation", *map(str, accumulations), "--noise-multiplier", str(noise_multiplier),
+           "--clip", str(clip), "--batch-size", str(batch_size), "--steps", str(steps),
+           "--noise-mode", noise_mode, "--json"] + (["--seed", str(seed)] if seed is not None else []) + \
+        [arg for control in noise_controls for arg in ("--noise-control", control)]
+    outputs = [json.loads(out.strip().splitlines()[-1]) for out in launch_workers(cmd, workers, timeout)]
+    results = []
+    for t_index in range(len(accumulations)):
+        runs = [out[t_index] for out in outputs]  # per worker: [correct, control 1, ...]
+        result = _combine_workers([r[0] for r in runs])
+        if noise_controls:
+            result["positive_controls"] = {
+                control: _combine_workers([r[1 + c] for r in runs]) for c, control in enumerate(noise_controls)}
+        results.append(result)
+    return results
+
+
+def _as_worker(args) -> List[List[Dict]]:
+    """One worker process of ``multi_worker_noise_check``: the strategy first (before any op)."""
+    import dpbert  # noqa: F401  (sets TF_USE_LEGACY_KERAS)
+    from dpbert.model.train import make_strategy
+
+    strategy = make_strategy("multi_worker", args.replicas)
+    return [[noise_check(args.replicas, t, args.noise_multiplier, args.clip, args.batch_size, steps=args.steps,
+                         seed=args.seed, noise_mode=args.noise_mode, strategy=strategy, noise_control=control)
+             for control in [None] + list(args.noise_control or [])]
+            for t in args.accumulation]
 
 
 def _format(result: Dict) -> str:
@@ -181,7 +339,25 @@ def run_noise_check_cli(args) -> int:
     accumulations = args.accumulation if isinstance(args.accumulation, (list, tuple)) else [args.accumulation]
     seed = getattr(args, "seed", None)
     mode = getattr(args, "noise_mode", "once")
-    if args.replicas > 1:
+    workers = getattr(args, "workers", None)
+    workers = 1 if workers is None else int(workers)
+    if workers < 1:
+        sys.stderr.write(f"--workers must be >= 1, got {workers}\n")
+        return exit_codes.BAD_INPUT
+    if workers > 1:
+        if args.replicas not in (1, workers):
+            sys.stderr.write(f"--workers {workers}: one replica per worker process (--replicas {args.replicas} "
+                             f"is not supported with --workers)\n")
+            return exit_codes.BAD_INPUT
+        try:
+            results = multi_worker_noise_check(workers, accumulations, args.noise_multiplier, args.clip,
+                                               args.batch_size, args.steps, seed, mode,
+                                               noise_controls=getattr(args, "noise_controls", ()) or (),
+                                               timeout=float(getattr(args, "timeout", None) or WORKER_TIMEOUT_S))
+        except (RuntimeError, TimeoutError) as err:
+            sys.stderr.write(f"noise-check --workers {workers}: {err}\n")
+            return exit_codes.ENVIRONMENT
+    elif args.replicas > 1:
         cmd = [sys.executable, "-m", "dpbert.model.noise_check", "--replicas", str(args.replicas),
                "--accumulation", *map(str, accumulations), "--noise-multiplier", str(args.noise_multiplier),
                "--clip", str(args.clip), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
@@ -214,7 +390,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--noise-mode", default="once", choices=["once", "paper"])
     parser.add_argument("--json", action="store_true", help="JSON output (default: one line per check)")
+    parser.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)  # launch_workers only
+    parser.add_argument("--noise-control", action="append", choices=["per_replica_full", "same_before_sum",
+                                                                     "own_seed"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.as_worker:  # one process of a loopback cluster (TF_CONFIG set by launch_workers)
+        print(json.dumps(_as_worker(args)))
+        return 0
     results = _run(args.replicas, args.accumulation, args.noise_multiplier, args.clip, args.batch_size,
                    args.steps, args.seed, args.noise_mode)
     if args.json:

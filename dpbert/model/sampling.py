@@ -31,7 +31,27 @@ the exact binomial tail (scipy). If such a cap is used, ``pack_rounds(..., max_r
 RAISES ``PoissonOverflowError`` instead of dropping examples (dropping would make the released
 sum depend on which examples were dropped and break the add/remove sensitivity C); the run's
 privacy guarantee is then (ε, δ + steps · p_fail), the overflow being the only event where the
-truncated mechanism differs from the analysed one. ``train_mlm`` does not use a cap.
+truncated mechanism differs from the analysed one. ``train_mlm`` does not use a cap. On a TPU pod
+(``TPUStrategy``, a compiled loop over a static number of rounds) that cap is what a multi-host
+job would need: everything else (one seeded draw after the SUM, units sharded by id) is as below;
+untested here (no TPU).
+
+Several worker processes (``training.strategy: multi_worker``)
+--------------------------------------------------------------
+Worker w of W holds the units with ``shard_of(unit id, W) == w`` (a stable 64-bit mix of the
+record id, or of the patient's own sha256-derived id — never Python's ``hash``, which is salted
+per process): a patient's tuples are all on one worker. Each worker's sampler
+(``PoissonSampler(..., shard=...)``) flips the coins of its OWN units only, with the plan's q and a
+FRESH key per process (OS entropy: a key persisted with the checkpoints would re-draw the same
+batch for a step replayed after a crash, i.e. PoissonSampled(q, Gaussian(σ/√2)) where two steps
+are charged). The coins are independent across units, so the union over workers is exactly the
+Poisson sample of the whole dataset at q, whatever W. A worker's batch is Binomial(n_w, q)
+(mean ≈ B/W); it packs it into rounds of its own P_w replicas × m, and the workers run the max
+round count (``DPSGDTrainStep.sync_step``).
+
+``prf_key`` (TESTS ONLY): coin(u, t) = PRF(key, id_u, t) < q instead of the binomial draw, so a
+unit is in step t's batch or not whichever worker holds it: the same batches in every layout
+(``tests/model/test_multi_worker.py``: 2 workers = 1 process).
 """
 from __future__ import annotations
 
@@ -76,27 +96,85 @@ def poisson_size_tolerance(n: int, q: float, draws: int = 1, z: float = 4.0) -> 
     return z * math.sqrt(n * q * (1 - q) / draws)
 
 
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix64(x) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (a stable bijective mix; wraps mod 2⁶⁴)."""
+    x = np.asarray(x, dtype=np.uint64).copy()
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def unit_ids64(ids) -> np.ndarray:
+    """Integer unit ids (record ids, patient ids) as uint64 (negative int64 ids wrap)."""
+    ids = np.asarray(ids)
+    return ids.astype(np.uint64) if ids.dtype == np.uint64 else ids.astype(np.int64).view(np.uint64)
+
+
+def shard_of(ids, workers: int) -> np.ndarray:
+    """The worker (0 … W−1) that holds each unit: a stable hash of the unit's own id mod W (the
+    same in every process and run; a unit's placement depends on nothing else)."""
+    if int(workers) < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return (_mix64(unit_ids64(ids) ^ np.uint64(0x5D9B0C7A3E21F5A1)) % np.uint64(workers)).astype(np.int64)
+
+
+def prf_uniform(key: int, ids, step: int) -> np.ndarray:
+    """A uniform [0, 1) per unit from (key, the unit's own id, step) (TESTS ONLY sampler coins)."""
+    with np.errstate(over="ignore"):
+        inner = _mix64(np.uint64(int(key) & 0xFFFFFFFFFFFFFFFF) ^ _mix64(np.uint64(int(step) & 0xFFFFFFFFFFFFFFFF)))
+        h = _mix64(_mix64(unit_ids64(ids) ^ inner) + np.uint64(0x9E3779B97F4A7C15))
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 class PoissonSampler:
-    """Each example independently in the batch with probability ``q``. ``seed=None``: OS entropy."""
+    """Each example independently in the batch with probability ``q``. ``seed=None``: OS entropy.
+
+    ``shard``: the indices (among the n) of the units THIS worker holds (``shard_of``); the sampler
+    then flips only their coins (``sample`` returns indices among the n). ``prf_key`` with
+    ``prf_ids`` (the n units' own ids): TESTS ONLY, coins from ``prf_uniform`` (module docstring)."""
 
     mode = "poisson"
 
-    def __init__(self, n: int, q: float, seed: Optional[int] = None):
+    def __init__(self, n: int, q: float, seed: Optional[int] = None, *, shard: Optional[np.ndarray] = None,
+                 prf_key: Optional[int] = None, prf_ids=None):
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if not 0 < q <= 1:
             raise ValueError(f"sampling probability q must be in (0, 1], got {q}")
         self.n, self.q = int(n), float(q)
         self.rng = np.random.default_rng(seed)
+        self.shard = None if shard is None else np.asarray(shard, dtype=np.int64)
+        if self.shard is not None and self.shard.size and (self.shard.min() < 0 or self.shard.max() >= self.n):
+            raise ValueError("shard indices out of range")
+        self.prf_key = prf_key
+        if prf_key is not None:
+            if prf_ids is None or len(prf_ids) != self.n:
+                raise ValueError("prf_key needs prf_ids, one id per unit")
+            self.prf_ids = unit_ids64(prf_ids)
 
     @property
     def expected_batch_size(self) -> float:
-        return self.n * self.q
+        """q × the units this sampler draws from (its shard's, on a worker)."""
+        return (self.n if self.shard is None else self.shard.size) * self.q
 
     def sample(self, step: int = 0) -> np.ndarray:
-        """A fresh Poisson batch (independent of ``step`` and of every earlier draw)."""
-        size = int(self.rng.binomial(self.n, self.q))
-        return np.sort(self.rng.choice(self.n, size=size, replace=False)).astype(np.int64)
+        """A fresh Poisson batch (independent of ``step`` and of every earlier draw; with
+        ``prf_key``: a function of (key, unit ids, step))."""
+        units = np.arange(self.n, dtype=np.int64) if self.shard is None else self.shard
+        if self.prf_key is not None:
+            return np.sort(units[prf_uniform(self.prf_key, self.prf_ids[units], step) < self.q])
+        if self.shard is None:
+            size = int(self.rng.binomial(self.n, self.q))
+            return np.sort(self.rng.choice(self.n, size=size, replace=False)).astype(np.int64)
+        size = int(self.rng.binomial(units.size, self.q))
+        return np.sort(units[self.rng.choice(units.size, size=size, replace=False)]).astype(np.int64)
 
 
 class ShuffleSampler:
@@ -228,8 +306,10 @@ class PatientPoissonSampler(PoissonSampler):
     """User-level sampling: each PATIENT independently in the step's batch with probability q
     (= B_patients / n_patients planned); each sampled patient brings ``patient_rows`` (≤ k)."""
 
-    def __init__(self, groups: PatientGroups, q: float, k: int, key: int, seed: Optional[int] = None):
-        super().__init__(len(groups), q, seed=seed)
+    def __init__(self, groups: PatientGroups, q: float, k: int, key: int, seed: Optional[int] = None, *,
+                 shard: Optional[np.ndarray] = None, prf_key: Optional[int] = None):
+        super().__init__(len(groups), q, seed=seed, shard=shard, prf_key=prf_key,
+                         prf_ids=groups.ids if prf_key is not None else None)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.groups, self.k, self.key = groups, int(k), int(key)

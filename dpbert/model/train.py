@@ -29,8 +29,20 @@ the first P devices: GPUs, or logical CPUs made with ``configure_logical_cpus(P)
 TensorFlow initialises its devices — which is how P = 2 is tested on a CPU machine) | tpu
 (``TPUClusterResolver(tpu=$TPU_NAME)``, ``experimental_connect_to_cluster``,
 ``initialize_tpu_system``, ``TPUStrategy`` — the same host loop; untested here, there is no TPU).
-``multi_worker_mirrored`` is refused: the Poisson sample and the noise seed would have to be
-shared secrets across workers, which this trainer does not implement.
+multi_worker (``MultiWorkerMirroredStrategy`` over the cluster in ``$TF_CONFIG``, as Vertex AI
+custom jobs and Kubeflow's TFJob set it; every worker process calls ``train_mlm`` with the same
+inputs and the same shared ``output_dir``): worker w keeps the units with
+``sampling.shard_of(id, W) == w`` (a patient's tuples on one worker) and Poisson-samples its own
+units at q with a fresh key per process; the noise seed is the chief's, shared by an all-reduce,
+and the one draw is added after the SUM (``dpbert.model.dpsgd``: identical parameters on every
+worker). Only the CHIEF (rank 0) locks and writes the state directory (ledger, run_config,
+TensorBoard, model/, train_result.json, integrity_checks.json, checkpoints); non-chief workers
+save their checkpoints to a temporary directory removed at once (TF's MWMS rule: every worker
+saves) and restore from the chief's. Each step: the chief checks the budget and writes its
+write-ahead ledger entry, then every worker enters ``DPSGDTrainStep.sync_step`` (the max round
+count and the chief's go flag, an all-reduce: the barrier), so no worker computes a step the
+chief has not charged. A resume with another W is allowed and charges every executed step (the
+ledger counts steps, whoever ran them; keys are fresh per process, so no batch is re-drawn).
 """
 from __future__ import annotations
 
@@ -183,6 +195,11 @@ class TrainResult:
     integrity_checks: dict = dataclasses.field(default_factory=dict)
     #: What DP-SGD trained (``training.trainable``): the sets and the trained parameter count.
     trainable: dict = dataclasses.field(default_factory=dict)
+    #: Worker processes of the run (``training.strategy: multi_worker``) and this one's rank (0: chief).
+    workers: int = 1
+    worker_rank: int = 0
+    #: sha256 of the released (merged) MLM weights: every worker of a run must hold the same.
+    parameter_digest: str = ""
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
@@ -242,11 +259,30 @@ def make_strategy(name: str, replicas: int) -> tf.distribute.Strategy:
         if strategy.num_replicas_in_sync != replicas:
             raise ValueError(f"TPU has {strategy.num_replicas_in_sync} replicas, config says {replicas}")
         return strategy
-    if name == "multi_worker_mirrored":
-        raise NotImplementedError(
-            "multi_worker_mirrored needs the Poisson sample and the noise seed shared secretly "
-            "across workers; not implemented (use mirrored or tpu)")
+    if name == "multi_worker":
+        return multi_worker_strategy(replicas)
     raise ValueError(f"unknown strategy {name!r}")
+
+
+def multi_worker_strategy(replicas: int) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """``MultiWorkerMirroredStrategy`` over the cluster in ``$TF_CONFIG`` (Vertex AI custom jobs and
+    Kubeflow's TFJob set it): every process of the job calls this, with the same ``replicas`` = R,
+    the replicas of all workers together. Must run before TensorFlow executes its first op in the
+    process (the collectives are configured then). Ring all-reduce on CPUs; NCCL picked by TF on GPUs."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if not resolver.cluster_spec().jobs:
+        raise ValueError("training.strategy multi_worker needs the cluster in $TF_CONFIG (set by Vertex AI "
+                         "custom jobs and Kubeflow's TFJob; see README 'Scaling out')")
+    gpus = tf.config.list_physical_devices("GPU")
+    implementation = tf.distribute.experimental.CommunicationImplementation.AUTO if gpus else \
+        tf.distribute.experimental.CommunicationImplementation.RING
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver,
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+    if strategy.num_replicas_in_sync != replicas:
+        raise ValueError(f"the TF_CONFIG cluster has {strategy.num_replicas_in_sync} replicas in sync, "
+                         f"training.replicas says {replicas}")
+    return strategy
 
 
 # --------------------------------------------------------------------------- schedule
@@ -390,8 +426,13 @@ def _holding_state_lock(train):
 
     @functools.wraps(train)
     def locked(*args, **kwargs):
-        output_dir = Path(signature.bind(*args, **kwargs).arguments["output_dir"])
+        bound = signature.bind(*args, **kwargs).arguments
+        output_dir = Path(bound["output_dir"])
         held = kwargs.get("held_lock")
+        if _non_chief_worker(bound.get("training_config"), bound.get("strategy")):
+            # A non-chief worker of a multi-worker job writes nothing to the state directory; the
+            # chief (rank 0) holds its lock.
+            return train(*args, **kwargs)
         if held is not None:  # the caller locked before planning (dpbert.stages.pretrain)
             if not (held.held and held.path == output_dir.resolve()):
                 raise ValueError(f"held_lock is not a held lock of {output_dir}")
@@ -400,6 +441,22 @@ def _holding_state_lock(train):
             return train(*args, **kwargs)
 
     return locked
+
+
+def _non_chief_worker(training_config, strategy) -> bool:
+    """True in a worker process of rank > 0 of a multi-worker job (decided from the given
+    strategy, else from ``$TF_CONFIG`` when ``training.strategy`` is multi_worker)."""
+    if strategy is not None:
+        return dpsgd.worker_layout(strategy)[1] > 0
+    if getattr(training_config, "strategy", None) != "multi_worker":
+        return False
+    from tensorflow.python.distribute import multi_worker_util  # pylint: disable=import-outside-toplevel
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    spec = resolver.cluster_spec()
+    if not spec.jobs or resolver.task_type is None:
+        return False
+    return multi_worker_util.id_in_cluster(spec, resolver.task_type, resolver.task_id) > 0
 
 
 # --------------------------------------------------------------------------- main entry point
@@ -415,7 +472,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
               patient_keys: Optional[Sequence[str]] = None,
               charge_limit: Optional[Callable[[float, int], int]] = None,
               held_lock: Optional[HeldStateLock] = None,
-              new_token_ids: Optional[Sequence[int]] = None) -> TrainResult:
+              new_token_ids: Optional[Sequence[int]] = None,
+              prf_sampling_key: Optional[int] = None) -> TrainResult:
     """Pre-train (or resume) a BERT MLM with DP-SGD; see the module docstring for the outputs.
 
     ``plan``: the ``dpbert.privacy.plan.TrainingPlan`` the budget was checked against (q, steps,
@@ -448,6 +506,10 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     the model is built with LoRA adapters when the set has ``lora`` (base weights from the public
     start), only the selected pieces get gradients, noise and optimizer state, and the released
     ``model/`` holds the MERGED weights (a plain BERT).
+    ``strategy``: with ``MultiWorkerMirroredStrategy`` (``training.strategy: multi_worker``) every
+    worker calls ``train_mlm`` with the same arguments (module docstring).
+    ``prf_sampling_key`` (TESTS ONLY; refused with OS-entropy noise): the Poisson coins are
+    ``sampling.prf_uniform(key, unit id, step) < q``, the same units in every worker layout.
     """
     t0 = time.time()
     tc = training_config
@@ -479,6 +541,14 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     specials = sorted(set(int(v) for v in (special_token_ids.values() if isinstance(special_token_ids, Mapping)
                                             else special_token_ids)) | {mask_id, 0})
 
+    if prf_sampling_key is not None and tc.noise_seed is None:
+        raise ValueError("prf_sampling_key is for tests only (with training.noise_seed)")
+    # The strategy first: MultiWorkerMirroredStrategy must exist before TensorFlow runs an op.
+    strategy = strategy or make_strategy(tc.strategy, tc.replicas)
+    workers, worker_rank = dpsgd.worker_layout(strategy)
+    chief = worker_rank == 0
+    if workers > 1 and tc.sampling != "poisson":
+        raise ValueError("training.sampling must be poisson with several worker processes")
     if plan is None:
         plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else n)
     elif (plan.sampling, plan.batch_size, plan.replicas, plan.accumulation_steps) != \
@@ -496,7 +566,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         groups = sampling.group_rows(patient_keys)
 
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    if chief:
+        output_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = output_dir / "checkpoints"
     tb_dir = output_dir / "tensorboard"
     ledger_path = output_dir / LEDGER_FILE
@@ -521,7 +592,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         run_config["trainable"] = {"sets": trainable_names,
                                    "lora_rank": None if lora_spec is None else lora_spec.rank,
                                    "lora_alpha": None if lora_spec is None else lora_spec.alpha}
-    if not resume and (ckpt_dir.exists() or ledger_path.exists()):
+    if chief and not resume and (ckpt_dir.exists() or ledger_path.exists()):
         old = _read_json(ledger_path, {})
         log.warning("resume=False: discarding checkpoints in %s (previous chain executed %s DP steps)",
                     ckpt_dir, old.get("steps_executed"))
@@ -536,9 +607,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
             diff = sorted(k for k in set(current) | set(previous) if previous.get(k) != current.get(k))
             raise ValueError(f"cannot resume {output_dir}: parameters changed ({', '.join(diff)}); "
                              f"use a new output_dir or resume=False")
-    _write_json_atomic(output_dir / RUN_CONFIG_FILE, run_config)
-
-    strategy = strategy or make_strategy(tc.strategy, P)
+    if chief:
+        _write_json_atomic(output_dir / RUN_CONFIG_FILE, run_config)
     diag = diagnostics.config_of(tc)
     release_diagnostics = diag.enabled and not tc.non_private
     dp_config = dpsgd.DPSGDConfig(
@@ -578,57 +648,84 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
                                    noise_probe=None if tc.non_private else integrity.make_noise_probe(
                                        selection.pieces, seed=tc.noise_seed), selection=selection)
     checkpoint = tf.train.Checkpoint(model=models.mlm, optimizer=optimizer, dp_step=stepper.dp_step)
-    manager = tf.train.CheckpointManager(checkpoint, str(ckpt_dir), max_to_keep=3)
+    if workers > 1:
+        stepper.sync_step(0)  # the chief's set-up of the state directory (discard, run_config) is done
+    latest = tf.train.latest_checkpoint(str(ckpt_dir)) if resume else None
+    manager = tf.train.CheckpointManager(checkpoint, str(ckpt_dir), max_to_keep=3) if chief else None
     start_step = 0
-    if resume and manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    if latest:
+        checkpoint.restore(latest).assert_existing_objects_matched()
         start_step = int(stepper.dp_step.numpy())
         if int(optimizer.iterations.numpy()) != start_step:
             raise RuntimeError("checkpoint's optimizer step and DP step disagree")
-        log.info("resumed from %s at step %d", manager.latest_checkpoint, start_step)
-    ledger = _read_json(ledger_path, {"steps_executed": 0})
-    ledger["steps_executed"] = max(int(ledger.get("steps_executed", 0)), start_step)
-    if not tc.non_private:
-        # The σ every executed step is charged at (a resume with another σ is refused above), so
-        # the ε a chain has spent can be read off its state directory after any stop.
-        ledger["noise_multiplier_accounted"] = accounted_sigma
-    _write_json_atomic(ledger_path, ledger)
+        log.info("resumed from %s at step %d", latest, start_step)
+    last_saved = start_step if latest else None
+
+    def save_checkpoint(number: int):
+        # Every worker saves (TF's multi-worker rule); a non-chief to a temporary directory, removed at once.
+        if chief:
+            manager.save(checkpoint_number=number)
+            return
+        import tempfile  # pylint: disable=import-outside-toplevel
+
+        tmp = tempfile.mkdtemp(prefix=f"dpbert-worker{worker_rank}-ckpt-")
+        try:
+            checkpoint.write(os.path.join(tmp, "ckpt"))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    if chief:
+        ledger = _read_json(ledger_path, {"steps_executed": 0})
+        ledger["steps_executed"] = max(int(ledger.get("steps_executed", 0)), start_step)
+        if not tc.non_private:
+            # The σ every executed step is charged at (a resume with another σ is refused above), so
+            # the ε a chain has spent can be read off its state directory after any stop.
+            ledger["noise_multiplier_accounted"] = accounted_sigma
+        _write_json_atomic(ledger_path, ledger)
+    else:  # the chief's ledger is the record; a non-chief only counts what it ran
+        ledger = {"steps_executed": start_step}
 
     step_limit = None
-    if charge_limit is not None and not tc.non_private:
+    if chief and charge_limit is not None and not tc.non_private:
         # Asked with what this chain will have charged when the run completes (earlier runs'
         # executed steps, lost ones included, plus the steps from the checkpoint to the plan's end).
         step_limit = int(charge_limit(accounted_sigma, int(ledger["steps_executed"]) + steps_planned - start_step))
 
-    sampling_seed = None if tc.noise_seed is None else [int(tc.noise_seed), start_step]
+    sampling_seed = None if tc.noise_seed is None else [int(tc.noise_seed), start_step] + \
+        ([workers, worker_rank] if workers > 1 else [])
     diag_rng = np.random.default_rng(None if tc.noise_seed is None else [int(tc.noise_seed), 0xD1A6, start_step])
     # The MLM masks' key: secret (OS entropy), fresh for every process; a test seed makes it fixed.
     mask_key = secrets.randbits(64) if tc.noise_seed is None else (int(tc.noise_seed) * 7919 + 17)
     if patient_unit:
         # The secret key of each patient's choice of ≤ k tuples (OS entropy; a test seed fixes it).
         choice_key = secrets.randbits(63) if tc.noise_seed is None else int(tc.noise_seed) * 104729 + 3
-        sampler = sampling.PatientPoissonSampler(groups, q, k, choice_key, seed=sampling_seed)
+        shard = None if workers == 1 else np.nonzero(sampling.shard_of(groups.ids, workers) == worker_rank)[0]
+        sampler = sampling.PatientPoissonSampler(groups, q, k, choice_key, seed=sampling_seed, shard=shard,
+                                                 prf_key=prf_sampling_key)
     elif tc.sampling == "poisson":
-        sampler = sampling.PoissonSampler(n, q, seed=sampling_seed)
+        # Worker w holds the rows whose record id hashes to w (module docstring of sampling.py).
+        shard = None if workers == 1 else np.nonzero(sampling.shard_of(example_ids, workers) == worker_rank)[0]
+        sampler = sampling.PoissonSampler(n, q, seed=sampling_seed, shard=shard, prf_key=prf_sampling_key,
+                                          prf_ids=example_ids if prf_sampling_key is not None else None)
     else:
         sampler = sampling.ShuffleSampler(n, tc.batch_size, key=_shuffle_key(output_dir, tc.noise_seed))
     # Run-time integrity checks (sampler vs the plan's q over the EXACT n, brute-force clipping, noise).
     checks = integrity.RunChecks(stepper, sampling_mode=tc.sampling, units=len(groups) if patient_unit else n, q=q,
-                                 batch_size=tc.batch_size, every=tc.integrity_check_every, output_dir=output_dir,
-                                 seed=tc.noise_seed)
+                                 batch_size=tc.batch_size, every=tc.integrity_check_every,
+                                 output_dir=output_dir if chief else None, seed=tc.noise_seed)
     # The planned n only: the exact number of rows is a private count and never goes to a log line.
     log.info("train_mlm: planned n=%d %s, %s sampling q=%.6g, E[batch]=%.2f, P=%d, T=%d, m=%d, "
              "sigma=%s, C=%s, non_private=%s, steps %d→%d", n_planned,
              f"patients (<= {k} tuples each, user-level)" if patient_unit else "tuples", tc.sampling, q,
              expected_batch, P, T, m, tc.noise_multiplier, tc.clip_norm, tc.non_private, start_step, steps_planned)
 
-    writer = tf.summary.create_file_writer(str(tb_dir))
+    writer = tf.summary.create_file_writer(str(tb_dir)) if chief else tf.summary.create_noop_writer()
     # A progress bar on a terminal; elsewhere (TFX logs, CI, a pipe) one log line every 30 s.
     bar = _Progress(steps_planned, start_step, "DP-SGD" if not tc.non_private else "SGD (non-private)",
                     label="exact (private)" if tc.non_private else "DP estimate",
                     step_noise_std=diagnostics.step_noise_stds(
                         diagnostics.noise_stds(gradient_sigma, diag), expected_batch).get("loss")
-                    if release_diagnostics else None) if progress else None
+                    if release_diagnostics else None) if progress and chief else None
     losses: List[float] = []
     released: dict = {"loss": [], "accuracy": [], "clipped_fraction": [], "batch_size": []}
     exact_sums: List[dict] = []
@@ -640,20 +737,32 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         while step < steps_planned:
             if stop_after_steps is not None and steps_this_run >= stop_after_steps:
                 raise SimulatedCrash(f"simulated crash after {steps_this_run} steps (at step {step})")
-            if step_limit is not None and ledger["steps_executed"] + 1 > step_limit:
+            go = not (step_limit is not None and ledger["steps_executed"] + 1 > step_limit)
+            if workers == 1 and not go:
                 raise BudgetExhausted(ledger["steps_executed"], step_limit, accounted_sigma)
             # The shuffle stream's window: the ledger's count of steps ever executed in this chain,
             # not the checkpoint's step, so steps replayed after a crash read NEW windows and every
             # row takes part ceil(executed·B/n) times at most — what the record charges.
             window = ledger["steps_executed"]
-            ledger["steps_executed"] += 1  # write-ahead: a step that starts is charged
-            _write_json_atomic(ledger_path, ledger)
+            if go:
+                ledger["steps_executed"] += 1  # write-ahead: a step that starts is charged
+                if chief:
+                    _write_json_atomic(ledger_path, ledger)
+            # This process's replicas (all of them in one process; P_w of a worker).
+            local_p = stepper.local_replicas
             if patient_unit:
                 rounds = mlm_patient_rounds(mask_fn, token_ids, example_ids, sampler.sample_patients(step),
-                                            mask_key, step, k, m, P)
+                                            mask_key, step, k, m, local_p)
             else:
                 indices = sampler.sample(window if tc.sampling == "shuffle" else step)
-                rounds = mlm_rounds(mask_fn, token_ids, example_ids, indices, mask_key, step, m, P)
+                rounds = mlm_rounds(mask_fn, token_ids, example_ids, indices, mask_key, step, m, local_p)
+            if workers > 1:
+                # The barrier behind the chief's ledger entry, the max round count, the chief's go.
+                count, go = stepper.sync_step(len(rounds), go)
+                if not go:
+                    raise BudgetExhausted(ledger["steps_executed"], step_limit if chief else ledger["steps_executed"],
+                                          accounted_sigma)
+                rounds = rounds + [stepper.padding_round(rounds[0])] * (count - len(rounds))
             stats = checks.step(rounds, step)
             step += 1
             steps_this_run += 1
@@ -686,19 +795,21 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
             if bar is not None:
                 bar.update(step, shown)
             if step % tc.checkpoint_every == 0:
-                manager.save(checkpoint_number=step)
+                save_checkpoint(step)
+                last_saved = step
     finally:
         if bar is not None:
             bar.close()
         writer.flush()
     integrity_checks = checks.finish()
-    if manager.latest_checkpoint is None or int(manager.latest_checkpoint.rsplit("-", 1)[1]) != step:
-        manager.save(checkpoint_number=step)
+    if last_saved != step:
+        save_checkpoint(step)
     model_dir = output_dir / "model"
     released_models = bert_lib.merge_lora(models)  # a plain BERT: adapters folded into the kernels
-    bert_lib.save_bert(released_models, model_dir)
+    if chief:
+        bert_lib.save_bert(released_models, model_dir)
     saved_model_dir = None
-    if export_saved_model:
+    if export_saved_model and chief:
         saved_model_dir = output_dir / "saved_model"
         released_models.encoder.save(str(saved_model_dir), include_optimizer=False, save_format="tf")
         saved_model_dir = str(saved_model_dir)
@@ -719,14 +830,27 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
         clip_norm=tc.clip_norm, non_private=tc.non_private,
         epsilon=math.inf if tc.non_private else None, delta=None if tc.non_private else tc.delta,
         dataset_size=n, planned_dataset_size=n_planned, clipping_path=stepper.clipping_path,
-        strategy=type(strategy).__name__, seconds=time.time() - t0, model_dir=str(model_dir),
+        strategy=dpsgd.strategy_name(strategy), seconds=time.time() - t0, model_dir=str(model_dir),
         checkpoint_dir=str(ckpt_dir), saved_model_dir=saved_model_dir, tensorboard_dir=str(tb_dir),
         ledger_path=str(ledger_path), integrity_checks=integrity_checks,
         trainable=dict(selection.describe(), total_parameters=bert_lib.count_parameters(spec)),
-        observed=integrity.observe(sampler, stepper, ledger_path,
-                                   diagnostics.noise_stds(gradient_sigma, diag) if release_diagnostics else {}))
-    _write_json_atomic(output_dir / RESULT_FILE, result.to_dict())
+        observed=integrity.observe(sampler, stepper, ledger_path if chief else None,
+                                   diagnostics.noise_stds(gradient_sigma, diag) if release_diagnostics else {},
+                                   steps_executed=None if chief else int(ledger["steps_executed"])),
+        workers=workers, worker_rank=worker_rank,
+        parameter_digest=_digest(released_models.mlm.get_weights()))
+    if chief:
+        _write_json_atomic(output_dir / RESULT_FILE, result.to_dict())
     return result
+
+
+def _digest(weights) -> str:
+    import hashlib  # pylint: disable=import-outside-toplevel
+
+    h = hashlib.sha256()
+    for w in weights:
+        h.update(np.ascontiguousarray(w).tobytes())
+    return h.hexdigest()
 
 
 def load_models(output_dir) -> bert_lib.BertModels:

@@ -1,0 +1,168 @@
+"""DP-SGD across worker processes (issue 25 items 1–3): MultiWorkerMirroredStrategy on loopback.
+
+1. ``dpbert privacy noise-check --workers 2 --json``: the update's noise std is σC/B (ratio ≈ 1),
+   the strategy is MultiWorkerMirroredStrategy and both workers hold identical parameters; the
+   broken placements (positive controls, ``DPSGDConfig.noise_control``) fail in the same worker
+   processes: full σ per worker before the SUM (ratio √2), the same draw before the SUM (ratio 2),
+   each worker its own seed after the SUM (parameters diverge).
+2. Same mechanism, any layout: a tiny model trained 3 steps on 2 workers and in 1 process, with the
+   same test keys (noise seed, MLM mask key, patient-row key), the test-only PRF sampler (a unit's
+   coin is a function of (key, its id, step), so the same units are sampled whichever worker holds
+   them) and dropout 0, releases the same parameters (rtol 1e-5), per tuple and per patient. The
+   noise is the SAME draw in both layouts, not a stand-in: the mechanism adds one seeded draw
+   z(seed, step, variable) after the SUM whatever the layout (``dpbert.model.dpsgd``), and the
+   2-worker run's seed is the chief's, shared by the all-reduce. What may differ is the float
+   summation order of the clipped sums (hence rtol, not equality).
+   The 2-worker run's recorded event matches what ran (``event_check.check_event`` on the chief's
+   ``observe``): global q and B, the chief's ledger, σ and mode from the step.
+"""
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import SPECIALS, repetitive_corpus  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def runs(replicas: int):
+    """The two tiny runs (keyword arguments of ``train_mlm``) for a layout with ``replicas``."""
+    from dpbert.config import ModelConfig, TrainingConfig
+    from dpbert.privacy.plan import plan_training
+
+    model = ModelConfig(preset="tiny", max_seq_length=16, dropout=0.0)
+    accumulation = 4 // replicas  # m = B/(P·T) = 2 in both layouts (the packing differs anyway)
+
+    def training(**kw):
+        return TrainingConfig(batch_size=8, steps=3, replicas=replicas, accumulation_steps=accumulation,
+                              strategy="multi_worker" if replicas > 1 else "default", noise_multiplier=0.7,
+                              clip_norm=1.0, checkpoint_every=2, warmup_steps=1, noise_seed=11,
+                              integrity_check_every=1, **kw)
+
+    ids = repetitive_corpus(n=60)
+    keys = [f"P{i % 20}" for i in range(60)]
+    tc_patient = training()
+    common = dict(special_token_ids=SPECIALS, vocab_size=40, model_config=model, progress=False,
+                  export_saved_model=False, prf_sampling_key=5)
+    return {
+        "tuple": dict(common, token_ids=ids, training_config=training(), example_ids=np.arange(60) * 7 + 3),
+        "patient": dict(common, token_ids=ids, training_config=tc_patient, patient_keys=keys,
+                        plan=plan_training(tc_patient, 20, unit="patient", max_contributions=2)),
+    }
+
+
+def test_noise_check_two_workers_and_positive_controls(capsys):
+    from dpbert.model.noise_check import run_noise_check_cli
+    from dpbert_cli.main import build_parser
+
+    args = build_parser().parse_args(["privacy", "noise-check", "--workers", "2", "--noise-multiplier", "1",
+                                      "--clip", "0.01", "--batch-size", "8", "--steps", "30", "--json",
+                                      "--timeout", "150"])
+    # Test fixture: the broken placements run in the same two worker processes.
+    args.noise_controls = ["per_replica_full", "same_before_sum", "own_seed"]
+    started = time.monotonic()
+    code = run_noise_check_cli(args)
+    seconds = time.monotonic() - started
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0, result
+    assert result["passed"] is True and result["strategy"] == "MultiWorkerMirroredStrategy"
+    assert result["workers"] == 2 and result["replicas"] == 2 and result["workers_in_sync"]
+    assert abs(result["ratio"] - 1) <= result["tolerance"]
+    controls = result["positive_controls"]
+    assert not controls["per_replica_full"]["passed"] and abs(controls["per_replica_full"]["ratio"] - 2 ** 0.5) < 0.05
+    assert not controls["same_before_sum"]["passed"] and abs(controls["same_before_sum"]["ratio"] - 2) < 0.07
+    assert not controls["own_seed"]["passed"] and not controls["own_seed"]["checks"]["replicas_in_sync"]
+    assert seconds <= 90, seconds
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    from dpbert.model.noise_check import launch_workers
+
+    out = tmp_path_factory.mktemp("mw")
+    stdout = launch_workers([sys.executable, str(HERE / "multi_worker_worker.py"), str(out)], 2, timeout=150)
+    return out, [json.loads(s.strip().splitlines()[-1]) for s in stdout]
+
+
+@pytest.mark.parametrize("unit", ["tuple", "patient"])
+def test_two_workers_release_what_one_process_releases(two_workers, tmp_path, unit):
+    from dpbert.model import bert as bert_lib
+    from dpbert.model.train import train_mlm
+    from dpbert.privacy.event_check import check_event
+    from dpbert.stages.pretrain import training_record
+
+    out, results = two_workers
+    chief, other = results[0][unit], results[1][unit]
+    assert (chief["workers"], chief["worker_rank"], other["worker_rank"]) == (2, 0, 1)
+    assert chief["strategy"] == "MultiWorkerMirroredStrategy"
+    assert chief["parameter_digest"] == other["parameter_digest"]  # identical on every worker
+    assert chief["steps_taken_total"] == 3 and json.loads((out / unit / "dp_ledger.json").read_text())[
+        "steps_executed"] == 3
+    assert all(c["passed"] is not False for c in chief["integrity_checks"].values())
+    assert chief["integrity_checks"]["clipping"]["ran"]
+    kwargs = runs(replicas=1)[unit]
+    reference = train_mlm(output_dir=str(tmp_path / unit), **kwargs)
+    assert reference.strategy != "MultiWorkerMirroredStrategy"
+    ours = bert_lib.load_bert(out / unit / "model").mlm.get_weights()
+    theirs = bert_lib.load_bert(tmp_path / unit / "model").mlm.get_weights()
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    # Not vacuous: training moved the parameters by far more than the tolerance.
+    init = bert_lib.build_bert(bert_lib.load_bert(out / unit / "model").spec, seed=0).mlm.get_weights()
+    assert max(float(np.max(np.abs(a - c))) for a, c in zip(ours, init)) > 1e-3
+    # The recorded event of the 2-worker run matches what ran: global q and B, the chief's ledger.
+    plan = kwargs.get("plan")
+    if plan is None:
+        from dpbert.privacy.plan import plan_training
+        plan = plan_training(kwargs["training_config"], 60)
+    record = training_record(chief["effective_noise_multiplier"], plan, 60, chief["steps_taken_total"])
+    assert check_event(record, chief["observed"]) == []
+    assert chief["observed"]["workers"] == 2 and chief["observed"]["replicas"] == 2
+    # ... and a record that charges one worker's share (its expected batch B/W) is caught.
+    half = dict(chief["observed"], expected_batch_size=chief["observed"]["expected_batch_size"] / 2)
+    assert check_event(record, half)
+
+
+# ------------------------------------------------------------------------------ no TensorFlow cluster needed
+def test_sharding_keeps_a_patient_on_one_worker_and_the_union_is_the_whole_poisson_sample():
+    from dpbert.model import sampling
+
+    groups = sampling.group_rows([f"P{i % 37}" for i in range(300)])
+    owner = sampling.shard_of(groups.ids, 3)
+    assert np.array_equal(owner, sampling.shard_of(groups.ids, 3))  # stable (no salted hash)
+    assert set(np.bincount(owner, minlength=3) > 0) == {True}
+    # The PRF coins: the union of the workers' samples is the one-process sample, step by step.
+    one = sampling.PatientPoissonSampler(groups, 0.3, 2, key=1, prf_key=9)
+    shards = [sampling.PatientPoissonSampler(groups, 0.3, 2, key=1, prf_key=9, shard=np.nonzero(owner == w)[0])
+              for w in range(3)]
+    for step in range(4):
+        assert np.array_equal(np.sort(np.concatenate([s.sample(step) for s in shards])), one.sample(step))
+    # Fresh-key coins per worker: the union's size is Binomial(n, q) (mean and variance).
+    ids = np.arange(400) * 13 + 1
+    owner = sampling.shard_of(ids, 2)
+    workers = [sampling.PoissonSampler(400, 0.1, seed=w, shard=np.nonzero(owner == w)[0]) for w in range(2)]
+    sizes = np.array([sum(len(s.sample(t)) for s in workers) for t in range(400)])
+    assert abs(sizes.mean() - 40) < 4 * np.sqrt(36 / 400)
+    assert 0.7 < sizes.var() / 36 < 1.3
+    # A worker samples only its own units.
+    assert all(set(workers[w].sample(0)) <= set(np.nonzero(owner == w)[0]) for w in range(2))
+
+
+def test_config_names_multi_worker_and_refuses_shuffle_with_it(monkeypatch):
+    from dpbert.config import ConfigError, TrainingConfig
+    from dpbert.model.train import make_strategy
+
+    with pytest.raises(ConfigError, match="t.strategy multi_worker_mirrored is now called multi_worker"):
+        TrainingConfig(strategy="multi_worker_mirrored", steps=1).validate("t")
+    with pytest.raises(ConfigError, match="t.sampling must be poisson with training.strategy multi_worker"):
+        TrainingConfig(strategy="multi_worker", sampling="shuffle", steps=1).validate("t")
+    TrainingConfig(strategy="multi_worker", steps=1, replicas=2, batch_size=8).validate("t")
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="TF_CONFIG"):
+        make_strategy("multi_worker", 2)
