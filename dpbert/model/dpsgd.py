@@ -127,7 +127,7 @@ the same Gaussian mechanism with sensitivity C and multiplier σ whatever the se
 is unchanged.
 
 Noise RNG: the base seed comes from OS entropy (``secrets``) unless an explicit test seed is
-given. The base seed is never logged or checkpointed (a resumed run draws a new one).
+given (several worker processes: the chief's, shared by an all-reduce, above). The base seed is never logged or checkpointed (a resumed run draws a new one).
 """
 from __future__ import annotations
 

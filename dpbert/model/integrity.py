@@ -44,6 +44,11 @@ directory; the messages carry no raw text and no exact count.
 
 The recorded DP event is checked against the running objects by the stage
 (``dpbert.privacy.event_check.check_event`` on :func:`observe`'s values).
+
+Several worker processes (``training.strategy: multi_worker``): every worker runs the checks on
+what it holds — the units test on the step's GLOBAL unit count (all-reduced) against the global
+n, the clipping check on one of its own units, the noise test on its own probe coordinates of the
+identical update — and only the chief writes ``integrity_checks.json``.
 """
 from __future__ import annotations
 
