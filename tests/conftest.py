@@ -1,9 +1,45 @@
-"""Test-wide setup: every process that imports TensorFlow needs TF_USE_LEGACY_KERAS=1."""
+"""Test-wide setup: every process that imports TensorFlow needs TF_USE_LEGACY_KERAS=1.
+
+Under pytest-xdist (``make test`` runs ``-n 2``) each worker, and every subprocess a test starts
+(they inherit the environment), runs TensorFlow and OpenMP with one intra-op and one inter-op
+thread, so two workers do not oversubscribe two cores.
+
+``tiny_dag_run``: the tiny end-to-end DAG run (tests/e2e/tiny_dag.py ``TINY_DAG``), run ONCE and shared
+by tests/e2e/test_dag_tiny.py and the dashboard's browser test; every test that uses it carries
+``@pytest.mark.xdist_group("tiny_dag")`` so ``--dist loadgroup`` runs them on one worker.
+"""
 import os
 import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Read by TensorFlow when it creates its thread pools (it is not imported yet: conftest.py is
+    # imported before any test module) and by OpenMP / MKL; subprocesses inherit them.
+    for _name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                  "OPENBLAS_NUM_THREADS"):
+        os.environ[_name] = "1"
+    if "tensorflow" in sys.modules:  # a plugin imported it first: set the pools before their first use
+        import tensorflow as _tf
+
+        try:
+            _tf.config.threading.set_intra_op_parallelism_threads(1)
+            _tf.config.threading.set_inter_op_parallelism_threads(1)
+        except RuntimeError:  # already initialised
+            pass
 # tensorflow_privacy's __init__ imports the estimator code, broken on TF 2.16 (see
 # ../shared/ENVIRONMENT.md); dpbert imports only the submodules it uses.
 sys.skip_tf_privacy_import = True
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dag_run(tmp_path_factory):
+    """``(output folder, CompletedProcess)`` of ``dpbert run`` with tests/e2e/tiny_dag.py ``TINY_DAG``, run once
+    per session (per xdist worker: mark the tests ``xdist_group("tiny_dag")``). Not asserted here:
+    the e2e tests assert it succeeded, the browser test falls back to a committed store."""
+    from tests.e2e.tiny_dag import run_tiny_dag
+
+    out = tmp_path_factory.mktemp("tiny_run")
+    return out, run_tiny_dag(out)

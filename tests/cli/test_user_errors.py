@@ -1,9 +1,11 @@
 """Issue 18: a new user's mistakes get a one-line message and an exit code, never a traceback or
 silently lost data; logs are quiet by default.
 
-The CLI tests run the real entry point in a subprocess (``python -m dpbert_cli``) and assert the
-exit code, that the message names the file or parameter, and that stderr holds no traceback.
-Every command here fails before TensorFlow is imported (≈ 0.5 s each), except the one test of
+The CLI tests call the entry point in-process (``dpbert_cli.main.main(argv)``, ``in_process``) and
+assert the exit code, that the message names the file or parameter, and that stderr holds no
+traceback (an exception escaping ``main`` fails the test); each command keeps one run of the real
+entry point in a subprocess (``python -m dpbert_cli``, ``dpbert``): run, synth, report, dashboard,
+budget, --version. Every command here fails before TensorFlow is imported, except the one test of
 the log filters and the training progress (one TensorFlow import).
 """
 import os
@@ -28,6 +30,36 @@ def _env():
 def dpbert(*args, cwd=None, timeout=120):
     return subprocess.run([sys.executable, "-m", "dpbert_cli", *map(str, args)], cwd=cwd or REPO,
                           env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+class _Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture()
+def in_process(capsys, monkeypatch):
+    """``in_process(*args)``: ``dpbert ARGS`` as ``main(argv)`` in this process, a result like
+    ``dpbert``'s (exit code, stdout, stderr). The log level variable and root handlers ``main``
+    changes are restored after the test."""
+    import logging
+
+    from dpbert_cli.main import main
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))  # main sets 3
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+
+    def run(*args):
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exit_:  # argparse: --help, usage errors
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        out, err = capsys.readouterr()
+        return _Result(code, out, err)
+
+    return run
 
 
 def assert_user_error(result, code, *names):
@@ -65,18 +97,18 @@ def test_csv_unterminated_quote_names_file_and_line_and_writes_nothing(tmp_path)
 
 
 # 2. Validate before writing: synth never truncates, never leaves a partial file.
-def test_synth_validates_before_it_writes(tmp_path):
+def test_synth_validates_before_it_writes(tmp_path, in_process):
     keep = tmp_path / "keep.jsonl"
     keep.write_text('{"text": "precious"}\n')
-    assert_user_error(dpbert("synth", "--output", keep, "--patients", "0"), exit_codes.BAD_INPUT, "--patients")
+    assert_user_error(in_process("synth", "--output", keep, "--patients", "0"), exit_codes.BAD_INPUT, "--patients")
     assert keep.read_text() == '{"text": "precious"}\n'
     missing = tmp_path / "no" / "such" / "c.jsonl"
-    assert_user_error(dpbert("synth", "--output", missing), exit_codes.BAD_INPUT, missing, "does not exist")
-    assert_user_error(dpbert("synth", "--output", tmp_path), exit_codes.BAD_INPUT, tmp_path, "is a directory")
-    ok = dpbert("synth", "--output", keep, "--patients", "1")
+    assert_user_error(in_process("synth", "--output", missing), exit_codes.BAD_INPUT, missing, "does not exist")
+    assert_user_error(in_process("synth", "--output", tmp_path), exit_codes.BAD_INPUT, tmp_path, "is a directory")
+    ok = dpbert("synth", "--output", keep, "--patients", "1")  # the real entry point
     assert ok.returncode == 0 and len(keep.read_text().splitlines()) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl"]  # no temporary file left
-    helped = dpbert("synth", "--help").stdout
+    helped = in_process("synth", "--help").stdout
     for documented in ("--patients N", "patients (default 40", "--admissions N", "admissions per patient",
                        "--notes N", "notes per admission", "generator seed", "its directory must exist"):
         assert documented in " ".join(helped.split()), documented
@@ -100,29 +132,29 @@ def test_synthetic_write_is_atomic(tmp_path):
 
 
 # 3. No traceback for user errors; a closed stdout ends quietly; --version.
-def test_paths_that_are_not_what_they_should_be(tmp_path):
+def test_paths_that_are_not_what_they_should_be(tmp_path, in_process):
     notes = tmp_path / "notes.txt"
     notes.write_text("hello\n")
     empty = tmp_path / "empty.sqlite"
     empty.write_bytes(b"")
-    assert_user_error(dpbert("run", "--config", tmp_path, "--output", tmp_path / "o"), exit_codes.BAD_INPUT,
+    assert_user_error(in_process("run", "--config", tmp_path, "--output", tmp_path / "o"), exit_codes.BAD_INPUT,
                       tmp_path, "is a directory")
-    assert_user_error(dpbert("run", "--output", notes), exit_codes.BAD_INPUT, "--output", notes, "is a file")
-    assert_user_error(dpbert("report", "--metadata", empty), exit_codes.BAD_INPUT, empty, "0 bytes")
-    assert_user_error(dpbert("report", "--metadata", notes), exit_codes.BAD_INPUT, notes, "not an SQLite database")
-    assert_user_error(dpbert("report", "--output", notes), exit_codes.BAD_INPUT, "--output", notes)
+    assert_user_error(in_process("run", "--output", notes), exit_codes.BAD_INPUT, "--output", notes, "is a file")
+    assert_user_error(in_process("report", "--metadata", empty), exit_codes.BAD_INPUT, empty, "0 bytes")
+    assert_user_error(in_process("report", "--metadata", notes), exit_codes.BAD_INPUT, notes, "not an SQLite database")
+    assert_user_error(in_process("report", "--output", notes), exit_codes.BAD_INPUT, "--output", notes)
     # Refused at start instead of serving a 500 on every page.
-    assert_user_error(dpbert("dashboard", "--metadata", notes), exit_codes.BAD_INPUT, notes)
+    assert_user_error(in_process("dashboard", "--metadata", notes), exit_codes.BAD_INPUT, notes)
     assert not (tmp_path / "o").exists()
 
 
-def test_sqlite_that_is_not_ml_metadata(tmp_path):
+def test_sqlite_that_is_not_ml_metadata(tmp_path, in_process):
     import sqlite3
 
     other = tmp_path / "other.sqlite"
     with sqlite3.connect(other) as db:
         db.execute("CREATE TABLE t (x)")
-    assert_user_error(dpbert("report", "--metadata", other), exit_codes.BAD_INPUT, other,
+    assert_user_error(in_process("report", "--metadata", other), exit_codes.BAD_INPUT, other,
                       "not a readable ML Metadata store")
 
 
@@ -154,17 +186,17 @@ def test_version():
 
 
 # 4. Configuration errors name their source.
-def test_config_errors_name_their_source(tmp_path):
-    line = assert_user_error(dpbert("run", "--set", "vocab.sigma=abc"), exit_codes.BAD_INPUT,
+def test_config_errors_name_their_source(tmp_path, in_process):
+    line = assert_user_error(in_process("run", "--set", "vocab.sigma=abc"), exit_codes.BAD_INPUT,
                              "--set vocab.sigma=abc", "vocab.sigma")
     assert "demo.yaml" not in line
     dup = tmp_path / "dup.yaml"
     dup.write_text("vocab:\n  sigma: 3\ntraining:\n  steps: 2\n  steps: 3\n")
-    assert_user_error(dpbert("budget", "--config", dup), exit_codes.BAD_INPUT, f"{dup}:5", "duplicate key",
+    assert_user_error(in_process("budget", "--config", dup), exit_codes.BAD_INPUT, f"{dup}:5", "duplicate key",
                       "training.steps")
     latin = tmp_path / "latin1.yaml"
     latin.write_bytes("# r\xe9sum\xe9\nvocab:\n  sigma: 3\n".encode("latin-1"))
-    assert_user_error(dpbert("budget", "--config", latin), exit_codes.BAD_INPUT, f"{latin}:1", "not UTF-8")
+    assert_user_error(in_process("budget", "--config", latin), exit_codes.BAD_INPUT, f"{latin}:1", "not UTF-8")
 
 
 # 5. budget with the paper-scale config explains how to give a public dataset size.

@@ -8,9 +8,8 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,17 +24,12 @@ from dpbert.release import released_view
 from dpbert.report import build_report
 from tests.dashboard import fakestore
 from tests.dashboard.conftest import TINY_RUN_STORE
-from tests.dashboard.webdriver import Chrome, find_chromedriver, find_chromium, free_port
+from tests.dashboard.webdriver import Chrome, find_chromedriver, find_chromium
 
-pytestmark = pytest.mark.browser
+# The real store is the tiny DAG run that tests/e2e/test_dag_tiny.py asserts on (the session fixture
+# ``tiny_dag_run``, tests/conftest.py): run once, on the worker of the group "tiny_dag".
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("tiny_dag")]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.tiny import CLASSIC
-
-TINY = CLASSIC + ["corpus.synthetic.patients=6", "vocab.size=300", "training.steps=4", "training.batch_size=8",
-        "model.max_seq_length=64", "vocab.sigma=2", "privacy.epsilon_budget=null", "canary.enabled=false",
-        "ner.enabled=false", "training.train_non_private_baseline=false", "membership.holdout_patient_fraction=0",
-        "beam.direct_running_mode=in_memory"]  # ~10 s less Beam start-up; tests/e2e covers multi-processing
 TITLE = "dpbert dashboard"
 # Each would change the page title if it ever ran as script.
 XSS_URI = "/<script>document.title='pwned-uri'</script>"
@@ -55,35 +49,37 @@ def browser_binaries():
 
 
 @pytest.fixture(scope="module")
-def real_store(browser_binaries, tmp_path_factory):
-    """The store of a tiny real run (`dpbert run`), or, when that run fails (a component in the
-    middle of development), the committed store of an earlier tiny run, with a warning."""
-    out = tmp_path_factory.mktemp("dashboard_tiny_run")
-    args = [sys.executable, "-m", "dpbert_cli", "run", "--output", str(out)]
-    for o in TINY:
-        args += ["--set", o]
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    started = time.monotonic()
-    result = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+def real_store(browser_binaries, tiny_dag_run, tmp_path_factory):
+    """The store of the tiny real run (`dpbert run`, shared with tests/e2e/test_dag_tiny.py), or,
+    when that run fails (a component in the middle of development), the committed store of an
+    earlier tiny run, with a warning."""
+    out, result = tiny_dag_run
     store = out / "metadata.sqlite"
     if result.returncode == 0 and store.exists():
-        print(f"\ndashboard browser test: real tiny run in {time.monotonic() - started:.0f} s -> {store}")
+        print(f"\ndashboard browser test: real tiny run -> {store}")
         return str(store), "real tiny run"
     message = (f"`dpbert run` (tiny) failed with exit {result.returncode}; the browser test falls back "
                f"to the store of an earlier tiny run ({TINY_RUN_STORE}). stderr tail:\n"
                + result.stderr[-1500:])
     warnings.warn(message)
     print("\n" + message)
-    shutil.copy(TINY_RUN_STORE, out / "fallback.sqlite")
-    return str(out / "fallback.sqlite"), "earlier tiny run (fallback)"
+    fallback = tmp_path_factory.mktemp("dashboard_fallback") / "fallback.sqlite"
+    shutil.copy(TINY_RUN_STORE, fallback)
+    return str(fallback), "earlier tiny run (fallback)"
 
 
 def inject(src: str, dst: str) -> dict:
-    """Copy the store and plant HTML in it, as a private corpus's file names or tokens could."""
+    """Copy the store and plant HTML in it, as a private corpus's file names or tokens could; the
+    copy's run loses its MembershipReport (unlinked from its execution) so that one section of the
+    page is missing, as in a run without membership inference."""
     shutil.copy(src, dst)
     db = sqlite3.connect(dst)
     planted = {}
     with db:
+        dropped = {a for (a,) in db.execute(
+            "SELECT a.id FROM Artifact a JOIN Type t ON a.type_id = t.id WHERE t.name = 'components.MembershipReport'")}
+        db.execute("DELETE FROM Event WHERE artifact_id IN (%s)" % ",".join(str(i) for i in dropped or {-1}))
+        planted["dropped"] = sorted(dropped)
         private_ids = {a for (a,) in db.execute(
             "SELECT artifact_id FROM ArtifactProperty WHERE is_custom_property = 1 AND name = 'private' "
             "AND int_value = 1")}
@@ -108,7 +104,7 @@ def inject(src: str, dst: str) -> dict:
         row = db.execute(
             "SELECT artifact_id, name FROM ArtifactProperty WHERE is_custom_property = 1 AND string_value "
             "IS NOT NULL AND name NOT LIKE 'num\\_%%' ESCAPE '\\' AND artifact_id IN (%s) LIMIT 1"
-            % ",".join(str(i) for i in private_ids or {-1})).fetchone()
+            % ",".join(str(i) for i in (private_ids - dropped) or {-1})).fetchone()
         if row:
             db.execute("UPDATE ArtifactProperty SET string_value = ? WHERE artifact_id = ? AND name = ? "
                        "AND is_custom_property = 1", (PRIVATE_MARKER, row[0], row[1]))
@@ -124,10 +120,14 @@ def uvicorn_server(store: str):
 
     from dashboard.app import LOOPBACK_HOSTS, create_app
 
-    port = free_port()
+    # The socket is bound here (port 0: a free port, no window for another xdist worker to take it).
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(store, allowed_hosts=LOOPBACK_HOSTS), host="127.0.0.1",
                                            port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, name="dashboard-uvicorn", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dashboard-uvicorn", daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 20
@@ -138,6 +138,7 @@ def uvicorn_server(store: str):
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -1,52 +1,18 @@
 """A tiny end-to-end run of the whole DAG on LocalDagRunner + Beam DirectRunner (in CI)."""
-import os
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+from tests.e2e.tiny_dag import REPO, TINY_DAG as TINY, run_cli  # noqa: F401  (TINY: the run's overrides)
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.tiny import CLASSIC
-
-TINY = CLASSIC + [
-    "vocab.size=300",
-    "training.steps=4",
-    "training.batch_size=8",
-    "training.checkpoint_every=2",
-    "model.max_seq_length=64",
-    "beam.direct_num_workers=2",
-    "vocab.sigma=2",
-    # Each patient is held out independently (keyed PRF): 24 patients make a split with both
-    # sides all but certain (P[one side empty] ≈ 0.7²⁴ ≈ 2e-4).
-    "corpus.synthetic.patients=24",
-    "canary.enabled=true",
-    "canary.audit_canaries=40",
-    "ner.enabled=true",
-    "ner.epochs=1",
-    "ner.max_train_sentences=64",
-    "training.train_non_private_baseline=true",
-    "privacy.epsilon_budget=null",
-    "audit.enabled=true",
-    "audit.canaries=1000",
-]
-
-
-def run_cli(args, cwd):
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, "-m", "dpbert_cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
+# One DAG run (the session fixture ``tiny_dag_run``, tests/conftest.py) shared with the dashboard's
+# browser test; the group keeps every test using it on one xdist worker.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("tiny_dag")]
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny_run")
-    args = ["run", "--output", str(out)]
-    for o in TINY:
-        args += ["--set", o]
-    result = run_cli(args, REPO)
+def tiny_run(tiny_dag_run):
+    out, result = tiny_dag_run
     assert result.returncode == 0, result.stderr[-4000:]
     return out, result
 
@@ -147,8 +113,9 @@ def test_no_canary_secret_outside_the_private_canary_list(tiny_run):
     import sqlite3
 
     db = sqlite3.connect(out / "metadata.sqlite")
-    haystacks["mlmd"] = " ".join(str(v) for row in db.execute(
-        "SELECT string_value FROM ArtifactProperty") for v in row)
+    # one value per line: two values side by side ("… None", "ghost …") are no leak of "ne g"
+    haystacks["mlmd"] = "\n".join(v for (v,) in db.execute(
+        "SELECT string_value FROM ArtifactProperty") if v is not None)
     for where, text in haystacks.items():
         for needle in needles:
             assert needle not in text, f"a canary sequence leaked into {where}"
