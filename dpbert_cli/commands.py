@@ -78,6 +78,10 @@ def cmd_run(args) -> int:
             # The trainer refused a step over the budget; the ε already spent is on the run.
             print(f"dpbert run: {refused.message()}", file=sys.stderr)
             return exit_codes.OVER_BUDGET
+        except RunInterrupted as interrupted:
+            # One line, no traceback; the run is marked cancelled in ML Metadata (report, dashboard).
+            print(f"dpbert run: {interrupted.message()}", file=sys.stderr)
+            return exit_codes.INTERRUPTED
         except Exception as err:  # noqa: BLE001 -- a privacy verdict gets its exit code and one line
             code, verdict = privacy_verdict(err)
             if code is None:
@@ -86,10 +90,6 @@ def cmd_run(args) -> int:
             print(f"dpbert run: {type(verdict).__name__}: {first}; the run is recorded FAILED with its "
                   f"evidence (dpbert report --output {shlex.quote(config.pipeline.output_dir)})", file=sys.stderr)
             return code
-        except RunInterrupted as interrupted:
-            # One line, no traceback; the run is marked cancelled in ML Metadata (report, dashboard).
-            print(f"dpbert run: {interrupted.message()}", file=sys.stderr)
-            return exit_codes.INTERRUPTED
     except KeyboardInterrupt:  # while TFX and the DAG were being loaded: nothing ran
         print("dpbert run: interrupted before any component started; nothing was charged", file=sys.stderr)
         return exit_codes.INTERRUPTED
