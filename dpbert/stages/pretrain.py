@@ -196,8 +196,8 @@ def public_start_weights(mc: ModelConfig, tc: TrainingConfig, tokenizer, vocabul
     """(initial MLM weights, properties) of the public start for ``model.init: minilm``; reads
     the public checkpoint, the released vocabulary and the shipped public text — nothing private."""
     from dpbert.model import init_public, public_warmup
-    from dpbert.vocab import public
     from dpbert.resources import checkpoint
+    from dpbert.vocab import public
 
     directory = checkpoint.checkpoint_dir(mc.init_dir)
     sources = public.read_token_sources(vocabulary_dir)
