@@ -182,9 +182,14 @@ def _open_writable(path: str) -> metadata_store.MetadataStore:
     return metadata_store.MetadataStore(config)
 
 
-def _newest_run_since(store, since_ms: int):
+def _newest_run_since(path: str, since_ms: int):
+    """(the store at ``path`` opened writable, the newest pipeline-run context created at or after
+    ``since_ms``); (None, None) when there is no store, (store, None) when no run since then."""
+    if not os.path.exists(path):
+        return None, None
+    store = _open_writable(path)
     runs = [c for c in store.get_contexts_by_type("pipeline_run") if c.create_time_since_epoch >= since_ms]
-    return max(runs, key=lambda c: (c.create_time_since_epoch, c.id)) if runs else None
+    return store, (max(runs, key=lambda c: (c.create_time_since_epoch, c.id)) if runs else None)
 
 
 def mark_charged(path: str, since_ms: int, charged: Dict[str, Any],
@@ -195,10 +200,7 @@ def mark_charged(path: str, since_ms: int, charged: Dict[str, Any],
     or refused by the trainer over ``privacy.epsilon_budget`` (``refused_budget``: the budget). TFX
     publishes no model for a failed trainer, so without this the privacy already spent would appear
     nowhere. Returns the run id (None: no run since ``since_ms`` or no store)."""
-    if not os.path.exists(path):
-        return None
-    store = _open_writable(path)
-    ctx = _newest_run_since(store, since_ms)
+    store, ctx = _newest_run_since(path, since_ms)
     if ctx is None:
         return None
     ctx.custom_properties[EPSILON_CHARGED].double_value = float(charged["epsilon_charged"])
@@ -222,10 +224,7 @@ def mark_interrupted(path: str, since_ms: int, step: Optional[int] = None,
     when no run was registered since ``since_ms`` (interrupted before the first component) or the
     store does not exist. A re-run is a new pipeline run: TFX's cache never re-uses a CANCELED
     execution, so the interrupted component runs again (the trainer from its checkpoint)."""
-    if not os.path.exists(path):
-        return None
-    store = _open_writable(path)
-    ctx = _newest_run_since(store, since_ms)
+    store, ctx = _newest_run_since(path, since_ms)
     if ctx is None:
         return None
     running = [e for e in store.get_executions_by_context(ctx.id)
