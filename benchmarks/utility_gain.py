@@ -63,9 +63,20 @@ def _trainable_field(training_config) -> bool:
     return "trainable" in {f.name for f in dataclasses.fields(training_config)}
 
 
-def _training_config(config, trainable: str, sigma=None, seed=0, non_private=False):
+def _split_set(spec: str):
+    """``bias+head@0.01`` → ("bias+head", 0.01): a trainable set and its own learning rate
+    (Adam's step size bounds how far a few hundred noisy steps can move a weight: a small set
+    needs a larger one); no ``@``: the common ``--learning-rate``."""
+    name, _, lr = spec.partition("@")
+    return name, (float(lr) if lr else None)
+
+
+def _training_config(config, spec: str, sigma=None, seed=0, non_private=False):
     tc = config.training
+    trainable, lr = _split_set(spec)
     changes = {"seed": seed, "non_private": non_private}
+    if lr is not None:
+        changes["learning_rate"] = lr
     if sigma is not None:
         changes["noise_multiplier"] = float(sigma)
     if _trainable_field(tc):
@@ -119,42 +130,96 @@ def _ner_tasks(config):
     return tasks
 
 
-def _evaluate(config, rows: List[Dict], vocab_dir: str) -> Dict[str, Dict]:
-    """Held-out MLM loss/accuracy and NER F1 per task for every row (the public start included)."""
+def _heldout_ids(config, tokenizer, spec):
+    """Token ids of the held-out MLM rows: notes of FRESH patients (the NER stage's public held-out
+    seed, 10× its patients) that no training corpus uses."""
     from dpbert.data.synthetic import generate_notes
     from dpbert.data.tuples import corpus_tuples
+    from dpbert.stages.ner import HELDOUT_PATIENTS, HELDOUT_SEED
+    from dpbert.vocab.wordpiece import tokenize_tuples
+
+    return tokenize_tuples(tokenizer, (t.words for t in corpus_tuples(
+        generate_notes(patients=HELDOUT_PATIENTS * 10, seed=HELDOUT_SEED), config.privacy.tuple_words)),
+        spec.max_seq_length)
+
+
+def _evaluate(config, rows: List[Dict], vocab_dir: str, out_dir: str):
+    """Held-out MLM loss/accuracy and NER F1 per task for every row (the public start included),
+    one row at a time, each cached next to its model (``bench_metrics.json``): rows added to a
+    finished table cost only their own evaluation."""
     from dpbert.evaluate.ner_models import encoder_builder, evaluate_rows, mlm_builder
     from dpbert.model.bert import load_bert
-    from dpbert.stages.ner import HELDOUT_PATIENTS, HELDOUT_SEED
     from dpbert.stages.pretrain import public_start_weights
-    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer, tokenize_tuples
+    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer
 
     tokenizer = load_tokenizer(vocab_dir)
     spec = load_bert(os.path.join(rows[0]["model_dir"], "model")).spec
     specials = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
-    heldout = tokenize_tuples(tokenizer, (t.words for t in corpus_tuples(
-        generate_notes(patients=HELDOUT_PATIENTS * 10, seed=HELDOUT_SEED), config.privacy.tuple_words)),
-        spec.max_seq_length)
-    weights, _, _ = public_start_weights(config.model, config.training, tokenizer, vocab_dir)
-    encoders = {"public": encoder_builder(None, spec, seed=config.training.seed, weights=weights)}
-    mlms = {"public": mlm_builder(None, spec, seed=config.training.seed, weights=weights)}
-    for row in rows:
-        encoders[row["name"]], mlms[row["name"]] = encoder_builder(row["model_dir"]), mlm_builder(row["model_dir"])
+    heldout = _heldout_ids(config, tokenizer, spec)
     seeds = [config.ner.seed + i for i in range(config.ner.seeds)]
-    out: Dict[str, Dict] = {name: {} for name in encoders}
+    tasks = _ner_tasks(config)
+    weights = None
+    out: Dict[str, Dict] = {}
     mlm_sums: Dict[str, Dict] = {}
-    for task, train, dev, test in _ner_tasks(config):
-        results, mlm_rows = evaluate_rows(
-            encoders, mlms, tokenizer, train, dev, test, heldout, specials, tokenizer.token_to_id("[MASK]"),
-            spec.max_predictions, epochs=config.ner.epochs, learning_rate=config.ner.learning_rate,
-            batch_size=config.ner.batch_size, max_seq_length=spec.max_seq_length, seeds=seeds,
-            patience=config.ner.patience, mlm_seed=config.ner.seed, mode="probe")
-        for name, r in results.items():
-            out[name].update({"heldout_mlm_loss": r["heldout_mlm_loss"], "heldout_mlm_accuracy": r["heldout_mlm_accuracy"],
-                              f"ner_{task}_f1_mean": r["f1_mean"], f"ner_{task}_f1_std": r["f1_std"],
-                              f"ner_{task}_f1_seeds": r["f1_seeds"]})
-        mlm_sums = mlm_rows
+    for name, model_dir in [("public", os.path.join(out_dir, "public"))] + [(r["name"], r["model_dir"]) for r in rows]:
+        cache = os.path.join(model_dir, "bench_metrics.json")
+        if os.path.exists(cache):
+            with open(cache, encoding="utf-8") as f:
+                stored = json.load(f)
+            out[name], mlm_sums[name] = stored["metrics"], stored["mlm"]
+            continue
+        if name == "public":
+            if weights is None:
+                weights, _, _ = public_start_weights(config.model, config.training, tokenizer, vocab_dir)
+            encoder, mlm = (encoder_builder(None, spec, seed=config.training.seed, weights=weights),
+                            mlm_builder(None, spec, seed=config.training.seed, weights=weights))
+        else:
+            encoder, mlm = encoder_builder(model_dir), mlm_builder(model_dir)
+        metrics: Dict = {}
+        t0 = time.time()
+        for task, train, dev, test in tasks:
+            results, mlm_rows = evaluate_rows(
+                {name: encoder}, {name: mlm}, tokenizer, train, dev, test, heldout, specials,
+                tokenizer.token_to_id("[MASK]"), spec.max_predictions, epochs=config.ner.epochs,
+                learning_rate=config.ner.learning_rate, batch_size=config.ner.batch_size,
+                max_seq_length=spec.max_seq_length, seeds=seeds, patience=config.ner.patience,
+                mlm_seed=config.ner.seed, mode="probe")
+            r = results[name]
+            metrics.update({"heldout_mlm_loss": r["heldout_mlm_loss"], "heldout_mlm_accuracy": r["heldout_mlm_accuracy"],
+                            f"ner_{task}_f1_mean": r["f1_mean"], f"ner_{task}_f1_std": r["f1_std"],
+                            f"ner_{task}_f1_seeds": r["f1_seeds"]})
+            sums = {k: [float(x) for x in v] if hasattr(v, "__len__") else v for k, v in mlm_rows[name].items()}
+        metrics["eval_seconds"] = round(time.time() - t0, 1)
+        os.makedirs(model_dir, exist_ok=True)
+        with open(cache, "w", encoding="utf-8") as f:
+            json.dump({"metrics": metrics, "mlm": sums}, f)
+        out[name], mlm_sums[name] = metrics, sums
     return out, mlm_sums, len(seeds)
+
+
+def _pilot_report(config, rows: List[Dict], vocab_dir: str, out: str):
+    """Held-out MLM loss of every DP row and of the public start (the choice of the best set)."""
+    from dpbert.evaluate.mlm_loss import heldout_mlm_metrics
+    from dpbert.evaluate.ner_models import mlm_builder
+    from dpbert.model.bert import load_bert
+    from dpbert.stages.pretrain import public_start_weights
+    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer
+
+    tokenizer = load_tokenizer(vocab_dir)
+    spec = load_bert(os.path.join(rows[0]["model_dir"], "model")).spec
+    specials = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
+    heldout = _heldout_ids(config, tokenizer, spec)
+    weights, _, _ = public_start_weights(config.model, config.training, tokenizer, vocab_dir)
+    builders = {"public": mlm_builder(None, spec, seed=config.training.seed, weights=weights)}
+    builders.update({row["name"]: mlm_builder(row["model_dir"]) for row in rows})
+    lines = []
+    for name, build in builders.items():
+        m = heldout_mlm_metrics(build(), heldout, specials, tokenizer.token_to_id("[MASK]"), spec.max_predictions,
+                                seed=config.ner.seed)
+        lines.append(f"{name}: held-out MLM loss {m['loss']:.3f}, accuracy {m['accuracy']:.3f}")
+    with open(os.path.join(out, "pilot.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def _gains(metrics, mlm_sums, seeds: int, name: str, reference_np: str):
@@ -232,11 +297,14 @@ def main():
     parser.add_argument("--batch-patients", type=int, default=128)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--sets", default="all,bias", help="trainable sets (a set may join names with +)")
+    parser.add_argument("--sets", default="all,bias+head@0.01",
+                        help="trainable sets (names joined with +), each optionally @ its learning rate")
     parser.add_argument("--epsilons", default="1,3,8")
     parser.add_argument("--seeds", type=int, default=3, help="DP training seeds at ε = 3")
     parser.add_argument("--ner-seeds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], help="extra section.field=value overrides")
+    parser.add_argument("--pilot", action="store_true",
+                        help="choose the best set: DP rows only, held-out MLM loss only (no NER, no non-private rows)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -256,7 +324,7 @@ def main():
     sets = args.sets.split(",")
     epsilons = [float(e) for e in args.epsilons.split(",")]
     rows: List[Dict] = []
-    for s in sets:  # non-private rows: all, and each other set
+    for s in ([] if args.pilot else sets):  # non-private rows: all, and each other set
         rows.append(dict(_train(config, _training_config(config, s, non_private=True), tuples_dir, vocab_dir,
                                 args.out, f"non-private {s}"), set=s, dp=False))
     for s in sets:
@@ -268,7 +336,10 @@ def main():
                              args.out, name)
                 rows.append(dict(row, set=s, dp=True, target_epsilon=eps, seed=seed))
     log.info("trained %d rows in %.0f s; evaluating", len(rows), time.time() - t_start)
-    metrics, mlm_sums, ner_seeds = _evaluate(config, rows, vocab_dir)
+    if args.pilot:
+        _pilot_report(config, rows, vocab_dir, args.out)
+        return
+    metrics, mlm_sums, ner_seeds = _evaluate(config, rows, vocab_dir, args.out)
     table_rows = [dict(name="public", epsilon=0.0, sigma=None, **metrics["public"])]
     for row in rows:
         full = dict(row, **metrics[row["name"]])
