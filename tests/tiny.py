@@ -16,7 +16,12 @@ CLASSIC = [
     "ner.learning_rate=0.001",
     "ner.epochs=3",
     # the previous demo's sizes (tests override what they shrink further)
+    "training.trainable=[all]",
     "corpus.synthetic.patients=250",
+    "corpus.synthetic.admissions_per_patient=2",
+    "corpus.synthetic.notes_per_admission=2",
+    "privacy.max_tuples_per_patient=4",
+    "training.checkpoint_every=20",
     "vocab.sigma=10",
     "vocab.size=2000",
     "model.max_seq_length=128",
