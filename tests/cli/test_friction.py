@@ -36,8 +36,8 @@ def test_budget_without_config_plans_the_demo_and_reads_no_corpus(capsys, tmp_pa
     code = main(["budget", "--json", "--set", f"corpus.path={tmp_path / 'no-such-corpus'}"])
     data = json.loads(capsys.readouterr().out)
     assert code == exit_codes.OK and data["dataset_size_source"] == "public"
-    # the demo's public 1,000 patients, 30 % held out for the membership attacks
-    assert data["unit"] == "patient" and data["dataset_size"] == 700
+    # the demo's public 3,000 patients, 30 % held out for the membership attacks
+    assert data["unit"] == "patient" and data["dataset_size"] == 2100
 
 
 # ------------------------------------------------------------------ -v in every position

@@ -159,7 +159,9 @@ def test_planned_ledger_by_vocabulary_source():
     from dpbert.privacy.accountant import planned_ledger
 
     def planned(source):
-        return planned_ledger(load_config(preset="demo", overrides=[f"vocab.source={source}", "model.init=minilm"]))
+        # The whole model trained (the demo's new_tokens set needs a public+dp vocabulary).
+        return planned_ledger(load_config(preset="demo", overrides=[f"vocab.source={source}", "model.init=minilm",
+                                                                    "training.trainable=[all]"]))
 
     dp, plus, pub = planned("dp"), planned("public+dp"), planned("public")
     assert plus["epsilon_vocab"] == dp["epsilon_vocab"] > 0 and plus["epsilon_total_pld"] == dp["epsilon_total_pld"]
