@@ -16,6 +16,7 @@ patient id is refused here (exit 2, naming file:line) before anything runs.
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional
 
 from dpbert.config import Config, ConfigError
@@ -117,6 +118,11 @@ def check_budget(config: Config) -> Optional[dict]:
     steps that chain will have EXECUTED once this run completes (steps lost in a crash after the
     last checkpoint were charged and are re-run), ``"charged"`` says so, and a total over the
     budget is refused before anything runs. The trainer enforces the same bound step by step."""
+    if config.training.strategy == "multi_worker" and not os.environ.get("TF_CONFIG"):
+        # Before anything is written, not at the trainer step: the local DAG starts no workers.
+        raise ConfigError("training.strategy = multi_worker needs the cluster in $TF_CONFIG (Vertex AI custom "
+                          "jobs and Kubeflow's TFJob set it, one process per worker; README 'Scaling out'); "
+                          "`dpbert run` starts no workers: use training.strategy = mirrored on one machine")
     preflight_corpus(config)
     if public_dataset_size(config) is None:
         return None

@@ -69,3 +69,16 @@ def test_privacy_verdicts_inside_the_dag_get_their_exit_codes():
     code, verdict = privacy_verdict(wrapped(IntegrityCheckFailed("noise std off")))
     assert code == exit_codes.AUDIT_FAILED and str(verdict) == "noise std off"
     assert privacy_verdict(wrapped(ValueError("other"))) == (None, None)
+
+
+def test_multi_worker_without_a_cluster_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """`dpbert run` starts no workers: multi_worker without $TF_CONFIG is an exit-2 line, no output."""
+    from dpbert import exit_codes
+    from dpbert_cli.main import main
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    out = tmp_path / "out"
+    code = main(["run", "--output", str(out), "--set", "training.strategy=multi_worker",
+                 "--set", "training.trainable=[all]", "--set", "vocab.source=dp", "--set", "model.init=random",
+                 "--set", "model.public_layers=null", "--set", "model.public_warmup_steps=0"])
+    assert code == exit_codes.BAD_INPUT and not out.exists()
