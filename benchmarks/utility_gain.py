@@ -301,6 +301,8 @@ def main():
                         help="trainable sets (names joined with +), each optionally @ its learning rate")
     parser.add_argument("--epsilons", default="1,3,8")
     parser.add_argument("--seeds", type=int, default=3, help="DP training seeds at ε = 3")
+    parser.add_argument("--seed-sets", default=None,
+                        help="the sets that get --seeds training seeds at ε = 3 (default: every set)")
     parser.add_argument("--ner-seeds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], help="extra section.field=value overrides")
     parser.add_argument("--pilot", action="store_true",
@@ -330,7 +332,8 @@ def main():
     for s in sets:
         for eps in epsilons:
             sigma = _sigma_for(config, eps, s)
-            for seed in range(args.seeds if eps == 3 else 1):
+            seeded = args.seed_sets is None or s in args.seed_sets.split(",")
+            for seed in range(args.seeds if eps == 3 and seeded else 1):
                 name = f"DP {s} ε={eps:g}" + (f" seed {seed}" if seed else "")
                 row = _train(config, _training_config(config, s, sigma=sigma, seed=seed), tuples_dir, vocab_dir,
                              args.out, name)
