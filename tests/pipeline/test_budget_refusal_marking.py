@@ -82,3 +82,21 @@ def test_multi_worker_without_a_cluster_is_refused_before_anything_is_written(tm
                  "--set", "training.trainable=[all]", "--set", "vocab.source=dp", "--set", "model.init=random",
                  "--set", "model.public_layers=null", "--set", "model.public_warmup_steps=0"])
     assert code == exit_codes.BAD_INPUT and not out.exists()
+
+
+def test_progress_lines_say_what_their_losses_are(caplog):
+    """Issue 22 item 10: the non-private baseline's progress lines print exact losses and say
+    so ("exact (private)"); a DP run's say "DP estimate" (they used to print both unlabelled)."""
+    import io
+    import logging
+
+    from dpbert.model.train import _Progress
+
+    with caplog.at_level(logging.INFO, logger="dpbert.model.train"):
+        for label in ("exact (private)", "DP estimate"):
+            bar = _Progress(10, 0, "SGD", interval=0.0, stream=io.StringIO(), label=label)
+            bar.update(5, {"loss": 2.5, "accuracy": 0.5, "clipped_fraction": 0.0, "batch_size": 4.0})
+            bar.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("(exact (private): mean of the last" in line for line in lines)
+    assert any("(DP estimate: mean of the last" in line for line in lines)
