@@ -300,6 +300,9 @@ def main():
     parser.add_argument("--sets", default="all,bias+head@0.01",
                         help="trainable sets (names joined with +), each optionally @ its learning rate")
     parser.add_argument("--epsilons", default="1,3,8")
+    parser.add_argument("--set-epsilons", default=None,
+                        help="per-set ε lists that replace --epsilons for those sets, e.g. 'all=3' or 'all=1/3;lora=3' (a set "
+                             "that costs several times the best set's step: fewer rows where the cores are few)")
     parser.add_argument("--seeds", type=int, default=3, help="DP training seeds at ε = 3")
     parser.add_argument("--seed-sets", default=None,
                         help="the sets that get --seeds training seeds at ε = 3 (default: every set)")
@@ -307,7 +310,15 @@ def main():
     parser.add_argument("--set", action="append", default=[], help="extra section.field=value overrides")
     parser.add_argument("--pilot", action="store_true",
                         help="choose the best set: DP rows only, held-out MLM loss only (no NER, no non-private rows)")
+    parser.add_argument("--only", action="append", default=[],
+                        help="with --train-only: train only the rows of this name (repeatable), e.g. "
+                             "'DP bias+head@0.01 ε=3 seed 2' — one process per row on the same --out")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train (and cache) the rows, evaluate nothing: run one process per set in parallel "
+                             "on the same --out, then the full command once more to evaluate and tabulate")
     args = parser.parse_args()
+    if args.only and not args.train_only:
+        parser.error("--only needs --train-only (a table needs every row)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     from dpbert.config import CorpusConfig  # noqa: F401 -- config import first: fail fast on bad --set
@@ -325,20 +336,26 @@ def main():
 
     sets = args.sets.split(",")
     epsilons = [float(e) for e in args.epsilons.split(",")]
+    set_epsilons = {name: [float(e) for e in values.split("/")] for name, _, values in
+                    (item.partition("=") for item in (args.set_epsilons or "").split(";") if item)}
     rows: List[Dict] = []
-    for s in ([] if args.pilot else sets):  # non-private rows: all, and each other set
+    for s in ([] if args.pilot or args.only else sets):  # non-private rows: all, and each other set
         rows.append(dict(_train(config, _training_config(config, s, non_private=True), tuples_dir, vocab_dir,
                                 args.out, f"non-private {s}"), set=s, dp=False))
     for s in sets:
-        for eps in epsilons:
+        for eps in set_epsilons.get(s, epsilons):
             sigma = _sigma_for(config, eps, s)
             seeded = args.seed_sets is None or s in args.seed_sets.split(",")
             for seed in range(args.seeds if eps == 3 and seeded else 1):
                 name = f"DP {s} ε={eps:g}" + (f" seed {seed}" if seed else "")
+                if args.only and name not in args.only:
+                    continue
                 row = _train(config, _training_config(config, s, sigma=sigma, seed=seed), tuples_dir, vocab_dir,
                              args.out, name)
                 rows.append(dict(row, set=s, dp=True, target_epsilon=eps, seed=seed))
-    log.info("trained %d rows in %.0f s; evaluating", len(rows), time.time() - t_start)
+    log.info("trained %d rows in %.0f s", len(rows), time.time() - t_start)
+    if args.train_only:
+        return
     if args.pilot:
         _pilot_report(config, rows, vocab_dir, args.out)
         return
