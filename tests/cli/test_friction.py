@@ -11,6 +11,7 @@ import pytest
 from tfx.dsl.components.base.base_beam_executor import BaseBeamExecutor
 
 from dpbert import exit_codes, metadata
+from dpbert.config import load_config
 from dpbert_cli.main import main
 from tests.dashboard import fakestore
 
@@ -36,8 +37,10 @@ def test_budget_without_config_plans_the_demo_and_reads_no_corpus(capsys, tmp_pa
     code = main(["budget", "--json", "--set", f"corpus.path={tmp_path / 'no-such-corpus'}"])
     data = json.loads(capsys.readouterr().out)
     assert code == exit_codes.OK and data["dataset_size_source"] == "public"
-    # the demo's public 3,000 patients, 30 % held out for the membership attacks
-    assert data["unit"] == "patient" and data["dataset_size"] == 2100
+    # the demo's public patient count, 30 % held out for the membership attacks
+    demo = load_config(preset="demo")
+    expected = round(demo.training.dataset_patients * (1 - demo.membership.holdout_patient_fraction))
+    assert data["unit"] == "patient" and data["dataset_size"] == expected
 
 
 # ------------------------------------------------------------------ -v in every position
