@@ -245,6 +245,16 @@ def _fmt(x, spec=".3f"):
     return "n/a" if x is None else format(x, spec)
 
 
+def _gain_cell(row: Dict, key: str) -> str:
+    """``—`` for a row without a gain (the references), ``n/a (…)`` where the gain is undefined
+    (``dpbert.evaluate.utility``: the non-private row does not beat the public one by its noise)."""
+    if key not in row:
+        return "—"
+    if row[key] is None:
+        return "n/a (non-private gain not significant)"
+    return f"{_fmt(row[key], '.2f')} ± {_fmt(row.get(key + '_std'), '.2f')}"
+
+
 def _table(rows: List[Dict], tasks: List[str]) -> str:
     head = ["row", "ε/patient", "σ", "held-out MLM loss", "acc"] + [f"{t} F1" for t in tasks] + \
            ["gain kept (MLM loss)"] + [f"gain kept ({t})" for t in tasks] + ["train s"]
@@ -253,12 +263,7 @@ def _table(rows: List[Dict], tasks: List[str]) -> str:
         cells = [r["name"], _fmt(r.get("epsilon"), ".3g"), _fmt(r.get("sigma"), ".3g"),
                  _fmt(r.get("heldout_mlm_loss")), _fmt(r.get("heldout_mlm_accuracy"))]
         cells += [f"{_fmt(r.get(f'ner_{t}_f1_mean'))} ± {_fmt(r.get(f'ner_{t}_f1_std'))}" for t in tasks]
-        g = r.get("gain_kept_mlm_loss")
-        cells.append("—" if "gain_kept_mlm_loss" not in r else
-                     f"{_fmt(g, '.2f')} ± {_fmt(r.get('gain_kept_mlm_loss_std'), '.2f')}")
-        cells += ["—" if f"gain_kept_ner_{t}" not in r else
-                  f"{_fmt(r.get(f'gain_kept_ner_{t}'), '.2f')} ± {_fmt(r.get(f'gain_kept_ner_{t}_std'), '.2f')}"
-                  for t in tasks]
+        cells += [_gain_cell(r, key) for key in ["gain_kept_mlm_loss"] + [f"gain_kept_ner_{t}" for t in tasks]]
         cells.append(_fmt(r.get("train_seconds"), ".0f"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
