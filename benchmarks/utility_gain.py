@@ -27,6 +27,10 @@ the corpus are computed once, not once per DAG run):
 
 The scale is a choice of what fits the machine (``--patients``, ``--k``, ``--steps``, ``--layers``,
 ``--seq-len``): state it with the figures. Everything else is the demo preset.
+
+Rows are cached by name under ``--out``, so a long table can be trained by several processes at
+once — ``--train-only`` with disjoint ``--sets`` / ``--epsilons`` / ``--only`` (never two processes
+on one row) — and then tabulated by the full command, which trains nothing already finished.
 """
 from __future__ import annotations
 
