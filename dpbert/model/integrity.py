@@ -412,6 +412,19 @@ class RunChecks:
             self._evaluate()
         return stats
 
+    def sampled(self, step: int, unit_indices: np.ndarray):
+        """The units the sampler drew for optimizer step ``step`` (this worker's own units, as
+        indices into its local unit list). Called by the training loop once per step, before
+        :meth:`step`."""
+        del step, unit_indices  # contract first; the sampler tests read them
+
+    def released(self, step: int, exact: Mapping[str, float], released: Mapping[str, float],
+                 noise_std: Mapping[str, float]):
+        """The DP diagnostics of step ``step``: the EXACT per-step sums (``exact``), the released
+        noisy sums (``released``, same keys) and the std of the noise each one claims to carry
+        (``noise_std``). Called by the training loop once per step after the release."""
+        del step, exact, released, noise_std  # contract first; the release test reads them
+
     def results(self) -> Dict[str, dict]:
         if not self.enabled:
             return {name: {"ran": False, "reason": "non-private baseline", "passed": None}
