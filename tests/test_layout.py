@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: dpbert's packages and top-level modules, bottom first: an import may only point to an EARLIER
 #: entry (or stay inside its own package). ``dpbert`` is the package's ``__init__``.
 ORDER = (
-    "dpbert", "exit_codes", "schema", "config", "resources", "metadata",   # contracts and locators
+    "dpbert", "exit_codes",
+    "storage",          # the one storage layer (local, gs://, ram://, fake://): imports no other dpbert
+    "schema", "config", "resources", "metadata",   # contracts and locators
     "privacy",          # the DP math: mechanisms, events, accountant, audit bounds
     "data",             # readers, tuples, the synthetic corpus
     "vocab",            # WordPiece from a DP histogram, public vocabularies

@@ -1,0 +1,107 @@
+"""Any other ``tf.io.gfile`` scheme (``ram://`` in tests, ``hdfs://``, ``s3://`` …).
+
+gfile has no preconditions, so generations are emulated IN THIS PROCESS: a dict of
+``uri -> generation`` and one ``threading.Lock`` around every compare + write. That is sound only
+within one process (``ram://`` is per process anyway); two processes sharing a gfile store must
+not rely on it. TensorFlow is imported on first use, not when dpbert.storage is imported.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Dict, List, Optional
+
+from dpbert.storage.base import Storage, check_precondition, join
+
+_LOCK = threading.RLock()
+_GENERATIONS: Dict[str, int] = {}
+_COUNTER = [0]
+
+
+def _gfile():
+    import tensorflow as tf
+    return tf.io.gfile
+
+
+def _norm(uri) -> str:
+    return str(uri).rstrip("/")
+
+
+class GFileStorage(Storage):
+    """Files through ``tf.io.gfile``; generations emulated per process (see module docstring)."""
+
+    def generation(self, uri) -> Optional[int]:
+        with _LOCK:
+            gfile = _gfile()
+            if not gfile.exists(uri) or gfile.isdir(uri):
+                _GENERATIONS.pop(_norm(uri), None)
+                return None
+            if _norm(uri) not in _GENERATIONS:  # written outside this layer: give it one now
+                _COUNTER[0] += 1
+                _GENERATIONS[_norm(uri)] = _COUNTER[0]
+            return _GENERATIONS[_norm(uri)]
+
+    def read(self, uri):
+        with _LOCK:
+            gen = self.generation(uri)
+            if gen is None:
+                raise FileNotFoundError(f"no such file: {uri}")
+            with _gfile().GFile(uri, "rb") as f:
+                return f.read(), gen
+
+    def write_bytes(self, uri, data: bytes, *, if_generation_match=None) -> int:
+        gfile = _gfile()
+        parent = str(uri).rstrip("/").rsplit("/", 1)[0]
+        with _LOCK:
+            check_precondition(uri, self.generation(uri), if_generation_match)
+            gfile.makedirs(parent)
+            tmp = join(parent, f".dpbert-tmp-{uuid.uuid4().hex}")
+            with gfile.GFile(tmp, "wb") as f:
+                f.write(bytes(data))
+            gfile.rename(tmp, uri, overwrite=True)
+            _COUNTER[0] += 1
+            _GENERATIONS[_norm(uri)] = _COUNTER[0]
+            return _COUNTER[0]
+
+    def delete(self, uri, *, if_generation_match=None) -> None:
+        with _LOCK:
+            current = self.generation(uri)
+            if current is None:
+                raise FileNotFoundError(f"no such file: {uri}")
+            check_precondition(uri, current, if_generation_match)
+            _gfile().remove(uri)
+            _GENERATIONS.pop(_norm(uri), None)
+
+    def exists(self, uri) -> bool:
+        return _gfile().exists(uri)
+
+    def isdir(self, uri) -> bool:
+        return _gfile().isdir(uri)
+
+    def makedirs(self, uri) -> None:
+        _gfile().makedirs(uri)
+
+    def listdir(self, uri) -> List[str]:
+        if not self.isdir(uri):
+            raise FileNotFoundError(f"no such folder: {uri}")
+        names = {n.rstrip("/") for n in _gfile().listdir(uri)}
+        return sorted(n for n in names if not n.startswith(".dpbert-tmp-"))
+
+    def glob(self, pattern) -> List[str]:
+        return sorted(p for p in _gfile().glob(pattern) if ".dpbert-tmp-" not in p)
+
+    def copytree(self, src, dst) -> None:
+        src = _norm(src)
+        for folder, _dirs, files in _gfile().walk(src):
+            rel = _norm(folder)[len(src):].lstrip("/")
+            self.makedirs(join(dst, rel) if rel else dst)
+            for name in files:
+                self.write_bytes(join(dst, rel, name), self.read_bytes(join(folder, name)))
+
+    def rmtree(self, uri) -> None:
+        with _LOCK:
+            if self.exists(uri):
+                _gfile().rmtree(uri)
+            prefix = _norm(uri) + "/"
+            for key in [k for k in _GENERATIONS if k.startswith(prefix)]:
+                del _GENERATIONS[key]
