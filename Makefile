@@ -10,7 +10,9 @@ export PYTHONHASHSEED := 0
 
 .PHONY: venv browser demo test test-all bench lock clean
 
-$(VENV)/.installed: $(LOCK) requirements/nodeps.txt setup.py
+# The project last: a PEP 660 editable install of pyproject.toml built with the lock's setuptools and
+# wheel (--no-build-isolation: no build environment is downloaded, nothing outside the lock is installed).
+$(VENV)/.installed: $(LOCK) requirements/nodeps.txt pyproject.toml
 	@if [ ! -x "$(PY)" ]; then \
 	  interp=$$(PYENV_VERSION=$(PYTHON_VERSION) pyenv which python 2>/dev/null || command -v python$(PYTHON_VERSION) || command -v python3); \
 	  echo "creating $(VENV) with $$interp"; \
@@ -20,7 +22,7 @@ $(VENV)/.installed: $(LOCK) requirements/nodeps.txt setup.py
 	$(PY) -m pip install -q --upgrade 'pip<25'
 	$(PY) -m pip install -q --no-deps -r $(LOCK)
 	$(PY) -m pip install -q --no-deps -r requirements/nodeps.txt
-	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 venv: $(VENV)/.installed

@@ -1,12 +1,10 @@
 """kubeflow/Dockerfile, checked without a Docker engine: the lock is installed without a resolver,
 Keras 2 is selected, and every top-level package the compiled spec imports is in the image."""
-import ast
 import re
 from pathlib import Path
 
-import pytest
-
 from tests.kubeflow.conftest import DATAFLOW
+from tests.pyproject_meta import top_level_packages
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "kubeflow" / "Dockerfile"
@@ -35,15 +33,8 @@ def _copied_sources():
 
 
 def _setup_packages():
-    """The package names setup.py's find_packages(include=[...]) lists (top level only)."""
-    tree = ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "find_packages":
-            for kw in node.keywords:
-                if kw.arg == "include":
-                    names = [ast.literal_eval(e) for e in kw.value.elts]
-                    return {n for n in names if "." not in n}
-    pytest.fail("setup.py: no find_packages(include=[...]) found")
+    """The top-level package names pyproject.toml's [tool.setuptools.packages.find] include lists."""
+    return top_level_packages()
 
 
 def _runs():
@@ -74,14 +65,14 @@ def test_sets_tf_use_legacy_keras():
 
 def test_copies_setup_py_readme_and_every_setup_package():
     copied = _copied_sources()
-    assert {"setup.py", "README.md"} <= copied  # setup.py reads README.md
+    assert {"pyproject.toml", "README.md"} <= copied  # pyproject.toml's readme is README.md
     missing = _setup_packages() - copied
-    assert not missing, f"kubeflow/Dockerfile does not COPY {sorted(missing)} (setup.py installs them)"
+    assert not missing, f"kubeflow/Dockerfile does not COPY {sorted(missing)} (pyproject.toml installs them)"
 
 
 def test_copies_every_top_level_package_the_compiled_spec_references(compile_spec):
     """Executor class paths, custom artifact TYPE_NAMEs and entrypoint modules, parsed from the
-    compiled JSON: each top-level package is the project's (COPY'd and installed by setup.py)
+    compiled JSON: each top-level package is the project's (COPY'd and installed by pyproject.toml)
     or an installed distribution pinned in the lock."""
     from importlib import metadata
 
@@ -98,7 +89,7 @@ def test_copies_every_top_level_package_the_compiled_spec_references(compile_spe
     for package in sorted(packages):
         if (REPO / package / "__init__.py").exists():
             assert package in copied, f"the compiled spec imports {package}; kubeflow/Dockerfile must COPY it"
-            assert package in installed_by_setup, f"setup.py must install {package} (find_packages include)"
+            assert package in installed_by_setup, f"pyproject.toml must install {package} (packages.find include)"
         else:
             dists = {d.lower().replace("_", "-") for d in distributions.get(package, [])}
             assert dists & lock, f"the compiled spec imports {package}, which no distribution in {LOCK} provides"
