@@ -9,6 +9,7 @@ and ``demo.yaml`` (sizes that finish on a laptop; honest, large ε).
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import math
@@ -52,9 +53,20 @@ class CorpusConfig:
     format: Optional[str] = None
     #: A directory corpus: the file names read (matched at any depth), one note per file.
     glob: str = "*.txt"
+    #: The files' text encoding: a Python codec name (utf-8, latin-1, cp1252, ...); a byte that is
+    #: not valid in it is an error naming file:line before anything is written. ``<codec>:replace``
+    #: replaces such bytes by U+FFFD instead (counted: the report's replaced_bytes).
+    encoding: str = "utf-8"
     synthetic: SyntheticCorpusConfig = dataclasses.field(default_factory=SyntheticCorpusConfig)
 
     def validate(self, prefix: str):
+        codec, _, errors = str(self.encoding).partition(":")
+        try:
+            known = bool(codec) and bool(codecs.lookup(codec)) and errors in ("", "replace")
+        except LookupError:
+            known = False
+        _check(known, f"{prefix}.encoding", "must be a Python codec name (utf-8, latin-1, cp1252, ...), "
+               "optionally followed by :replace", self.encoding)
         _check(self.format in (None, "text", "jsonl", "csv"), f"{prefix}.format",
                "must be one of text, jsonl, csv", self.format)
         _check(isinstance(self.glob, str) and bool(self.glob.strip()) and not self.glob.startswith("/")

@@ -7,6 +7,7 @@ import pytest
 
 from dpbert import metadata
 from dpbert.config import CorpusConfig
+from dpbert.data.readers import CorpusError
 from dpbert.release import bundle_files, released_view, write_bundle
 from dpbert.report import build_report, epsilon_summary, format_report, run_summary
 from tests.dashboard import fakestore
@@ -71,14 +72,15 @@ def test_run_summary_counts_cached_components(tmp_path):
     assert warnings == []
 
 
-def _ingest(tmp_path, name, content: bytes):
+def _ingest(tmp_path, name, content: bytes, encoding: str = "utf-8"):
     from dpbert.stages.ingest import ingest
 
     corpus = tmp_path / name
     corpus.mkdir()
     for i, text in enumerate(content if isinstance(content, list) else [content]):
         (corpus / f"doc{i}.txt").write_bytes(text)
-    return ingest(CorpusConfig(path=str(corpus)), str(tmp_path / (name + "-tuples")), 8, num_shards=1)
+    return ingest(CorpusConfig(path=str(corpus), encoding=encoding), str(tmp_path / (name + "-tuples")), 8,
+                  num_shards=1)
 
 
 def test_ingest_records_counts_and_warns_on_random_bytes(tmp_path, caplog):
@@ -89,8 +91,10 @@ def test_ingest_records_counts_and_warns_on_random_bytes(tmp_path, caplog):
     # a binary-ish file: letters, spaces and bytes that are not UTF-8
     rng = random.Random(0)
     data = bytes(rng.choice(b"abcdefghij   \x80\x9f\xc3\xff\xfe") for _ in range(20_000))
+    with pytest.raises(CorpusError, match=r"doc0\.txt:1: byte 0x.. at column \d+ is not valid utf-8"):
+        _ingest(tmp_path, "strict", data)  # corpus.encoding = utf-8: refused, naming the file and line
     with caplog.at_level("WARNING", logger="dpbert.ingest"):
-        props = _ingest(tmp_path, "random", data).properties
+        props = _ingest(tmp_path, "random", data, encoding="utf-8:replace").properties
     assert props["corpus_bytes"] == 20_000 and props["replaced_bytes"] > 200 and props["num_words"] > 0
     codes = [w["code"] for w in corpus_warnings(props)]
     assert "replaced_bytes" in codes and "tiny_corpus" in codes

@@ -25,7 +25,8 @@ def iter_documents(config: CorpusConfig, stats: Optional[DecodeStats] = None) ->
         s = config.synthetic
         docs = synthetic.generate_notes(s.patients, s.admissions_per_patient, s.notes_per_admission, s.seed)
         return readers.require_nonempty(docs, "<synthetic corpus>")
-    return readers.require_nonempty(readers.read_corpus(config.path, config.format, stats, config.glob), config.path)
+    documents = readers.read_corpus(config.path, config.format, stats, config.glob, config.encoding)
+    return readers.require_nonempty(documents, config.path)
 
 
 @dataclasses.dataclass

@@ -5,7 +5,8 @@
 ``CorpusError`` at the first record at fault, naming ``file:line`` (a text file: the file) and the
 problem, never the record's text or ids:
 
-- JSONL syntax and fields (a line that is not a JSON object, no string ``text``);
+- the text encoding (``corpus.encoding``, default UTF-8): a byte not valid in it, naming its line;
+- JSONL syntax and fields (a line that is not a JSON object, no string ``text``; ``file:line:column``);
 - CSV quoting (an unterminated quote, a closing quote followed by text) and row widths;
 - ``privacy.unit: patient``: a patient id on EVERY record (JSONL ``patient_id``, CSV ``SUBJECT_ID``
   or ``patient_id``); a corpus format that cannot carry one (text files) is a ``ConfigError``;
@@ -67,7 +68,7 @@ def validate_corpus(config: CorpusConfig, unit: str = "tuple") -> ValidationSumm
         fmt = config.format or readers.detect_format(config.path)
         if need_patient and fmt == "text":
             raise ConfigError(patient_ids_missing_message(config.path))
-        records = readers.read_records(config.path, fmt, DecodeStats(), config.glob)
+        records = readers.read_records(config.path, fmt, DecodeStats(), config.glob, config.encoding)
     seen: Dict[bytes, Optional[int]] = {}
     for path, line, document in records:
         summary.documents += 1

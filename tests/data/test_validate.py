@@ -9,6 +9,8 @@ import pytest
 
 from dpbert.config import ConfigError, CorpusConfig, SyntheticCorpusConfig
 from dpbert.data.fingerprint import corpus_fingerprint
+
+SALT = bytes(range(32))  # the operator's key (dpbert.data.fingerprint.load_or_create_salt)
 from dpbert.data.readers import CorpusError
 from dpbert.data.validate import validate_corpus
 
@@ -61,7 +63,7 @@ def test_late_syntax_errors_are_found_before_anything_is_read_for_real(tmp_path)
     lines[24] = '{"text": "' + SECRET + '", '  # truncated JSON on line 25
     bad = tmp_path / "b.jsonl"
     bad.write_text("\n".join(lines) + "\n")
-    assert _error(CorpusConfig(path=str(bad))).startswith(f"{bad}:25: not valid JSON")
+    assert _error(CorpusConfig(path=str(bad))).startswith(f"{bad}:25:{len(lines[24]) + 1}: not valid JSON")
     csv = tmp_path / "q.csv"
     csv.write_text('ROW_ID,SUBJECT_ID,TEXT\n1,1,fine\n2,1,also fine\n3,1,"' + SECRET + '\n4,1,swallowed\n')
     assert "unterminated quote" in _error(CorpusConfig(path=str(csv))).split(f"{csv}:4: ", 1)[1]
@@ -87,37 +89,37 @@ def test_formats_without_patient_ids_and_valid_corpora(tmp_path):
 def test_fingerprint_changes_with_the_corpus_and_only_then(tmp_path, monkeypatch):
     """Fails on the previous main (no fingerprint): an appended corpus was served from the cache."""
     config = _jsonl(tmp_path / "c.jsonl", [_note(i) for i in range(48)])
-    first = corpus_fingerprint(config)
-    assert first.startswith("content:") and first == corpus_fingerprint(config)
+    first = corpus_fingerprint(config, SALT)
+    assert first.startswith("content:") and first == corpus_fingerprint(config, SALT)
     os.utime(config.path, ns=(1, 1))  # a touch alone: the same content
-    assert corpus_fingerprint(config) == first
+    assert corpus_fingerprint(config, SALT) == first
     with open(config.path, "a") as handle:
         handle.write("".join(json.dumps(_note(100 + i)) + "\n" for i in range(12)))
-    appended = corpus_fingerprint(config)
-    assert appended != first and appended == corpus_fingerprint(config)
+    appended = corpus_fingerprint(config, SALT)
+    assert appended != first and appended == corpus_fingerprint(config, SALT)
     # Above the content-hash limit: sizes and mtimes (stat only).
     from dpbert.data import fingerprint
 
     monkeypatch.setattr(fingerprint, "CONTENT_HASH_MAX_BYTES", 10)
-    stat = corpus_fingerprint(config)
-    assert stat.startswith("stat:") and stat == corpus_fingerprint(config)
+    stat = corpus_fingerprint(config, SALT)
+    assert stat.startswith("stat:") and stat == corpus_fingerprint(config, SALT)
     os.utime(config.path, ns=(2, 2))
-    assert corpus_fingerprint(config) != stat
+    assert corpus_fingerprint(config, SALT) != stat
     # A directory: its files as the reader reads them (hidden files are not read, nor counted).
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "a.txt").write_text("one")
-    before = corpus_fingerprint(CorpusConfig(path=str(notes)))
+    before = corpus_fingerprint(CorpusConfig(path=str(notes)), SALT)
     (notes / ".swp").write_text("editor state")
-    assert corpus_fingerprint(CorpusConfig(path=str(notes))) == before
+    assert corpus_fingerprint(CorpusConfig(path=str(notes)), SALT) == before
     (notes / "b.txt").write_text("two")
-    assert corpus_fingerprint(CorpusConfig(path=str(notes))) != before
+    assert corpus_fingerprint(CorpusConfig(path=str(notes)), SALT) != before
 
 
 def test_fingerprint_of_synthetic_and_unreachable_corpora_is_deterministic():
-    a = corpus_fingerprint(CorpusConfig())
-    assert a.startswith("synthetic:") and a == corpus_fingerprint(CorpusConfig())
-    assert a != corpus_fingerprint(CorpusConfig(synthetic=SyntheticCorpusConfig(seed=7)))
-    remote = corpus_fingerprint(CorpusConfig(path="/gcs/my-bucket/notes.jsonl"))
-    assert remote.startswith("path:") and remote == corpus_fingerprint(CorpusConfig(path="/gcs/my-bucket/notes.jsonl"))
-    assert corpus_fingerprint(CorpusConfig(path="gs://b/notes.jsonl")).startswith("path:")
+    a = corpus_fingerprint(CorpusConfig(), SALT)
+    assert a.startswith("synthetic:") and a == corpus_fingerprint(CorpusConfig(), SALT)
+    assert a != corpus_fingerprint(CorpusConfig(synthetic=SyntheticCorpusConfig(seed=7)), SALT)
+    remote = corpus_fingerprint(CorpusConfig(path="/gcs/my-bucket/notes.jsonl"), SALT)
+    assert remote.startswith("path:") and remote == corpus_fingerprint(CorpusConfig(path="/gcs/my-bucket/notes.jsonl"), SALT)
+    assert corpus_fingerprint(CorpusConfig(path="gs://b/notes.jsonl"), SALT).startswith("path:")

@@ -1,9 +1,10 @@
 """Issue 22 item 2: a changed corpus is never served from TFX's cache.
 
-CorpusIngest's ``corpus_fingerprint`` parameter (``dpbert.data.fingerprint``) is in TFX's cache
-key: the appended-notes case re-reads the corpus (a real LocalDagRunner over the real
-CorpusIngest, ≈ 1 s after TFX's import), an unchanged corpus stays cached, and the fingerprint is
-never on an artifact. Also the ingest's own pre-pass and its count-free progress log (item 10).
+CorpusIngest's ``corpus_fingerprint`` parameter (``dpbert.data.fingerprint``: keyed, its salt in
+the pipeline root's private state) is in the local runner's TFX cache key: the appended-notes case
+re-reads the corpus (a real LocalDagRunner over the real CorpusIngest, ≈ 1 s after TFX's import),
+an unchanged corpus stays cached, and the fingerprint is never on an artifact. Also the ingest's
+own pre-pass and its count-free progress log (item 10).
 """
 import json
 import logging
@@ -22,10 +23,10 @@ def _write(path, start, count, mode="w"):
                                      "note_id": f"n{i}", "patient_id": f"p{i % 12}"}) + "\n")
 
 
-def _ingest_parameters(config):
+def _ingest_parameters(config, root):
     from pipeline.pipeline import create_pipeline
 
-    pipeline = create_pipeline(config, "/tmp/unused-root")
+    pipeline = create_pipeline(config, str(root), metadata_path=str(root / "metadata.sqlite"))
     (ingest,) = [c for c in pipeline.components if c.id == "CorpusIngest"]
     return ingest.exec_properties
 
@@ -35,11 +36,12 @@ def test_create_pipeline_fingerprints_the_corpus(tmp_path):
     corpus = tmp_path / "notes.jsonl"
     _write(corpus, 0, 48)
     config = load_config(None, [f"corpus.path={corpus}"])
-    before = _ingest_parameters(config)
+    root = tmp_path / "root"
+    before = _ingest_parameters(config, root)
     assert before["corpus_fingerprint"].startswith("content:") and before["privacy_unit"] == "tuple"
-    assert _ingest_parameters(config) == before  # unchanged: the same cache key
+    assert _ingest_parameters(config, root) == before  # unchanged: the same cache key (the same salt)
     _write(corpus, 48, 12, mode="a")
-    after = _ingest_parameters(config)
+    after = _ingest_parameters(config, root)
     assert after["corpus_fingerprint"] != before["corpus_fingerprint"]
     assert {k: v for k, v in after.items() if k != "corpus_fingerprint"} == \
         {k: v for k, v in before.items() if k != "corpus_fingerprint"}
@@ -62,7 +64,7 @@ def test_appended_notes_are_re_read_and_an_unchanged_corpus_stays_cached(tmp_pat
 
     def run():
         config = load_config(None, [f"corpus.path={corpus}", "privacy.tuple_words=16"])
-        component = ingest_component(config)
+        component = ingest_component(config, str(tmp_path / "root"))
         tfx.orchestration.LocalDagRunner().run(tfx.dsl.Pipeline(
             pipeline_name="corpus-cache", pipeline_root=str(tmp_path / "root"), components=[component],
             enable_cache=True,
@@ -90,7 +92,7 @@ def test_appended_notes_are_re_read_and_an_unchanged_corpus_stays_cached(tmp_pat
     assert fingerprint not in released
     with open(corpus, "a") as handle:
         handle.write('{"text": "never quoted\n')
-    with pytest.raises(CorpusError, match=r"notes\.jsonl:61: not valid JSON"):
+    with pytest.raises(CorpusError, match=r"notes\.jsonl:61:\d+: not valid JSON"):
         run()
     root = tmp_path / "root" / "CorpusIngest" / "tuples"
     new = [d for d in os.listdir(root) if str(root / d) not in (a.uri, c.uri)]
