@@ -6,7 +6,8 @@ The public model is all-MiniLM-L6-v2 (uncased BERT: 6 layers, hidden 384, 12 hea
 Nothing is fetched at run time: the directory (``dpbert.resources.checkpoint``) is, in order, the ``directory`` argument,
 ``$DPBERT_MINILM_DIR``, or the installed package's ``get_model_path()``. Any BERT checkpoint in
 the same layout (``config.json``, ``vocab.txt``, ``model.safetensors`` with ``embeddings.*`` and
-``encoder.layer.N.*`` tensors) works.
+``encoder.layer.N.*`` tensors, or the same names under ``bert.`` as ``BertForMaskedLM`` writes
+them) works; the name table is ``dpbert.model.hf_layout``'s.
 
 Mapping (PyTorch ``Linear`` weights are ``[out, in]``; ours are ``[in, ...out]``):
 
@@ -22,9 +23,13 @@ Mapping (PyTorch ``Linear`` weights are ``[out, in]``; ours are ``[in, ...out]``
   no segment embeddings; single-segment inputs always add type 0);
 * embedding / attention / output LayerNorms, query/key/value (``[H, heads, head]``), attention
   output (``[heads, head, H]``), intermediate and output dense: copied;
-* MLM head (the public checkpoint has none): transform dense keeps its random init, LayerNorm
+* MLM head (MiniLM has none; a checkpoint's head is NOT used here, its decoder rows are in the
+  public vocabulary's order): transform dense keeps its random init, LayerNorm
   γ=1, β=0, and the output projection starts as a COPY of the new input embedding table,
   transposed (BERT ties them; here the copy is a separate variable, untied, as DP needs), bias 0.
+
+``load_hf_bert`` instead reads an HF ``BertForMaskedLM`` directory AS IT IS (its own vocabulary,
+every layer, the MLM head when present): what ``dpbert export`` writes comes back as the same model.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
+from dpbert.model import hf_layout
 from dpbert.resources.checkpoint import checkpoint_dir
 
 
@@ -42,7 +48,8 @@ def read_checkpoint(directory=None):
 
     directory = checkpoint_dir(directory)
     config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    tensors = load_file(str(directory / "model.safetensors"))
+    tensors = hf_layout.canonical_names(load_file(str(directory / "model.safetensors")),
+                                        str(directory / "model.safetensors"))
     vocab = (directory / "vocab.txt").read_text(encoding="utf-8").splitlines()
     return config, tensors, vocab
 
@@ -83,7 +90,7 @@ def init_from_checkpoint(models, vocab_tokens: Sequence[str], directory=None, se
     """Load the public weights into ``models`` (a ``BertModels``); returns row-copy counts."""
     config, t, public_vocab = read_checkpoint(directory)
     spec = models.spec
-    H, heads, head = spec.hidden_size, spec.num_heads, spec.head_size
+    H, heads = spec.hidden_size, spec.num_heads
     if (config["hidden_size"], config["num_attention_heads"], config["intermediate_size"]) \
             != (H, heads, spec.intermediate_size) or not 1 <= spec.num_layers <= config["num_hidden_layers"]:
         raise ValueError("model sizes differ from the public checkpoint's; build it with spec_for_public")
@@ -118,26 +125,7 @@ def init_from_checkpoint(models, vocab_tokens: Sequence[str], directory=None, se
                 new[i] = table[pieces].mean(axis=0)
                 averaged += 1
     get("word_embeddings").embeddings.assign(new)
-    positions = t["embeddings.position_embeddings.weight"][:spec.max_seq_length]
-    if "embeddings.token_type_embeddings.weight" in t:
-        positions = positions + t["embeddings.token_type_embeddings.weight"][0]
-    get("position_embeddings").embeddings.assign(positions)
-    _layer_norm(get("embeddings_layer_norm"), t, "embeddings.LayerNorm")
-
-    for i in range(spec.num_layers):
-        p = f"encoder.layer.{i}."
-        attention = get(f"layer_{i}_attention")
-        for name, dense in (("query", attention._query_dense), ("key", attention._key_dense),  # pylint: disable=protected-access
-                            ("value", attention._value_dense)):  # pylint: disable=protected-access
-            dense.kernel.assign(t[p + f"attention.self.{name}.weight"].T.reshape(H, heads, head))
-            dense.bias.assign(t[p + f"attention.self.{name}.bias"].reshape(heads, head))
-        out = attention._output_dense  # pylint: disable=protected-access
-        out.kernel.assign(t[p + "attention.output.dense.weight"].T.reshape(heads, head, H))
-        out.bias.assign(t[p + "attention.output.dense.bias"])
-        _layer_norm(get(f"layer_{i}_attention_layer_norm"), t, p + "attention.output.LayerNorm")
-        _dense(get(f"layer_{i}_intermediate"), t, p + "intermediate.dense")
-        _dense(get(f"layer_{i}_output"), t, p + "output.dense")
-        _layer_norm(get(f"layer_{i}_output_layer_norm"), t, p + "output.LayerNorm")
+    hf_layout.assign_encoder(models, t, str(directory or "the public checkpoint"))
 
     head_norm = get("mlm_layer_norm")
     head_norm.gamma.assign(np.ones(H, np.float32))
@@ -171,11 +159,31 @@ def public_piece_ids(public_vocab: Sequence[str], words: Sequence[str]):
     return out
 
 
-def _dense(layer, t, prefix):
-    layer.kernel.assign(t[prefix + ".weight"].T)
-    layer.bias.assign(t[prefix + ".bias"])
 
+def load_hf_bert(directory: str):
+    """The dpbert ``BertModels`` of an HF BERT directory (``config.json`` + ``model.safetensors``,
+    local or ``gs://``), exactly: every layer, the vocabulary as it is, the MLM head when present
+    (a checkpoint without one gets the head of ``init_from_checkpoint``: untied copy of the word
+    embeddings, LayerNorm γ=1 β=0, random transform). ``hf_layout.LayoutError`` names what does
+    not fit."""
+    from dpbert.model import bert as bert_lib
 
-def _layer_norm(layer, t, prefix):
-    layer.gamma.assign(t[prefix + ".weight"])
-    layer.beta.assign(t[prefix + ".bias"])
+    config, t = hf_layout.read_hf_checkpoint(directory)
+    where = f"{directory.rstrip('/')}/{hf_layout.WEIGHTS_FILE}"
+    spec = hf_layout.spec_from_hf_config(config, f"{directory.rstrip('/')}/{hf_layout.CONFIG_FILE}")
+    models = bert_lib.build_bert(spec)
+    words = t[hf_layout.WORDS]
+    if words.shape != (spec.vocab_size, spec.hidden_size):
+        raise hf_layout.LayoutError(f"{where}: {hf_layout.WORDS} has shape {words.shape}, the config says "
+                                    f"({spec.vocab_size}, {spec.hidden_size})")
+    models.mlm.get_layer("word_embeddings").embeddings.assign(words)
+    hf_layout.assign_encoder(models, t, where)
+    if hf_layout.has_head(t):
+        hf_layout.assign_head(models, t, where)
+    else:
+        get = models.mlm.get_layer
+        get("mlm_layer_norm").gamma.assign(np.ones(spec.hidden_size, np.float32))
+        get("mlm_layer_norm").beta.assign(np.zeros(spec.hidden_size, np.float32))
+        get("mlm_output").kernel.assign(words.T)
+        get("mlm_output").bias.assign(np.zeros(spec.vocab_size, np.float32))
+    return models
