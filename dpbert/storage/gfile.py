@@ -51,11 +51,12 @@ class GFileStorage(Storage):
 
     def write_bytes(self, uri, data: bytes, *, if_generation_match=None) -> int:
         gfile = _gfile()
-        parent = str(uri).rstrip("/").rsplit("/", 1)[0]
+        parent = _norm(uri).rsplit("/", 1)[0] if "/" in _norm(uri).split("://")[-1] else None
         with _LOCK:
             check_precondition(uri, self.generation(uri), if_generation_match)
-            gfile.makedirs(parent)
-            tmp = join(parent, f".dpbert-tmp-{uuid.uuid4().hex}")
+            if parent:
+                gfile.makedirs(parent)
+            tmp = f"{_norm(uri)}.dpbert-tmp-{uuid.uuid4().hex}"
             with gfile.GFile(tmp, "wb") as f:
                 f.write(bytes(data))
             gfile.rename(tmp, uri, overwrite=True)
@@ -85,7 +86,7 @@ class GFileStorage(Storage):
         if not self.isdir(uri):
             raise FileNotFoundError(f"no such folder: {uri}")
         names = {n.rstrip("/") for n in _gfile().listdir(uri)}
-        return sorted(n for n in names if not n.startswith(".dpbert-tmp-"))
+        return sorted(n for n in names if ".dpbert-tmp-" not in n)
 
     def glob(self, pattern) -> List[str]:
         return sorted(p for p in _gfile().glob(pattern) if ".dpbert-tmp-" not in p)

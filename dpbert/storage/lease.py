@@ -3,10 +3,13 @@ created with ``if_generation_match=0`` and renewed / released matched on OUR gen
 
 Unlike ``flock``, it survives a crashed holder: the lease expires after ``ttl_s`` and the next
 run takes it over with ``if_generation_match=<the stale generation>``, so of two racing takers
-exactly one wins. The clock is injectable so expiry needs no sleeping in tests.
+exactly one wins. A write that went through although the store reported a precondition failure
+(GCS retries a conditional upload whose reply was lost) is recognised by its exact bytes. The
+clock is injectable so expiry needs no sleeping in tests.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -54,14 +57,16 @@ class LeaseLock:
         self.held = False
         self.lost: Optional[LockLost] = None
         self._gen: Optional[int] = None
+        self._sent = b""
         self._acquired_at = 0.0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
     def _body(self) -> bytes:
-        now = self.clock()
-        return json.dumps({"owner": self.owner, "acquired_at": self._acquired_at,
-                           "expires_at": now + self.ttl_s}).encode("utf-8")
+        """The lease we are about to write (kept: only our own write can produce these bytes)."""
+        self._sent = json.dumps({"owner": self.owner, "acquired_at": self._acquired_at,
+                                 "expires_at": self.clock() + self.ttl_s}).encode("utf-8")
+        return self._sent
 
     def acquire(self) -> "LeaseLock":
         """Create the lease, or take over an expired one; LockHeld when it is live."""
@@ -76,6 +81,9 @@ class LeaseLock:
                 data, stale = self.storage.read(self.uri)
             except FileNotFoundError:
                 continue  # released in between: try to create it again
+            if data == self._sent:  # our create went through but its reply was lost (a retry)
+                self._gen = stale
+                break
             holder = _parse(data)
             if holder["expires_at"] > self.clock():
                 raise LockHeld(f"lock {self.uri} is held by {holder['owner']} until "
@@ -98,6 +106,11 @@ class LeaseLock:
         try:
             self._gen = self.storage.write_bytes(self.uri, self._body(), if_generation_match=self._gen)
         except (PreconditionFailed, FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError):
+                data, gen = self.storage.read(self.uri)
+                if data == self._sent:  # our renewal went through but its reply was lost
+                    self._gen = gen
+                    return
             self.held = False
             raise LockLost(f"lock {self.uri} was taken over or removed; {self.owner} lost it") from None
 

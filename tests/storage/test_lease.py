@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dpbert.storage import LeaseLock, LockHeld, LockLost, join, read_json, write_text
+from dpbert.storage import LeaseLock, LockHeld, LockLost, PreconditionFailed, join, read_json, write_text
 from dpbert.storage.base import Storage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -155,3 +155,34 @@ def test_a_killed_holder_is_taken_over_after_its_ttl(tmp_path):
     assert err.value.holder["owner"] == "crashing"
     later = LeaseLock(uri, ttl_s=30, owner="next", clock=lambda: time.time() + 31).acquire()
     assert later.held and json.loads((tmp_path / "state" / "lock").read_text())["owner"] == "next"
+
+
+class _LostReply(Storage):
+    """Each write goes through but is reported as a failed precondition (GCS retried a
+    conditional upload whose first reply was lost)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def read(self, uri):
+        return self.inner.read(uri)
+
+    def delete(self, uri, *, if_generation_match=None):
+        return self.inner.delete(uri, if_generation_match=if_generation_match)
+
+    def write_bytes(self, uri, data, *, if_generation_match=None):
+        self.inner.write_bytes(uri, data, if_generation_match=if_generation_match)
+        raise PreconditionFailed(f"{uri}: 412 on the retry")
+
+
+def test_a_write_whose_reply_was_lost_is_recognised_as_ours(backend):
+    storage, root = backend
+    uri, clock = join(root, "lock"), Clock()
+    lock = LeaseLock(uri, ttl_s=10, owner="me", clock=clock, storage=_LostReply(storage)).acquire()
+    clock.t += 5
+    lock.renew()
+    assert lock.held and read_json(uri)["expires_at"] == clock.t + 10
+    assert lock.release() and not storage.exists(uri)
+    LeaseLock(uri, ttl_s=10, owner="other", clock=clock).acquire()
+    with pytest.raises(LockHeld):                              # someone else's lease is not adopted
+        LeaseLock(uri, ttl_s=10, owner="me", clock=clock, storage=_LostReply(storage)).acquire()
