@@ -82,7 +82,9 @@ def update_json(uri, fn: Callable[[Any], Any], *, default=None, retries: int = 2
     """Read-modify-write by compare-and-swap: ``fn`` gets a fresh copy of the current value
     (``default`` or ``{}`` when missing) and returns the new one (None: keep its mutated
     argument). It reruns on every lost race, so it must not have side effects; after
-    ``retries`` lost races PreconditionFailed propagates."""
+    ``retries`` lost races PreconditionFailed propagates. On gs:// a write whose reply was lost
+    and whose automatic retry got 412 looks like a lost race, so ``fn`` can be applied twice:
+    an update that must happen exactly once should carry its own id and check it in ``fn``."""
     storage = storage_for(uri)
     for attempt in range(retries):
         try:
