@@ -7,6 +7,9 @@ thread, so two workers do not oversubscribe two cores.
 ``tiny_dag_run``: the tiny end-to-end DAG run (tests/e2e/tiny_dag.py ``TINY_DAG``), run ONCE and shared
 by tests/e2e/test_dag_tiny.py and the dashboard's browser test; every test that uses it carries
 ``@pytest.mark.xdist_group("tiny_dag")`` so ``--dist loadgroup`` runs them on one worker.
+
+Skips: a skipped test fails the session unless tests/skip_allowlist.txt lists it (tests/skip_guard.py,
+imported below; pytest.ini names the file).
 """
 import os
 import sys
@@ -32,6 +35,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 sys.skip_tf_privacy_import = True
 
 import pytest  # noqa: E402
+
+from tests.skip_guard import (  # noqa: E402,F401  (hooks: a skip not in the allowlist fails)
+    pytest_addoption, pytest_configure, pytest_make_collect_report, pytest_runtest_makereport,
+    pytest_terminal_summary)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 installed by ``.ci/install-chromium.sh``) driven through chromedriver's WebDriver API, against
 the ML Metadata store of a tiny real run served by uvicorn on a free loopback port.
 
-Skips (with the reason) only when Chromium or chromedriver is not installed.
+Skips (with the reason) only when Chromium or chromedriver is not installed: Debian packages outside
+the lock, so tests/skip_allowlist.txt allows these two skips (any other skip fails the session).
 """
 import contextlib
 import json

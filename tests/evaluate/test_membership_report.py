@@ -1,14 +1,12 @@
-"""How the run report shows a MembershipReport (the proposed dpbert/report.py patch; skipped until
-it is applied)."""
+"""How the run report shows a MembershipReport (dpbert.report.membership_rows) and the dashboard
+shows those rows."""
 import math
 
 import pytest
 
 from dpbert import report as report_lib
+from dashboard import views
 from dpbert.evaluate import membership as mi
-
-pytestmark = pytest.mark.skipif(not hasattr(report_lib, "membership_rows"),
-                                reason="dpbert.report.membership_rows not applied yet")
 
 
 def test_membership_rows_one_per_model_and_attack_in_attack_order():
@@ -28,7 +26,6 @@ def test_membership_rows_one_per_model_and_attack_in_attack_order():
 
 
 def test_membership_rows_feed_the_dashboard_view():
-    views = pytest.importorskip("dashboard.views")
     rows = report_lib.membership_rows({"dp": {"S-BBA": {"advantage": 0.1, "auc": 0.6}}},
                                       {"dp": {"S-BBA": {"fpr": [0.0, 0.5, 1.0], "tpr": [0.0, 0.7, 1.0]}}})
     shown = views.membership_attacks({"membership_inference": rows})

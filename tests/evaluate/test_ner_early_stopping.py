@@ -3,11 +3,10 @@ weights; patience; the dev split comes from the training sentences; shorter batc
 prediction; the linear probe (ner.mode = probe) runs the encoder once for every seed."""
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from dpbert.evaluate import ner
 from tests.evaluate.test_ner_finetune import VOCAB_SIZE, synthetic_sentences, tiny_encoder_builder, tokenizer
-
-tf = pytest.importorskip("tensorflow")
 
 
 def test_early_stopping_restores_the_best_dev_epoch():

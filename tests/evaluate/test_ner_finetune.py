@@ -1,13 +1,11 @@
 """finetune_and_score against a tiny tf_keras encoder built here (the real BERT plugs in the same
 way: a builder returning a model input_ids -> {"sequence_output": [B, L, H]})."""
 import numpy as np
-import pytest
+import tensorflow as tf
+import tf_keras
 
 from dpbert.evaluate import ner
 from dpbert.evaluate.ner import Sentence
-
-tf = pytest.importorskip("tensorflow")
-import tf_keras  # noqa: E402
 
 # word -> pieces; multi-piece words check that only the first piece carries the label
 PIECES = {"aspirin": [10, 11], "heparin": [12, 11], "ibuprofen": [13], "heart": [14],

