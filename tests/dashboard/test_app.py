@@ -1,6 +1,8 @@
 """Fast tests of the dashboard with Starlette's TestClient (no server, no browser)."""
 import argparse
 import builtins
+import contextlib
+import errno
 import hashlib
 import html
 import inspect
@@ -8,15 +10,17 @@ import io
 import json
 import math
 import os
+import socket
 from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 from dashboard import create_app, serve
-from dpbert import metadata, schema
+from dpbert import exit_codes, metadata, schema
 from dashboard import views
 from dpbert.release import released_view
 from dpbert.report import build_report
 from tests.dashboard import fakestore
+from dpbert_cli import dashboard as cli_dashboard
 from dpbert_cli.dashboard import add_dashboard_parser, cmd_dashboard
 from dpbert_cli.main import build_parser
 from tests.dashboard.conftest import TestClient, esc, links_of
@@ -341,15 +345,34 @@ def _parse(argv):
     return parser.parse_args(argv)
 
 
+@contextlib.contextmanager
+def port_taken(port: int):
+    """``127.0.0.1:port`` with a listener: ours, or whoever already holds it."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+        yield
+
+
 def test_binds_127_0_0_1_by_default(fake_store, monkeypatch, capsys):
+    """The defaults, with port 8080 taken (by this test or anything else on the machine): the
+    command is never run against the real port, its probe is recorded instead."""
     args = _parse(["dashboard", "--metadata", fake_store])
     assert (args.host, args.port, args.func) == ("127.0.0.1", 8080, cmd_dashboard)
     assert inspect.signature(serve).parameters["host"].default == "127.0.0.1"
     import uvicorn
 
-    calls = []
+    calls, probed = [], []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append((app, kw)))
-    assert cmd_dashboard(args) == 0
+    with port_taken(8080):
+        assert cli_dashboard._port_refused("127.0.0.1", 8080)  # the real probe sees it taken
+        monkeypatch.setattr(cli_dashboard, "_port_refused", lambda host, port: probed.append((host, port)))
+        assert cmd_dashboard(args) == 0
+    assert probed == [("127.0.0.1", 8080)]
     [(app, kw)] = calls
     assert kw["host"] == "127.0.0.1" and kw["port"] == 8080
     assert "http://127.0.0.1:8080/" in capsys.readouterr().out
@@ -360,11 +383,25 @@ def test_binds_127_0_0_1_by_default(fake_store, monkeypatch, capsys):
     assert c.get("/", headers={"host": "evil.example:8080"}).status_code == 400
 
 
+def test_a_taken_port_is_refused_before_serving(fake_store, monkeypatch, capsys):
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: pytest.fail("served on a taken port"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # a free port, listened on here: no fixed port, no race
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert cmd_dashboard(_parse(["dashboard", "--metadata", fake_store, "--port", str(port)])) == \
+            exit_codes.ENVIRONMENT
+    assert f"port {port} on 127.0.0.1 is already in use" in capsys.readouterr().err
+
+
 def test_other_host_and_output_dir(fake_store, tmp_path, monkeypatch):
     import uvicorn
 
     calls = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append((app, kw)))
+    monkeypatch.setattr(cli_dashboard, "_port_refused", lambda host, port: None)  # 9999 need not be free
     out = tmp_path / "run"
     out.mkdir()
     os.link(fake_store, out / "metadata.sqlite")
