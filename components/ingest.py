@@ -23,9 +23,11 @@ def CorpusIngest(
     """Check every record, then stream the corpus, cut each document into tuples of
     ``tuple_words`` words and write them.
 
-    ``corpus_fingerprint`` (``dpbert.data.fingerprint``) is read by nothing here: it is in the
-    parameters so that TFX's cache key changes with the corpus. Operator-only (ML Metadata's
-    execution record), never copied to an artifact property."""
+    ``corpus_fingerprint`` (``dpbert.data.fingerprint``: KEYED, its salt in the operator's private
+    state) is read by nothing here: the local runner passes it so that TFX's cache key changes
+    with the corpus. Operator-only (the local ML Metadata store's execution record), never copied
+    to an artifact property; empty in a compiled Kubeflow / Vertex AI spec, where this step runs
+    uncached (``kubeflow.runner``)."""
     from dpbert.stages.ingest import ingest
 
     del corpus_fingerprint  # the cache key's, not the stage's

@@ -72,7 +72,8 @@ def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
 
     validate_for_vertex(config, pipeline_root)
     beam_args = cloud_beam_args(config, image)
-    dag = create_pipeline(config, pipeline_root, metadata_path=None, beam_pipeline_args=beam_args)
+    dag = create_pipeline(config, pipeline_root, metadata_path=None, beam_pipeline_args=beam_args,
+                          fingerprint_corpus=False)
     if resources:
         apply_resources(dag, resources)
     output = os.path.abspath(output)
@@ -83,8 +84,49 @@ def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
         output_filename=os.path.basename(output),
     )
     runner.run(dag, write_out=True)
-    check_spec_importable(load_spec(output))
+    spec = load_spec(output)
+    if uncache_corpus_ingest(spec, config):
+        _write_spec(spec, output)
+    check_spec_importable(spec)
     return output
+
+
+#: The task that reads the corpus (``pipeline.pipeline.ingest_component``).
+INGEST_TASK = "CorpusIngest"
+
+
+def uncache_corpus_ingest(spec: dict, config: Config) -> bool:
+    """Turn Vertex AI's cache off for CorpusIngest when it reads a corpus path; True if changed.
+
+    How Vertex AI sees a corpus changed in place: it does not need to. Its cache key is the
+    task's parameters and inputs, and CorpusIngest's input is a path: the only parameter that
+    would follow the content is a fingerprint of it, and a spec carries none (an unkeyed hash in
+    a PipelineJob is an oracle for the corpus; the key lives in the operator's private state,
+    which the compiling machine need not have). So CorpusIngest re-reads the corpus on every
+    submission; its new WordTuples artifact is a new input downstream (KFP's cache key names the
+    input artifacts), so the DAG re-runs: on Vertex AI a re-submission is a new run, never a
+    stale one. The synthetic corpus is a function of the spec's own parameters: still cached.
+    """
+    if config.corpus.path is None:
+        return False
+    from kubeflow.spec_check import pipeline_spec
+
+    task = pipeline_spec(spec)["root"]["dag"]["tasks"].get(INGEST_TASK)
+    if task is None:
+        raise ValueError(f"the compiled spec has no {INGEST_TASK} task")
+    task.pop("cachingOptions", None)
+    return True
+
+
+def _write_spec(spec: dict, output: str) -> None:
+    import json
+
+    import yaml
+
+    text = json.dumps(spec, indent=2, sort_keys=True) if output.endswith(".json") else \
+        yaml.safe_dump(spec, sort_keys=True)
+    with open(output, "w", encoding="utf-8") as handle:
+        handle.write(text + ("\n" if output.endswith(".json") else ""))
 
 
 def planned_budget_problem(config: Config) -> Optional[str]:

@@ -8,7 +8,6 @@ from typing import List, Optional
 from tfx import v1 as tfx
 
 from dpbert.config import Config, MembershipConfig, section_to_json
-from dpbert.data.fingerprint import corpus_fingerprint
 from pipeline.code_version import component_code_version
 from pipeline.paths import output_paths  # noqa: F401 -- re-exported: callers import it from here
 
@@ -18,29 +17,47 @@ def _core_version(module: str) -> str:
     return component_code_version(module)
 
 
-def ingest_component(config: Config):
+def fingerprint_state_root(pipeline_root: str) -> str:
+    """Where the corpus fingerprint's salt lives: the trainers' private state root
+    (``dpbert.stages.pretrain.STATE_ROOT``, marked operator-only), never an artifact's directory."""
+    from dpbert.stages.pretrain import STATE_ROOT
+
+    return os.path.join(pipeline_root, STATE_ROOT)
+
+
+def ingest_component(config: Config, pipeline_root: Optional[str] = None):
     """The DAG's first component, CorpusIngest, for ``config``.
 
-    ``corpus_fingerprint`` (``dpbert.data.fingerprint``, computed here, in the process that builds
-    the DAG) is in TFX's cache key as ExampleGen's input fingerprint is: a corpus changed in place
-    is re-read and everything downstream re-runs; an unchanged one stays cached. Operator-only (a
-    function of the file sizes): an execution parameter, never an artifact property. A path this
-    machine cannot stat (a Vertex AI /gcs/ path compiled elsewhere) is fingerprinted by its name.
+    With ``pipeline_root`` (the local runner), ``corpus_fingerprint`` is the KEYED fingerprint of
+    the corpus (``dpbert.data.fingerprint``, computed here, its salt in the private state under
+    ``pipeline_root``): in TFX's cache key as ExampleGen's input fingerprint is, so a corpus
+    changed in place is re-read and everything downstream re-runs; an unchanged one stays cached.
+    It lives in the local ML Metadata store's execution record, never on an artifact. Without
+    ``pipeline_root`` (a compiled Kubeflow / Vertex AI spec) no fingerprint is passed: a spec is
+    read by whoever can see the PipelineJob, and ``kubeflow.runner`` turns CorpusIngest's cache
+    off instead.
     """
     from components.ingest import CorpusIngest
 
+    fingerprint = {}
+    if pipeline_root is not None:
+        from dpbert.data.fingerprint import corpus_fingerprint, load_or_create_salt
+
+        salt = load_or_create_salt(fingerprint_state_root(pipeline_root))
+        fingerprint["corpus_fingerprint"] = corpus_fingerprint(config.corpus, salt)
     return CorpusIngest(
         corpus_config=section_to_json(config.corpus),
         tuple_words=config.privacy.tuple_words,
-        corpus_fingerprint=corpus_fingerprint(config.corpus),
         # The ingest re-checks every record before it writes (a patient id on each under the patient unit).
         privacy_unit=config.privacy.unit,
         code_version=_core_version("components.ingest"),
+        **fingerprint,
     )
 
 
-def create_components(config: Config) -> List:
-    """The components of the DAG, in order, wired by their artifacts."""
+def create_components(config: Config, pipeline_root: Optional[str] = None) -> List:
+    """The components of the DAG, in order, wired by their artifacts (``pipeline_root``: see
+    ``ingest_component``)."""
     from components.accountant import PrivacyAccountant
     from components.canary import CanaryExposure, CanaryGen
     from components.membership import MembershipInference
@@ -48,7 +65,7 @@ def create_components(config: Config) -> List:
     from components.trainer import MLMPretrainer
     from components.vocabulary import DPVocabularyGen
 
-    ingest = ingest_component(config)
+    ingest = ingest_component(config, pipeline_root)
     tuples = ingest.outputs["tuples"]
     privatizer = None
     if config.local_privacy.enabled:
@@ -156,18 +173,23 @@ def create_components(config: Config) -> List:
 
 
 def create_pipeline(config: Config, pipeline_root: str, metadata_path: Optional[str] = None,
-                    beam_pipeline_args: Optional[List[str]] = None) -> tfx.dsl.Pipeline:
+                    beam_pipeline_args: Optional[List[str]] = None,
+                    fingerprint_corpus: Optional[bool] = None) -> tfx.dsl.Pipeline:
     """Build the DAG for ``config``.
 
     ``metadata_path``: a local sqlite ML Metadata store (None for Kubeflow/Vertex, which bring
     their own). ``beam_pipeline_args`` default to ``config.beam.pipeline_args()``.
+    ``fingerprint_corpus``: pass CorpusIngest the keyed corpus fingerprint (``ingest_component``);
+    default: with a local store only (a compiled spec carries none).
     """
+    if fingerprint_corpus is None:
+        fingerprint_corpus = metadata_path is not None
     metadata = (tfx.orchestration.metadata.sqlite_metadata_connection_config(metadata_path)
                 if metadata_path else None)
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline.name,
         pipeline_root=pipeline_root,
-        components=create_components(config),
+        components=create_components(config, pipeline_root if fingerprint_corpus else None),
         enable_cache=config.pipeline.enable_cache,
         metadata_connection_config=metadata,
         beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else config.beam.pipeline_args(),

@@ -96,6 +96,19 @@ def _no_cache(on, off):
     assert cached(on) == set() and cached(off) == task_names(off)
 
 
+def _ingest_uncached_without_fingerprint(on, off):
+    """A corpus path: CorpusIngest re-reads it on every submission (no content hash in a spec to
+    key the cache on: kubeflow.runner.uncache_corpus_ingest); the synthetic corpus stays cached."""
+    def ingest(spec):
+        return spec["pipelineSpec"]["root"]["dag"]["tasks"]["CorpusIngest"]
+
+    assert "cachingOptions" not in ingest(on) and ingest(off)["cachingOptions"]["enableCache"]
+    for spec in (on, off):
+        assert "corpus_fingerprint" not in ingest(spec)["inputs"]["parameters"]
+    others = task_names(on) - {"CorpusIngest"}
+    assert all(on["pipelineSpec"]["root"]["dag"]["tasks"][t]["cachingOptions"]["enableCache"] for t in others)
+
+
 def _dataflow_args(on, off):
     for executor in on["pipelineSpec"]["deploymentSpec"]["executors"].values():
         assert "--runner=DataflowRunner" in executor["container"]["args"]
@@ -116,7 +129,7 @@ OPTIONAL_BRANCHES = [
     Branch(on=("local_privacy.enabled=true",), adds=("TextPrivatizer",)),
     Branch(on=("membership.holdout_patient_fraction=0.3",), adds=("MembershipInference",)),
     Branch(on=("model.init=minilm",)),
-    Branch(on=("corpus.path=/gcs/my-bucket/notes.jsonl",)),
+    Branch(on=("corpus.path=/gcs/my-bucket/notes.jsonl",), check=_ingest_uncached_without_fingerprint),
     Branch(on=("pipeline.enable_cache=false",), check=_no_cache),
     Branch(on=tuple(DATAFLOW), check=_dataflow_args),
 ]
