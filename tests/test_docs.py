@@ -35,8 +35,10 @@ TO_WRITE = {
     "components/vertex_ui.py",   # docs/running-on-vertex.md §8: the Vertex UI artifact types
     "system/__init__.py",        # docs/running-on-vertex.md §8: the package the V2 entrypoint imports
 }
-#: First path components of other projects' sources the docs cite (read in their own repositories).
+#: First path components that are not this repository's: other projects' sources the docs cite
+#: (read in their own repositories) and folders a run creates under its output directory.
 OTHER_PROJECTS = {"tfx", "apache", "tensorflow", "apache_beam"}
+RUN_OUTPUTS = {"_trainer_state"}
 #: Fenced blocks of these info strings are pictures or printed output, not commands to run.
 DIAGRAM_LANGUAGES = {"text"}
 #: File endings that make an unknown first component suspicious (a misspelt top-level directory).
@@ -109,7 +111,7 @@ def missing_paths(page: Path, text: str, repo: Path = REPO, top: set = None) -> 
         if first in top:
             if not (repo / clean).exists():
                 errors.append(f"{page.name}:{line}: {path} does not exist")
-        elif first not in OTHER_PROJECTS and clean.endswith(SOURCE_SUFFIXES):
+        elif first not in OTHER_PROJECTS | RUN_OUTPUTS and clean.endswith(SOURCE_SUFFIXES):
             errors.append(f"{page.name}:{line}: {path}: no top-level {first!r} in the repository")
     for line, target in linked_paths(text):
         if target and not (page.parent / target).exists():
