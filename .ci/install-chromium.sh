@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Headless Chromium + chromedriver from Debian, for the dashboard's browser test
 # (tests/dashboard/test_browser.py, marker `browser`). Idempotent and quick when both are there.
-# Never fails the CI run: without them the browser test skips and says why.
+# Never fails the CI run: without them the two browser tests skip and say why (the only skips
+# tests/skip_allowlist.txt allows: Chromium is a Debian package, outside the lock).
 set -uo pipefail
 
 have() { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }
