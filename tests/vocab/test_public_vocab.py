@@ -1,6 +1,6 @@
 """vocab.source public / public+dp (dpbert.vocab.public): construction, the vocabulary stage, the
 ledger's charge and the configuration refusals. A tiny fake public checkpoint is written here
-(tests/model/fake_checkpoint.py); the installed MiniLM is used only where said, skipped otherwise."""
+(tests/model/fake_checkpoint.py); the installed MiniLM (requirements/nodeps.txt) is used only where said."""
 import json
 import random
 
