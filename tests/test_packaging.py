@@ -16,6 +16,9 @@ from tests.pyproject_meta import REPO, load_pyproject, package_includes, top_lev
 NOT_INSTALLED = {"tests": "the test suite runs from the checkout"}
 # Files inside installed packages that are not shipped: the image's build files, read by docker only.
 NOT_SHIPPED = {"kubeflow/Dockerfile", "kubeflow/Dockerfile.dockerignore"}
+# Planted in the wheel test's copy, not shipped by pyproject.toml: a data file no glob matches and
+# a module in a folder without __init__.py.
+PLANTED = {"dpbert/resources/planted.json", "dpbert/planted_folder/module.py"}
 
 
 def test_every_top_level_package_is_listed_with_its_subpackages():
@@ -47,12 +50,12 @@ def test_console_script_resolves_to_the_cli():
     assert importlib.metadata.version("dpbert") == dpbert.__version__
 
 
-def _package_files() -> set:
-    """Every file of the installed packages, relative to the repo (no caches, no NOT_SHIPPED)."""
+def _package_files(root) -> set:
+    """Every file of the installed packages under ``root``, relative to it (no caches, no NOT_SHIPPED)."""
     files = set()
     for name in top_level_packages():
-        for path in (REPO / name).rglob("*"):
-            rel = path.relative_to(REPO).as_posix()
+        for path in (root / name).rglob("*"):
+            rel = path.relative_to(root).as_posix()
             if path.is_file() and "__pycache__" not in path.parts and rel not in NOT_SHIPPED:
                 files.add(rel)
     return files
@@ -60,13 +63,18 @@ def _package_files() -> set:
 
 def test_the_wheel_carries_every_module_and_data_file(tmp_path):
     """Build the wheel from a copy of the sources (never in the shared checkout) with the lock's
-    setuptools, offline, and compare its files with the packages' files on disk."""
+    setuptools, offline, and compare its files with the packages' files in the copy. Positive
+    control: two files planted in the copy that pyproject.toml does not ship must be the only
+    ones missing."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
     for name in top_level_packages():
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for rel in PLANTED:
+        (src / rel).parent.mkdir(exist_ok=True)
+        (src / rel).write_text("planted\n")
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                              "--no-index", ".", "-w", str(tmp_path / "dist")],
                             cwd=src, capture_output=True, text=True, timeout=300)
@@ -76,9 +84,10 @@ def test_the_wheel_carries_every_module_and_data_file(tmp_path):
         names = set(zf.namelist())
         info = next(n.rsplit("/", 1)[0] for n in names if n.endswith(".dist-info/METADATA"))
         entry_points = zf.read(f"{info}/entry_points.txt").decode()
-    missing = _package_files() - names
-    assert not missing, (f"the wheel lacks {sorted(missing)}: a folder of modules needs __init__.py, a data "
-                         f"file needs a [tool.setuptools.package-data] glob in pyproject.toml")
+    missing = _package_files(src) - names  # the copy: what was built, even if the checkout changes meanwhile
+    assert PLANTED <= missing, f"the positive control shipped: {sorted(PLANTED - missing)}"
+    assert not missing - PLANTED, (f"the wheel lacks {sorted(missing - PLANTED)}: a folder of modules needs "
+                                   f"__init__.py, a data file a [tool.setuptools.package-data] glob in pyproject.toml")
     assert "dpbert = dpbert_cli.main:main" in entry_points
     assert not {n for n in names if n.startswith(tuple(f"{t}/" for t in NOT_INSTALLED))}
 
