@@ -397,6 +397,20 @@ def membership_attacks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     return out
 
 
+def membership_bound_note(report: Dict[str, Any]) -> Optional[str]:
+    """Why no attack row carries an advantage bound (``dpbert.report.NO_BOUND_NOTE``), or None when
+    one does or there is no attack."""
+    from dpbert.report import NO_BOUND_NOTE
+
+    rows = report.get("membership_inference_rows")
+    if not isinstance(rows, list) or not rows:
+        return None
+    if any(isinstance(r, dict) and r.get("advantage_bound") is not None for r in rows):
+        return None
+    unit = (report.get("privacy") or {}).get(schema.UNIT)
+    return NO_BOUND_NOTE.format(unit=unit if isinstance(unit, str) else "unit")
+
+
 def ner_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     ner = report.get("ner") or {}
     f1, per_type, table = ner.get("f1"), ner.get("per_type"), ner.get("table")
@@ -418,8 +432,37 @@ def ner_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     heading = ", ".join(p for p in (NER_TASK_LABELS.get(task, task) if isinstance(task, str) else None,
                                     (f"{seeds} " if isinstance(seeds, int) else "") + ner_seeds_words(mode)
                                     if mode else None) if p)
-    return {"f1": fmt(f1) if f1 is not None else None, "per_type": per_type_rows, "table": generic_table(table),
-            "heading": heading or None}
+    return {"f1": fmt(f1) if f1 is not None else None, "per_type": per_type_rows,
+            "table": labelled_table(generic_table(table), NER_COLUMN_LABELS, ner_column_label), "heading": heading or None}
+
+
+#: The "every model" NER table's column keys (``dpbert.stages.ner``'s ``table`` property) as headings.
+NER_COLUMN_LABELS = {"model": "model", "f1_mean": "NER F1 (mean)", "f1_std": "NER F1 (std)",
+                     "precision": "precision", "recall": "recall", "heldout_mlm_loss": "held-out MLM loss",
+                     "heldout_mlm_accuracy": "held-out MLM accuracy", "ner_seconds": "NER time (s)",
+                     "mlm_seconds": "MLM eval time (s)"}
+
+
+def ner_column_label(key: str) -> str:
+    """A heading for a column ``NER_COLUMN_LABELS`` does not name: ``f1_<Type>`` (per entity type),
+    ``<task>_f1_mean`` (another NER task), else the key with spaces."""
+    from dpbert.report import NER_TASK_LABELS
+
+    if key.endswith("_f1_mean"):
+        task = key[: -len("_f1_mean")]
+        return f"NER F1, {NER_TASK_LABELS.get(task, task)} (mean)"
+    if key.startswith("f1_"):
+        return f"F1 {key[3:]}"
+    return key.replace("_", " ")
+
+
+def labelled_table(table: Optional[Dict[str, Any]], labels: Dict[str, str], fallback) -> Optional[Dict[str, Any]]:
+    """``generic_table``'s ``{columns, rows}`` with each column key replaced by its human heading
+    (``labels``, else ``fallback(key)``); the keys stay in ``column_keys`` (the headings' tooltips)."""
+    if table is None:
+        return None
+    return dict(table, column_keys=list(table["columns"]),
+                columns=[labels.get(c) or (fallback(c) if c else c) for c in table["columns"]])
 
 
 #: The utility table's rows (issue 16) and which of them are released (``dpbert.release``).
@@ -492,16 +535,34 @@ def vocab_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
 
 
 def pretraining_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
-    """The DP model's released diagnostics: DP estimates (ratios of noisy sums, clamped;
-    ``dpbert.privacy.diagnostics``) with the noise std of one step's value."""
+    """What DP-SGD trained (``training.trainable``; LoRA merged) and the DP model's released
+    diagnostics: DP estimates (ratios of noisy sums, clamped; ``dpbert.privacy.diagnostics``), with
+    the noise std on each released per-step SUM and the std it implies for one step's ratio at the
+    expected (planned) batch size."""
+    from dpbert.report import trainable_text
+
     section = report.get("pretraining") or {}
-    rows = _rows(section, PRETRAINING_ROWS)
+    rows = []
+    if isinstance(section.get("trainable"), dict):
+        rows.append({"label": "trained by DP-SGD (training.trainable)", "value": trainable_text(section["trainable"])})
+    rows += _rows(section, PRETRAINING_ROWS)
+    parts = (("loss", "loss", "loss"), ("accuracy", "accuracy", "accuracy"),
+             ("clipped", "clipped_fraction", "clipped fraction"))
+    sums = section.get("diagnostics_sum_noise_std")
+    if isinstance(sums, dict) and sums:
+        text = ", ".join(f"{label} {fmt(number(sums.get(key)))}" for key, _, label in parts
+                         if number(sums.get(key)) is not None)
+        rows.append({"label": "noise std on each released per-step SUM", "value": text})
     noise = section.get("diagnostics_step_noise_std")
     if isinstance(noise, dict) and noise:
-        parts = [f"{label} {fmt(number(noise.get(key)))}" for key, label in
-                 (("loss", "loss"), ("accuracy", "accuracy"), ("clipped_fraction", "clipped fraction"))
-                 if number(noise.get(key)) is not None]
-        rows.append({"label": "per-step noise std (DP estimate)", "value": ", ".join(parts)})
+        batch = number(section.get("expected_batch_size"))
+        text = ", ".join(f"{label} {fmt(number(noise.get(key)))}" for _, key, label in parts
+                         if number(noise.get(key)) is not None)
+        where = f"the expected batch size B = {fmt(batch)}" if batch is not None else "the expected batch size"
+        rows.append({"label": f"implied noise std of one step's ratio at {where}", "value": text})
+    released = number(section.get("released_batch_size_mean"))
+    if released is not None:
+        rows.append({"label": "released (noisy) batch size, mean per step", "value": fmt(released)})
     return rows
 
 
@@ -653,6 +714,7 @@ def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
         if canary.get("audit_epsilon_lower_bound") is not None else None,
         "canary_audit": canary_audit_view(report),
         "attacks": membership_attacks(report),
+        "membership_bound_note": membership_bound_note(report),
         "membership_present": "membership_inference" in report,
         "plots": plots_available(run, report),
     }

@@ -88,14 +88,51 @@ def public_size_warning(tuples: Dict[str, Any], model: Dict[str, Any]) -> Option
     unit = "patients" if patient else "tuples"
     batch = num(model, "logical_batch")
     planned_b = f" = {batch:g} {unit}" if batch is not None else ""
+    times = significant(ratio)  # 2 significant digits: 0.012×, not 0.0×
     effect = ("more memory and time per step; the DP diagnostics, normalised by the planned B, read "
-              f"about {ratio:.1f}× too high (a clipped fraction above 1)" if ratio > 1 else
+              f"about {times}× too high (a clipped fraction above 1)" if ratio > 1 else
               "the noise, scaled for the planned B, swamps the smaller clipped sums")
     return {"section": "corpus", "code": "public_size_mismatch", "message": (
-        f"the corpus holds about {ratio:.1f}× the {unit} of the configured public size ({field}, the n of "
-        f"q = B/n): Poisson batches average about {ratio:.1f}× the planned B{planned_b} per step — {effect}. "
+        f"the corpus holds about {times}× the {unit} of the configured public size ({field}, the n of "
+        f"q = B/n): Poisson batches average about {times}× the planned B{planned_b} per step — {effect}. "
         f"The ε is that of the configured n; set {field} to (a public bound on) your corpus's size, or null "
         f"to plan from a DP count")}
+
+
+def significant(x: float, digits: int = 2) -> str:
+    """``x`` with ``digits`` significant digits, without an exponent for the ratios the warnings
+    print (0.012, 0.5, 20, 1300)."""
+    text = f"{x:.{digits}g}"
+    if "e" in text:
+        text = f"{float(text):f}".rstrip("0").rstrip(".")
+    return text
+
+
+#: The released mean noisy batch size may fall this far below the planned B before the report
+#: warns (``small_batches_warning``).
+SMALL_BATCH_FACTOR = 2.0
+
+
+def small_batches_warning(model: Dict[str, Any]) -> Optional[Dict[str, str]]:
+    """A warning when the RELEASED (noisy, DP) batch sizes averaged far below the planned B: the
+    Poisson batches held fewer units than planned (the corpus is smaller than the public n), so
+    each DP estimate's noise, fixed on its SUM, is a larger share of it than the std stated at the
+    expected B. From released values only (the model artifact's mean of the noisy batch sizes and
+    the public plan): released, unlike the corpus counts' warnings."""
+    def num(key):
+        value = model.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    released, planned = num(RELEASED_BATCH_SIZE), num("logical_batch")
+    if released is None or not planned or released * SMALL_BATCH_FACTOR >= planned:
+        return None
+    unit = "patients" if model.get("privacy_unit") == "patient" else "tuples"
+    field = "training.dataset_patients" if unit == "patients" else "training.dataset_size"
+    return {"section": "pretraining", "code": "small_batches", "message": (
+        f"the released (noisy) batch size averaged about {significant(max(released, 0.0))} {unit} per step against "
+        f"the planned B = {planned:g}: the DP estimates' noise, fixed on their sums, is about "
+        f"{significant(planned / max(released, 1.0))}× the per-step std stated at the expected B, and the gradient "
+        f"noise swamps the smaller clipped sums; is {field} (the public n of q = B/n) far above your corpus?")}
 
 
 def report_warnings(run: RunInfo) -> List[Dict[str, str]]:
@@ -108,12 +145,13 @@ def report_warnings(run: RunInfo) -> List[Dict[str, str]]:
     tuple_props = tuples[0].properties if tuples else {}
     vocab = _props(run, schema.DP_VOCABULARY)
     out = []
-    for w in corpus_warnings(tuple_props, vocab.get(schema.WORDS_KEPT)):
+    # A public vocabulary (vocab.source: public) builds no DP vocabulary: no warning about one.
+    for w in corpus_warnings(tuple_props, vocab.get(schema.WORDS_KEPT), vocab.get(schema.VOCAB_SOURCE)):
         out.append({"section": "vocab" if w["code"] == "tiny_vocabulary" else "corpus", **w})
-    mismatch = public_size_warning(tuple_props, _props(run, schema.PRETRAINED_MODEL,
-                                                       where=lambda p: not p.get(schema.NON_PRIVATE)))
-    if mismatch is not None:
-        out.append(mismatch)
+    model = _props(run, schema.PRETRAINED_MODEL, where=lambda p: not p.get(schema.NON_PRIVATE))
+    for warning in (public_size_warning(tuple_props, model), small_batches_warning(model)):
+        if warning is not None:
+            out.append(warning)
     return out
 
 
@@ -135,6 +173,50 @@ def loss_curve_steps(model: Dict[str, Any]) -> Optional[List[int]]:
         return None
     derived = curve_steps(n, first)
     return derived if len(derived) == len(curve) else None
+
+
+#: The model artifact's property with the mean of the RELEASED (noisy) per-step batch sizes (a DP
+#: value: post-processing of the released sums). Written by the trainer stage; absent in older runs.
+RELEASED_BATCH_SIZE = "diagnostics_batch_size_mean"
+#: The model artifact's property saying what DP-SGD trained (``TrainResult.trainable``: ``sets``,
+#: ``parameters``, ``total_parameters``; public: the configuration and the model's shape).
+TRAINABLE = "trainable"
+
+
+def trainable_of(model: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """What DP-SGD trained, from the model artifact's ``trainable`` property (None when the trainer
+    did not record it): ``{"sets", "parameters", "total_parameters", "lora_merged"}``. LoRA
+    adapters are always folded into the released weights (``bert.merge_lora``), so
+    ``lora_merged`` is whether the sets have ``lora``."""
+    value = model.get(TRAINABLE)
+    if isinstance(value, str):
+        try:
+            import json
+
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, dict) or not isinstance(value.get("sets"), list):
+        return None
+
+    def count(key):
+        v = value.get(key)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    sets = [str(x) for x in value["sets"]]
+    return {"sets": sets, "parameters": count("parameters"), "total_parameters": count("total_parameters"),
+            "lora_merged": "lora" in sets}
+
+
+def trainable_text(trainable: Dict[str, Any]) -> str:
+    """``bias, head (190,000 of 27,000,000 parameters)``, and that LoRA adapters were merged."""
+    text = ", ".join(trainable.get("sets") or [])
+    trained, total = trainable.get("parameters"), trainable.get("total_parameters")
+    if trained is not None:
+        text += f" ({trained:,}" + (f" of {total:,}" if total else "") + " parameters)"
+    if trainable.get("lora_merged"):
+        text += "; LoRA adapters merged into the released weights"
+    return text
 
 
 #: The white-box audit's fields in the report (``dpbert.stages.audit.REPORT_FIELDS`` and the
@@ -221,6 +303,14 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
                         # std of one step's value and the window of the initial / final means.
                         "diagnostics_step_noise_std": dp_model.get("diagnostics_step_noise_std"),
                         "diagnostics_window": dp_model.get("diagnostics_window"),
+                        # public: the noise std on each released per-step SUM, the planned B it is
+                        # divided by, and the steps the window's fraction is of
+                        "diagnostics_sum_noise_std": dp_model.get("diagnostics_noise_std"),
+                        "expected_batch_size": dp_model.get("logical_batch"),
+                        "steps_this_run": dp_model.get("steps_this_run"),
+                        # released (DP): the mean of the noisy per-step batch sizes
+                        "released_batch_size_mean": dp_model.get(RELEASED_BATCH_SIZE),
+                        "trainable": trainable_of(dp_model),
                         "non_dp_final_mlm_loss": non_dp_model.get(schema.FINAL_MLM_LOSS)},
         "ner": {"f1": ner.get(schema.F1), "per_type": ner.get(schema.PER_TYPE), "table": ner.get(schema.TABLE),
                 "mode": ner.get("mode"), "task": ner.get("task"), "seeds": ner.get("seeds")},
@@ -416,49 +506,103 @@ def format_report(report: Dict[str, Any]) -> str:
                   f"  consistent                 {fmt(audit.get('consistent'))}"]
     attacks = report.get("membership_inference_rows")
     if isinstance(attacks, list) and attacks:
-        lines += ["", "membership inference:", "  attack                advantage    auc  bound"]
-        for a in attacks:
-            if isinstance(a, dict):
-                lines.append(f"  {str(a.get('name', '')):<20} {fmt(a.get('advantage')):>9} {fmt(a.get('auc')):>6}"
-                             f"  {fmt(a.get('advantage_bound'))}")
+        lines += format_membership([a for a in attacks if isinstance(a, dict)],
+                                   (report.get("privacy") or {}).get(schema.UNIT), fmt)
     return "\n".join(lines)
+
+
+#: Why a membership table has no bound column (``membership_rows``: the bound is per tuple).
+NO_BOUND_NOTE = ("no advantage bound: (e^ε − 1 + 2δ)/(e^ε + 1) bounds an attack on ONE privacy unit, and this "
+                 "run's ε is per {unit} while the attacks score single tuples (a bound per tuple is given for "
+                 "privacy.unit = tuple only)")
+
+
+def format_membership(attacks: List[Dict[str, Any]], unit, fmt) -> List[str]:
+    """The membership table; the ``bound`` column only when a row has one, else a note saying why."""
+    bounded = any(a.get("advantage_bound") is not None for a in attacks)
+    lines = ["", "membership inference:", "  attack                advantage    auc" + ("  bound" if bounded else "")]
+    for a in attacks:
+        lines.append(f"  {str(a.get('name', '')):<20} {fmt(a.get('advantage')):>9} {fmt(a.get('auc')):>6}"
+                     + (f"  {fmt(a.get('advantage_bound'))}" if bounded else ""))
+    if not bounded:
+        lines.append("  (" + NO_BOUND_NOTE.format(unit=unit if isinstance(unit, str) else "unit") + ")")
+    return lines
 
 
 #: The pretraining keys that are DP estimates when the diagnostics are released with noise.
 DP_ESTIMATE_KEYS = ("initial_mlm_loss", "final_mlm_loss", "final_mlm_accuracy", "clipped_fraction")
+#: Pretraining keys printed by their own lines (or only used by them), not as ``key value``.
+PRETRAINING_OWN_LINES = ("loss_curve", "loss_curve_steps", "diagnostics_step_noise_std", "diagnostics_window",
+                         "diagnostics_sum_noise_std", "expected_batch_size", "steps_this_run",
+                         "released_batch_size_mean", "trainable")
+#: The sum each DP estimate is the ratio of (``diagnostics_sum_noise_std`` keys).
+_SUM_OF = {"loss": "loss", "accuracy": "accuracy", "clipped_fraction": "clipped"}
+
+
+def _estimate_kind(key: str) -> str:
+    return "loss" if "loss" in key else ("accuracy" if "accuracy" in key else "clipped_fraction")
 
 
 def format_pretraining(pretraining: Dict[str, Any], fmt) -> List[str]:
-    """The pretraining section; for a DP run the diagnostics are labelled "DP estimate" and
-    explained: ratios of noisy sums, windowed means, the per-step noise std."""
+    """The pretraining section: what DP-SGD trained, and for a DP run the diagnostics labelled "DP
+    estimate" and explained — ratios of noisy sums, windowed means, the noise std on each released
+    SUM and the std it implies for one step's ratio at the expected (planned) batch size."""
     dp = pretraining.get("diagnostics") == "dp"
     noise = pretraining.get("diagnostics_step_noise_std")
     noise = noise if isinstance(noise, dict) else {}
-    window = pretraining.get("diagnostics_window")
     lines = ["", "pretraining:"]
+    trainable = pretraining.get("trainable")
+    if isinstance(trainable, dict):
+        lines.append(f"  {'trained by DP-SGD':<37} {trainable_text(trainable)}")
     for k, v in pretraining.items():
-        if k in ("loss_curve", "loss_curve_steps", "diagnostics_step_noise_std", "diagnostics_window") or v is None:
+        if k in PRETRAINING_OWN_LINES or v is None:
             continue
-        label = k
         if dp and k in DP_ESTIMATE_KEYS:
-            std = noise.get("loss" if "loss" in k else ("accuracy" if "accuracy" in k else "clipped_fraction"))
-            label = f"{k} (DP estimate)"
-            text = fmt(v) + (f"  (per-step noise std {fmt(std)})" if isinstance(std, (int, float)) else "")
-            lines.append(f"  {label:<37} {text}")
+            std = noise.get(_estimate_kind(k))
+            text = fmt(v) + (f"  (one step's ratio: noise std ≈ {fmt(std)} at the expected B)"
+                             if isinstance(std, (int, float)) else "")
+            lines.append(f"  {k + ' (DP estimate)':<37} {text}")
             continue
-        lines.append(f"  {label:<37} {fmt(v)}")
+        lines.append(f"  {k:<37} {fmt(v)}")
     if dp:
-        loss_std = noise.get("loss")
-        lines.append("  DP estimates: each step releases noisy sums (loss, accuracy, clipped count, batch size); a value is "
-                     "noisy sum ÷ noisy batch size, clamped to its range")
-        if isinstance(window, (int, float)) and window:
-            lines.append(f"  initial / final = means over the first / last {int(window)} steps (10 % of the run); "
-                         f"clipped fraction = mean over the run")
-        if isinstance(loss_std, (int, float)):
-            std_of_mean = loss_std / (float(window) ** 0.5) if isinstance(window, (int, float)) and window else None
-            lines.append(f"  one step's loss carries noise of std {fmt(loss_std)} nats"
-                         + (f" (a {int(window)}-step mean: ≈ {fmt(std_of_mean)})" if std_of_mean is not None else "")
-                         + ": a final loss above the initial one by less than that is noise, not divergence")
+        lines += _dp_estimate_lines(pretraining, noise, fmt)
+    return lines
+
+
+def _dp_estimate_lines(pretraining: Dict[str, Any], noise: Dict[str, Any], fmt) -> List[str]:
+    """How to read the DP estimates: what is noised (each per-step SUM), the std that noise implies
+    for a ratio at the expected batch size B (sum std ÷ B), the window's share of the run's steps."""
+    def number(v):
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    window, steps = number(pretraining.get("diagnostics_window")), number(pretraining.get("steps_this_run"))
+    steps = steps or number(pretraining.get("steps"))
+    sums = pretraining.get("diagnostics_sum_noise_std")
+    sums = sums if isinstance(sums, dict) else {}
+    batch, released = number(pretraining.get("expected_batch_size")), number(pretraining.get("released_batch_size_mean"))
+    lines = ["  DP estimates: each step releases noisy SUMS (loss, accuracy, clipped count, batch size); a value is "
+             "noisy sum ÷ noisy batch size, clamped to its range"]
+    if window:
+        share = f"{100 * window / steps:.0f} % of the run's {int(steps)} steps" if steps else "of the run's steps"
+        lines.append(f"  initial / final = means over the first / last {int(window)} steps ({share}); "
+                     f"clipped fraction = mean over the run")
+    loss_sum = number(sums.get("loss"))
+    if loss_sum is not None:
+        line = f"  noise std on the released loss SUM of a step: {fmt(loss_sum)} nats"
+        if batch:
+            line += (f"; implied std of one step's loss ratio at the expected batch size B = {fmt(batch)}: "
+                     f"{fmt(loss_sum / batch)} nats")
+        if released is not None:
+            line += (f"; the released noisy batch size averaged {fmt(released)}: at that size, "
+                     f"{fmt(loss_sum / max(released, 1.0))} nats")
+        lines.append(line)
+    loss_std = number(noise.get("loss"))
+    if loss_std is not None:
+        std_of_mean = loss_std / window ** 0.5 if window else None
+        lines.append(f"  a final loss above the initial one by less than ≈ "
+                     f"{fmt(std_of_mean if std_of_mean is not None else loss_std)} nats "
+                     f"({'a %d-step mean' % int(window) if window else 'one step'}, at the expected B) is noise, "
+                     f"not divergence")
     return lines
 
 

@@ -93,7 +93,7 @@ def test_ingest_records_counts_and_warns_on_random_bytes(tmp_path, caplog):
     data = bytes(rng.choice(b"abcdefghij   \x80\x9f\xc3\xff\xfe") for _ in range(20_000))
     with pytest.raises(CorpusError, match=r"doc0\.txt:1: byte 0x.. at column \d+ is not valid utf-8"):
         _ingest(tmp_path, "strict", data)  # corpus.encoding = utf-8: refused, naming the file and line
-    with caplog.at_level("WARNING", logger="dpbert.ingest"):
+    with caplog.at_level("INFO", logger="dpbert.ingest"):
         props = _ingest(tmp_path, "random", data, encoding="utf-8:replace").properties
     assert props["corpus_bytes"] == 20_000 and props["replaced_bytes"] > 200 and props["num_words"] > 0
     codes = [w["code"] for w in corpus_warnings(props)]

@@ -44,12 +44,21 @@ def _corpus_bytes(config: CorpusConfig) -> Optional[int]:
         return None
 
 
-def corpus_warnings(props: Mapping[str, Any], words_kept: Any = None) -> List[Dict[str, str]]:
+#: The warnings about a DP vocabulary: none when ``vocab.source`` is public (no DP vocabulary built).
+VOCABULARY_WARNINGS = ("tiny_corpus", "tiny_vocabulary")
+
+
+def corpus_warnings(props: Mapping[str, Any], words_kept: Any = None,
+                    vocab_source: Optional[str] = None) -> List[Dict[str, str]]:
     """Warnings about the corpus (the WordTuples properties written by ``ingest``) and the DP
     vocabulary's ``words_kept``: ``[{"code", "message"}]``. The corpus warnings are computed from
     exact counts: operator-only, like the counts; their messages give fractions and averages
-    rounded, never an exact count. Missing properties (older runs) give no warning."""
+    rounded, never an exact count. Missing properties (older runs) give no warning.
+    ``vocab_source`` (the DPVocabulary's ``vocab_source``; None: an older run, ``dp``): ``public``
+    builds no DP vocabulary, so neither ``VOCABULARY_WARNINGS`` applies; ``public+dp`` appends the
+    DP words to the public vocabulary, which stays whole words."""
     out: List[Dict[str, str]] = []
+    source = vocab_source or "dp"
 
     def num(key):
         value = props.get(key)
@@ -65,14 +74,20 @@ def corpus_warnings(props: Mapping[str, Any], words_kept: Any = None) -> List[Di
         out.append({"code": "short_documents", "message": (
             f"the documents hold {words / documents:.1f} words on average (< {MIN_WORDS_PER_DOCUMENT}): "
             "tuples this short give the model almost no context")})
+    if source == "public":
+        return out
+    appended = source == "public+dp"
     if words is not None and words < MIN_CORPUS_WORDS:
+        effect = ("can append almost no domain word to the public vocabulary" if appended else
+                  "can keep almost no word (its threshold is tens of occurrences) and the model learns little")
         out.append({"code": "tiny_corpus", "message": (
-            f"the corpus holds fewer than {MIN_CORPUS_WORDS:,} words: the DP vocabulary can keep almost "
-            "no word (its threshold is tens of occurrences) and the model learns little")})
+            f"the corpus holds fewer than {MIN_CORPUS_WORDS:,} words: the DP vocabulary {effect}")})
     if isinstance(words_kept, (int, float)) and not isinstance(words_kept, bool) and words_kept < MIN_VOCAB_WORDS:
+        effect = ("few domain words are appended to the public vocabulary" if appended else
+                  "the WordPiece vocabulary is mostly characters and sub-words")
         out.append({"code": "tiny_vocabulary", "message": (
-            f"the DP vocabulary kept {int(words_kept)} words (< {MIN_VOCAB_WORDS}): the WordPiece vocabulary "
-            "is mostly characters and sub-words; use a larger corpus or less vocabulary noise")})
+            f"the DP vocabulary kept {int(words_kept)} words (< {MIN_VOCAB_WORDS}): {effect}; use a larger corpus "
+            "or less vocabulary noise")})
     return out
 
 
@@ -134,6 +149,10 @@ def ingest(config: CorpusConfig, tuples_dir: str, tuple_words: int, num_shards: 
         "corpus": corpus_description(config),
         schema.PRIVATE: 1,
     }
-    for warning in corpus_warnings(properties):  # rounded fractions only: no exact count in a log line
-        log.warning("ingest: %s", warning["message"])
+    # Rounded fractions only: no exact count in a log line. At INFO: `dpbert run` prints the run's
+    # report warnings once at its end (and the report and dashboard carry them); the ones about
+    # the DP vocabulary wait for it (the ingest does not know vocab.source).
+    for warning in corpus_warnings(properties):
+        if warning["code"] not in VOCABULARY_WARNINGS:
+            log.info("ingest: %s (a warning of the run's report)", warning["message"])
     return StageResult(properties=properties)

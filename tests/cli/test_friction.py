@@ -172,7 +172,7 @@ def test_report_warns_operator_only_when_the_corpus_is_far_from_the_public_size(
     assert main(["report", "--metadata", far]) == exit_codes.OK
     text = capsys.readouterr().out
     warning = next(line for line in text.splitlines() if "public size" in line)
-    assert warning.strip().startswith("[corpus]") and "20.0×" in warning and "training.dataset_patients" in warning
+    assert warning.strip().startswith("[corpus]") and "20×" in warning and "training.dataset_patients" in warning
     assert "batches" in warning and "B = 16 patients" in warning
     report = build_report(metadata.get_run(metadata.open_store(far)))
     assert "warnings" not in released_view(dict(report, privacy={"epsilon_total_pld": 1.0}))

@@ -141,9 +141,9 @@ def test_headings_name_the_ner_mode_and_pretraining_shows_dp_estimates():
         "clipped_fraction": 1.0, "diagnostics": "dp", "diagnostics_window": 6,
         "diagnostics_step_noise_std": {"loss": 4.8, "accuracy": 0.4, "clipped_fraction": 0.4, "batch_size": 6.4}},
         lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)))
-    assert "final_mlm_loss (DP estimate)" in text and "(per-step noise std 4.8)" in text
-    assert "noisy sum ÷ noisy batch size, clamped" in text and "last 6 steps" in text
-    assert "a 6-step mean: ≈ 1.96" in text and "is noise, not divergence" in text
+    assert "final_mlm_loss (DP estimate)" in text and "(one step's ratio: noise std ≈ 4.8 at the expected B)" in text
+    assert "noisy sum ÷ noisy batch size, clamped" in text and "last 6 steps (10 % of the run's 60 steps)" in text
+    assert "≈ 1.96 nats (a 6-step mean, at the expected B) is noise, not divergence" in text
     exact = "\n".join(format_pretraining({"final_mlm_loss": 2.0, "diagnostics": "exact (private)"}, str))
     assert "DP estimate" not in exact
 

@@ -80,7 +80,8 @@ def test_loss_curves_ner_and_tables():
     assert views.loss_curves(run, {"pretraining": {"loss_curve": [None]}}) == {"non-DP": [3.0]}
     assert views.ner_view({"ner": {"f1": None, "per_type": None, "table": None}}) is None
     ner = views.ner_view({"ner": {"f1": 0.5, "per_type": {"D": 0.4}, "table": {"dp": {"f1": 0.5}}}})
-    assert ner["per_type"][0]["f1"] == "0.4" and ner["table"] == {"columns": ["", "f1"], "rows": [["dp", "0.5"]]}
+    assert ner["per_type"][0]["f1"] == "0.4"
+    assert ner["table"] == {"columns": ["", "f1"], "column_keys": ["", "f1"], "rows": [["dp", "0.5"]]}
     assert views.generic_table([["a", "b"], [1, 2]]) == {"columns": ["a", "b"], "rows": [["1", "2"]]}
     assert views.generic_table("text") is None
 
