@@ -161,6 +161,13 @@ class ModelConfig:
     public_warmup_batch_size: int = 32
     public_warmup_learning_rate: float = 1e-3
 
+    @property
+    def resolved_preset(self) -> str:
+        """The name of the sizes the model is built with (``model_config.json``'s ``preset``):
+        ``minilm`` with model.init = minilm, whose sizes are the public checkpoint's (``preset`` is
+        then unused: ``dpbert.model.init_public.spec_for_public``), else ``preset``."""
+        return "minilm" if self.init == "minilm" else self.preset
+
     def validate(self, prefix: str):
         _check(self.preset in ("tiny", "mini", "small", "base", "large", "custom"), f"{prefix}.preset",
                "must be tiny, mini, small, base, large or custom", self.preset)

@@ -232,3 +232,16 @@ def test_the_trainable_set_and_the_lora_merge_are_shown(tmp_path):
     assert rows["trained by DP-SGD (training.trainable)"].startswith("lora, head")
     older = _report(_store(tmp_path, DP_MODEL, name="older"))  # not recorded: nothing shown, no error
     assert "trained by DP-SGD" not in format_report(older) and older["pretraining"]["trainable"] is None
+
+
+# ------------------------------------------------------------------ 3. the model's preset name
+def test_the_resolved_preset_is_the_one_model_config_json_records():
+    """3. The demo's model artifact said model_preset: tiny (the unused default of model.preset)
+    while its model_config.json said minilm: model.init = minilm takes the checkpoint's sizes."""
+    from dpbert.config import load_config
+    from dpbert.model.init_public import spec_for_public
+
+    demo = load_config(preset="demo").model
+    assert demo.preset == "tiny" and demo.resolved_preset == "minilm"
+    assert spec_for_public(demo, vocab_size=100).preset == demo.resolved_preset
+    assert load_config(None, ["model.preset=small"]).model.resolved_preset == "small"
