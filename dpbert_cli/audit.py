@@ -41,6 +41,7 @@ def cmd_audit(args) -> int:
     beta = 1.0 - args.confidence
     if args.vocabulary:
         result = audit.audit_vocabulary(config, trials=args.trials, beta=beta)
+        result["epsilon_vocab_ledger"], result["ledger_unit"] = _ledger_epsilon_vocab(config)
         failed = bool(result["flagged"])
     else:
         if args.canaries < 2:
@@ -54,6 +55,17 @@ def cmd_audit(args) -> int:
     return exit_codes.AUDIT_FAILED if failed else exit_codes.OK
 
 
+def _ledger_epsilon_vocab(config):
+    """(ε_V the ledger charges per privacy unit, the unit): k = privacy.max_tuples_per_patient
+    tuples per patient (``histogram_report``), one tuple per tuple."""
+    from dpbert.privacy.histogram import histogram_report
+
+    vc, unit = config.vocab, config.privacy.unit
+    k = config.privacy.max_tuples_per_patient if unit == "patient" else 1
+    report = histogram_report(vc.sigma, vc.delta, config.privacy.tuple_words, vc.threshold_mode, k, unit=unit)
+    return float(report["epsilon"]), unit
+
+
 def _fmt(x) -> str:
     return "∞" if isinstance(x, float) and math.isinf(x) else f"{x:.3g}"
 
@@ -62,9 +74,12 @@ def _summary(r, vocabulary: bool) -> str:
     if vocabulary:
         return "\n".join([
             f"vocabulary distinguishing test ({r['trials']} trials on D and D′, {r['confidence']:.0%}):",
-            f"  claimed (ε, δ) = ({_fmt(r['claimed_epsilon'])}, {_fmt(r['claimed_delta'])}); "
-            f"measured δ ≥ {_fmt(r['delta_lower_bound'])} at that ε, ε ≥ {_fmt(r['epsilon_lower_bound'])} "
-            f"at that δ — {'REFUTED' if r['flagged'] else 'not refuted'}",
+            f"  claimed (ε, δ) = ({_fmt(r['claimed_epsilon'])}, {_fmt(r['claimed_delta'])}) for a neighbour of "
+            f"{r.get('neighbour', 'one tuple')}; measured δ ≥ {_fmt(r['delta_lower_bound'])} at that ε, "
+            f"ε ≥ {_fmt(r['epsilon_lower_bound'])} at that δ — {'REFUTED' if r['flagged'] else 'not refuted'}",
+            *([f"  (the ledger's ε_V = {_fmt(r['epsilon_vocab_ledger'])} is per {r['ledger_unit']}, up to "
+               f"privacy.max_tuples_per_patient tuples: this test exercises a one-tuple neighbour, not that one)"]
+              if r.get("ledger_unit") == "patient" and r.get("epsilon_vocab_ledger") is not None else []),
             f"  resolution: events below p ≈ {_fmt(r['detection_floor'])} are not seen "
             f"(the claimed δ is {'below' if r['claimed_delta'] < r['detection_floor'] else 'above'} it)",
             f"  positive control ({r['positive_control']}): "

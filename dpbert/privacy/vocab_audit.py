@@ -75,6 +75,11 @@ from dpbert.privacy import histogram
 
 __all__ = ["clopper_pearson_lower", "clopper_pearson_upper", "vocab_distinguishing_test"]
 
+#: The neighbouring pair the test draws, in words (the claimed (ε, δ) is that of this pair's
+#: mechanism: one tuple's, k = 1; a per-patient ε_V with k tuples per patient is larger and is not
+#: what the test exercises).
+NEIGHBOUR = "one tuple (D′ = D + one tuple of N words)"
+
 #: Words per mechanism call (bounds the transient arrays: ≈ 50 MB at 2²¹).
 CHUNK_WORDS = 1 << 21
 
@@ -161,7 +166,7 @@ def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, thre
         (tests pass deliberately broken ones).
       seed: fixes the draws; None = OS entropy.
 
-    Returns a dict: claimed_epsilon, claimed_delta, delta_lower_bound (at the claimed ε),
+    Returns a dict: claimed_epsilon, claimed_delta (of ONE added tuple), neighbour (``NEIGHBOUR``), delta_lower_bound (at the claimed ε),
     epsilon_lower_bound (at the claimed δ; inf possible), flagged, confidence, beta, trials,
     detection_floor, smallest_reportable_delta, sigma, threshold, threshold_mode, tuple_words, fresh_words,
     existing_words, existing_count, fresh_release {trials_with_release, rate, rate_lower,
@@ -248,6 +253,8 @@ def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, thre
     return {
         "claimed_epsilon": eps_claimed,
         "claimed_delta": delta_claimed,
+        # What the claim is about: the (ε, δ) of ONE added tuple, not the ledger's per-patient ε_V.
+        "neighbour": NEIGHBOUR,
         "delta_lower_bound": delta_lo,
         "epsilon_lower_bound": eps_lower,
         "flagged": bool(delta_lo > delta_claimed),

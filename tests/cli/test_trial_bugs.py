@@ -245,3 +245,20 @@ def test_the_resolved_preset_is_the_one_model_config_json_records():
     assert demo.preset == "tiny" and demo.resolved_preset == "minilm"
     assert spec_for_public(demo, vocab_size=100).preset == demo.resolved_preset
     assert load_config(None, ["model.preset=small"]).model.resolved_preset == "small"
+
+
+# ------------------------------------------------------------------ 10. the vocabulary audit's neighbour
+def test_vocabulary_audit_says_it_tests_a_one_tuple_neighbour_next_to_the_per_patient_epsilon(in_process):
+    """10. "(1.77, 1e-06)" was printed next to the ledger's ε_V = 3.797 without saying it is one tuple's."""
+    from dpbert.config import load_config
+    from dpbert.privacy.histogram import histogram_report
+
+    result = in_process("audit", "--vocabulary", "--trials", "2000")
+    assert result.returncode == exit_codes.OK, result.stderr[-2000:]
+    demo = load_config(preset="demo")
+    one = histogram_report(demo.vocab.sigma, demo.vocab.delta, demo.privacy.tuple_words, "correct", 1)["epsilon"]
+    per_patient = histogram_report(demo.vocab.sigma, demo.vocab.delta, demo.privacy.tuple_words, "correct",
+                                   demo.privacy.max_tuples_per_patient, unit="patient")["epsilon"]
+    text = " ".join(result.stdout.split())
+    assert f"claimed (ε, δ) = ({one:.3g}, 1e-06) for a neighbour of one tuple (D′ = D + one tuple of N words)" in text
+    assert f"the ledger's ε_V = {per_patient:.3g} is per patient" in text and "one-tuple neighbour" in text
