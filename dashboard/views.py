@@ -169,10 +169,12 @@ def privacy_summary(run: RunInfo) -> Optional[Dict[str, Any]]:
     if within is None and epsilon is not None and budget is not None:
         within = epsilon <= budget
     unit, adjacency = props.get(schema.UNIT), props.get("adjacency")
-    return {"epsilon": fmt(epsilon), "epsilon_value": epsilon,
+    return {"epsilon": schema.privacy_number_text(props, schema.EPSILON_TOTAL_PLD, lambda v: fmt(epsilon)),
+            "epsilon_value": epsilon,
             "unit": unit if isinstance(unit, str) else None,
             "adjacency": adjacency if isinstance(adjacency, str) else None,
-            "delta": f"{delta:.3g}" if delta is not None else "—", "delta_value": delta,
+            "delta": schema.privacy_number_text(props, schema.DELTA, str) if delta is not None else "—",
+            "delta_value": delta,
             "budget": fmt(budget) if budget is not None else None, "budget_value": budget,
             "within": within,
             "verdict": "no budget" if budget is None else ("within budget" if within else "OVER BUDGET")}
@@ -240,7 +242,9 @@ def ledger(run: RunInfo) -> Optional[Dict[str, Any]]:
     props = _first_props(run, schema.type_name(schema.PRIVACY_REPORT))
     if props is None:
         return None
-    rows = [{"key": key, "label": label, "value": _fmt_key(key, props.get(key))} for key, label in LEDGER_ROWS
+    rows = [{"key": key, "label": label,
+             "value": schema.privacy_number_text(props, key, lambda v, k=key: _fmt_key(k, v))}
+            for key, label in LEDGER_ROWS
             if props.get(key) is not None]
     total, budget = number(props.get(schema.EPSILON_TOTAL_PLD)), number(props.get(schema.EPSILON_BUDGET))
     within = _bool_flag(props.get(schema.WITHIN_BUDGET))

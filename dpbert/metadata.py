@@ -2,8 +2,9 @@
 
 This is what `dpbert report` and the dashboard read. It never opens artifact files marked
 private (``private`` custom property = 1: tuples of raw text, canary secrets); it returns only
-custom properties (decoded by ``dpbert.schema.properties``, the one reader of the artifact
-contract) and URIs.
+custom properties (decoded by ``dpbert.schema.exact_properties``, the one reader of the
+artifact contract: ε, δ and q exactly, from the strings written next to ML Metadata's rounded
+doubles; a run written before has ``<name>_approx`` = True next to each rounded one) and URIs.
 
 The writers here are ``mark_charged`` (a run that stopped before its accountant — interrupted,
 failed, or refused over the budget — gets the ε its training chain already spent) and ``mark_interrupted`` (``dpbert run`` after SIGINT/SIGTERM): TFX leaves the
@@ -131,7 +132,7 @@ def _artifact_infos(store, events, wanted_types) -> List[ArtifactInfo]:
         key = e.path.steps[0].key if e.path.steps else ""
         out.append(ArtifactInfo(
             id=a.id, type=type_names.get(a.type_id, a.type), uri=a.uri, name=key,
-            properties=schema.properties(a)))
+            properties=schema.exact_properties(a)))
     return out
 
 
@@ -158,7 +159,7 @@ def list_runs(store) -> List[RunInfo]:
                 inputs=_artifact_infos(store, events, {Event.INPUT}),
                 outputs=_artifact_infos(store, events, {Event.OUTPUT, Event.DECLARED_OUTPUT})))
         runs.append(RunInfo(run_id=ctx.name, pipeline=pipeline, created_ms=ctx.create_time_since_epoch,
-                            components=components, properties=schema.properties(ctx)))
+                            components=components, properties=schema.exact_properties(ctx)))
     runs.sort(key=lambda r: r.created_ms, reverse=True)
     return runs
 
@@ -192,6 +193,20 @@ def _newest_run_since(path: str, since_ms: int):
     return store, (max(runs, key=lambda c: (c.create_time_since_epoch, c.id)) if runs else None)
 
 
+def put_properties(message, values: Dict[str, Any]) -> None:
+    """Set ``values`` as custom properties of an MLMD message (artifact, execution or context) by
+    the artifact contract (``schema.property_value``), each privacy number with its exact string
+    (``schema.exact_companions``): read back exactly by this module's readers."""
+    for key, value in values.items():
+        encoded = schema.property_value(value)
+        if encoded is None:
+            continue
+        field = {"int": "int_value", "float": "double_value", "string": "string_value"}[encoded[0]]
+        setattr(message.custom_properties[key], field, encoded[1])
+    for key, text in schema.exact_companions(values).items():
+        message.custom_properties[key].string_value = text
+
+
 def mark_charged(path: str, since_ms: int, charged: Dict[str, Any],
                  refused_budget: Optional[float] = None) -> Optional[str]:
     """Record on the newest pipeline run created at or after ``since_ms`` the ε its training chain
@@ -203,12 +218,11 @@ def mark_charged(path: str, since_ms: int, charged: Dict[str, Any],
     store, ctx = _newest_run_since(path, since_ms)
     if ctx is None:
         return None
-    ctx.custom_properties[EPSILON_CHARGED].double_value = float(charged["epsilon_charged"])
-    ctx.custom_properties[DELTA_CHARGED].double_value = float(charged["delta"])
-    ctx.custom_properties[STEPS_CHARGED].int_value = int(charged["steps_charged"])
+    values: Dict[str, Any] = {EPSILON_CHARGED: float(charged["epsilon_charged"]),
+                              DELTA_CHARGED: float(charged["delta"]), STEPS_CHARGED: int(charged["steps_charged"])}
     if refused_budget is not None:
-        ctx.custom_properties[BUDGET_REFUSED_PROPERTY].int_value = 1
-        ctx.custom_properties[EPSILON_BUDGET].double_value = float(refused_budget)
+        values.update({BUDGET_REFUSED_PROPERTY: 1, EPSILON_BUDGET: float(refused_budget)})
+    put_properties(ctx, values)
     store.put_contexts([ctx])
     return ctx.name
 

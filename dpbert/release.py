@@ -122,18 +122,45 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _recorded_report(report) -> Dict[str, Any]:
+    """The accountant's ``privacy_report.json`` of the PrivacyReport artifact ({} when unreadable)."""
+    try:
+        with open(os.path.join(report.uri, "privacy_report.json"), encoding="utf-8") as f:
+            recorded = schema.loads(f.read())
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+#: The manifest's privacy numbers: manifest key -> ledger key.
+MANIFEST_NUMBERS = {"epsilon": schema.EPSILON_TOTAL_PLD, "delta": schema.DELTA,
+                    "epsilon_vocab": schema.EPSILON_VOCAB, "delta_vocab": schema.DELTA_VOCAB,
+                    "epsilon_train": schema.EPSILON_TRAIN}
+
+
+def exact_ledger(report) -> Dict[str, Any]:
+    """The ledger's properties with its privacy numbers exact: as read (``dpbert.metadata``: exact
+    unless flagged ``<name>_approx``, a run written before ML Metadata held exact strings), else
+    from the released ``privacy_report.json`` (full-precision JSON, the accountant's own numbers),
+    else the rounded value, still flagged. The manifest must never round δ = 1.0001e-05 to 1e-05
+    nor δ_V = 1e-9 to 0."""
+    ledger = dict(report.properties)
+    approximate = [k for k in MANIFEST_NUMBERS.values() if ledger.get(k + schema.APPROX_SUFFIX)]
+    recorded = _recorded_report(report) if approximate else {}
+    for key in approximate:
+        value = recorded.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            ledger[key] = float(value)
+            del ledger[key + schema.APPROX_SUFFIX]
+    return ledger
+
+
 def _adjacency(run, report) -> str:
     """The ledger's neighbouring relation: its property, else its ``privacy_report.json``; a ledger
     naming none is add/remove only for Poisson sampling (older runs)."""
     adjacency = report.properties.get("adjacency")
     if adjacency is None:
-        path = os.path.join(report.uri, "privacy_report.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                recorded = schema.loads(f.read())
-            adjacency = recorded.get("adjacency") if isinstance(recorded, dict) else None
-        except (OSError, ValueError):
-            adjacency = None
+        adjacency = _recorded_report(report).get("adjacency")
     if adjacency is None and report.properties.get(schema.SAMPLING) == "poisson":
         adjacency = _POISSON_ADJACENCY
     if not isinstance(adjacency, str):
@@ -315,7 +342,7 @@ def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
     report = next((a for a in run.artifacts(schema.type_name(schema.PRIVACY_REPORT)) if not a.private), None)
     if report is None:
         raise ReleaseError(f"run {run.run_id} has no privacy report: nothing can be released")
-    ledger = report.properties
+    ledger = exact_ledger(report)
     epsilon = ledger.get(schema.EPSILON_TOTAL_PLD)
     if ledger.get(schema.NON_PRIVATE) or not _finite(epsilon):
         raise ReleaseError(f"run {run.run_id} is not differentially private (ε = ∞): nothing to release")
@@ -369,9 +396,10 @@ def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
                 f.write(schema.dumps(audit, indent=2, sort_keys=True) + "\n")
             files.append(entry(AUDIT_FILE, "epsilon_total"))
         manifest = {"run_id": run.run_id, "pipeline": run.pipeline, "unit": unit, "adjacency": adjacency,
-                    "epsilon": epsilon, "delta": ledger.get(schema.DELTA),
-                    "epsilon_vocab": ledger.get(schema.EPSILON_VOCAB),
-                    "epsilon_train": ledger.get(schema.EPSILON_TRAIN), "files": files}
+                    **{name: ledger.get(key) for name, key in MANIFEST_NUMBERS.items()}, "files": files}
+        approximate = sorted(name for name, key in MANIFEST_NUMBERS.items() if ledger.get(key + schema.APPROX_SUFFIX))
+        if approximate:  # rounded by ML Metadata and not in privacy_report.json: said, not hidden
+            manifest["approximate"] = approximate
         with open(os.path.join(tmp, MANIFEST_FILE), "w", encoding="utf-8") as f:
             f.write(schema.dumps(manifest, indent=2, sort_keys=True) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())

@@ -287,7 +287,7 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
         "duration_s": round(run.duration_s, 1),
         "components": [{"id": c.node_id, "state": c.state, "duration_s": round(c.duration_s, 1)}
                        for c in run.components],
-        "privacy": {k: ledger.get(k) for k in LEDGER_KEYS},
+        "privacy": {**{k: ledger.get(k) for k in LEDGER_KEYS}, **schema.approx_flags(ledger, LEDGER_KEYS)},
         "vocab": {"size": vocab.get(schema.VOCAB_SIZE), "words_kept": vocab.get(schema.WORDS_KEPT),
                   "sigma": vocab.get(schema.SIGMA), "threshold": vocab.get(schema.THRESHOLD),
                   "epsilon": vocab.get(schema.EPSILON), "non_private": vocab.get(schema.NON_PRIVATE)},
@@ -456,7 +456,8 @@ def format_report(report: Dict[str, Any]) -> str:
             lines += format_pretraining(report[section], fmt)
             continue
         lines += ["", f"{section}:"]
-        lines += [f"  {k:<24} {fmt(v)}" for k, v in shown]
+        lines += [f"  {k:<24} {schema.privacy_number_text(report[section], k, fmt)}" for k, v in shown
+                  if not k.endswith(schema.APPROX_SUFFIX)]
     corpus = report.get("corpus")
     if isinstance(corpus, dict):
         lines += ["", "corpus (OPERATOR-ONLY: exact counts of the private data, never release):"]
@@ -677,7 +678,7 @@ def epsilon_summary(report: Dict[str, Any]) -> List[str]:
         line = f"ε = {fmt(total)} (PLD)"
         if unit:
             line += f" per {unit}" + (f" ({adjacency})" if adjacency else "")
-        line += f", δ = {delta:.3g}" if delta is not None else ""
+        line += f", δ = {schema.privacy_number_text(privacy, schema.DELTA, str)}" if delta is not None else ""
         parts = [f"{label} = {fmt(v)}" for label, v in (("ε_V", num(privacy.get(schema.EPSILON_VOCAB))),
                                                          ("ε_T", num(privacy.get(schema.EPSILON_TRAIN))))
                  if v is not None]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 # --------------------------------------------------------------------------- artifact type names
@@ -291,3 +292,80 @@ def decode_property(value) -> Any:
 def properties(message) -> Dict[str, Any]:
     """Every custom property of an MLMD artifact (or execution) message, decoded."""
     return {key: decode_property(value) for key, value in message.custom_properties.items()}
+
+
+# --------------------------------------------------------------------------- exact privacy numbers
+#: ML Metadata 1.16 stores a double property rounded to 6 decimals: δ_V = 1e-9 reads back 0 (a
+#: Gaussian mechanism shown as pure DP) and δ = 1.0001e-05 reads back 1e-05. So every finite float
+#: privacy number (``is_privacy_number``: ε, δ, q, σ) is written twice — the double (MLMD's own
+#: UIs, older readers) and ``<name>EXACT_SUFFIX``, the string ``repr(value)`` (``exact_companions``)
+#: — and ``exact_properties`` reads the string back in the double's place. A finite float privacy
+#: number without its string (a run written before) is returned as read, with
+#: ``<name>APPROX_SUFFIX`` = True: the reader shows it as approximate ("≈").
+EXACT_SUFFIX = "__exact"
+APPROX_SUFFIX = "_approx"
+_PRIVACY_NUMBER = re.compile(
+    r"(?:^|_)(?:epsilon|delta|q|sigma|noise_multiplier|sampling_rate|sampling_probability)(?:_|$)")
+
+
+def is_privacy_number(key: str) -> bool:
+    """Whether property ``key`` holds an ε, a δ, a sampling rate q or a noise multiplier σ."""
+    return not key.endswith((EXACT_SUFFIX, APPROX_SUFFIX)) and _PRIVACY_NUMBER.search(key) is not None
+
+
+def exact_companions(values: Mapping[str, Any]) -> Dict[str, str]:
+    """``{name + EXACT_SUFFIX: repr(value)}`` for each finite float privacy number of ``values``
+    (what a writer stores next to the doubles)."""
+    out = {}
+    for key, value in values.items():
+        value = _plain(value)
+        if is_privacy_number(key) and isinstance(value, float) and math.isfinite(value):
+            out[key + EXACT_SUFFIX] = repr(value)
+    return out
+
+
+def merge_exact(props: Mapping[str, Any]) -> Dict[str, Any]:
+    """Decoded custom properties with each privacy number replaced by its exact string (dropped
+    from the result), or flagged ``<name>APPROX_SUFFIX`` when it has none (module section above)."""
+    out = {k: v for k, v in props.items() if not k.endswith(EXACT_SUFFIX)}
+    for key, value in list(out.items()):
+        if not is_privacy_number(key) or isinstance(value, bool) or not isinstance(value, float) \
+                or not math.isfinite(value):
+            continue
+        exact = _exact_float(props.get(key + EXACT_SUFFIX))
+        if exact is None:  # no (valid) exact string: the rounded double, marked approximate
+            out[key + APPROX_SUFFIX] = True
+        else:
+            out[key] = exact
+    return out
+
+
+def _exact_float(text: Any) -> Optional[float]:
+    try:
+        value = float(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def exact_properties(message) -> Dict[str, Any]:
+    """``properties(message)`` with exact privacy numbers (``merge_exact``): what every reader of a
+    run (``dpbert.metadata``, the components' ``get_property``) uses."""
+    return merge_exact(properties(message))
+
+
+def approx_flags(values: Mapping[str, Any], keys) -> Dict[str, bool]:
+    """``{key + APPROX_SUFFIX: True}`` for each of ``keys`` that ``values`` flags approximate (to
+    carry the flags into a section built from some of the properties)."""
+    return {k + APPROX_SUFFIX: True for k in keys if values.get(k + APPROX_SUFFIX)}
+
+
+def privacy_number_text(values: Mapping[str, Any], key: str, fmt: Callable[[Any], str]) -> str:
+    """How a reader shows ``values[key]`` as text: a δ to 6 significant digits (1.0001e-05, 1e-09:
+    the 3- or 4-digit format of the other numbers shows δ = 1e-9 + 1e-5 as 1e-05, below the
+    truth; JSON output carries the float itself), anything else by ``fmt``; with "≈" in front when
+    ``values`` flags it approximate (``APPROX_SUFFIX``)."""
+    value = values.get(key)
+    delta = "delta" in key and isinstance(value, float) and math.isfinite(value)
+    text = format(value, ".6g") if delta else fmt(value)
+    return "≈" + text if values.get(key + APPROX_SUFFIX) else text

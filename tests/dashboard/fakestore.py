@@ -51,6 +51,12 @@ STATEMENT = ("This run is (7.1, 2e-06)-DP at the patient level: vocabulary ε_V 
 
 
 def _put_props(message, props):
+    """As the components' writer (``components.common.set_properties``): each privacy number's
+    exact string next to its double (``dpbert.schema.exact_companions``)."""
+    from dpbert.schema import exact_companions
+
+    for key, text in exact_companions(props).items():
+        message.custom_properties[key].string_value = text
     for key, value in props.items():
         v = message.custom_properties[key]
         if isinstance(value, bool):
