@@ -45,6 +45,10 @@ class SyntheticCorpusConfig:
             _check(getattr(self, name) >= 1, f"{prefix}.{name}", "must be >= 1", getattr(self, name))
 
 
+#: ``corpus.dataset_id``: a ledger object's name on any storage (``dpbert.ledger``).
+DATASET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 @dataclasses.dataclass
 class CorpusConfig:
     #: Path to a directory of text files, a .jsonl or a .csv (MIMIC NOTEEVENTS); None = synthetic.
@@ -58,6 +62,11 @@ class CorpusConfig:
     #: replaces such bytes by U+FFFD instead (counted: the report's replaced_bytes).
     encoding: str = "utf-8"
     synthetic: SyntheticCorpusConfig = dataclasses.field(default_factory=SyntheticCorpusConfig)
+    #: The dataset's name, declared by its data owner: the key of its privacy ledger
+    #: (``dpbert.ledger``), one ε budget across every run and output folder. Required with
+    #: privacy.epsilon_budget on a user corpus; the synthetic corpus is named by its generator
+    #: parameters. Never derived from the content: appended notes keep the same budget.
+    dataset_id: Optional[str] = None
 
     def validate(self, prefix: str):
         codec, _, errors = str(self.encoding).partition(":")
@@ -73,6 +82,8 @@ class CorpusConfig:
                and ".." not in self.glob.split("/"), f"{prefix}.glob",
                "must be a file-name pattern inside the corpus directory, e.g. *.txt", self.glob)
         self.synthetic.validate(prefix + ".synthetic")
+        _check(self.dataset_id is None or bool(DATASET_ID.fullmatch(str(self.dataset_id))), f"{prefix}.dataset_id",
+               "must be 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit", self.dataset_id)
 
 
 @dataclasses.dataclass
@@ -87,8 +98,15 @@ class PrivacyConfig:
     max_tuples_per_patient: int = 8
     #: Total ε the run may spend (vocabulary + training); None = no budget enforced.
     epsilon_budget: Optional[float] = None
+    #: The folder (local path or gs://) of the per-dataset privacy ledgers (``dpbert.ledger``):
+    #: every run's ε on a dataset composes against the budget there. None = $DPBERT_LEDGER, else
+    #: ~/.local/share/dpbert/ledgers. Never inside an output folder (deleting one must not
+    #: forget what was spent).
+    ledger: Optional[str] = None
 
     def validate(self, prefix: str):
+        _check(self.ledger is None or bool(str(self.ledger).strip()), f"{prefix}.ledger",
+               "must be a folder path or URI (or null for the default)", self.ledger)
         _check(self.tuple_words >= 1, f"{prefix}.tuple_words", "must be >= 1", self.tuple_words)
         _check(self.unit in ("tuple", "patient"), f"{prefix}.unit", "must be tuple or patient", self.unit)
         _check(self.max_tuples_per_patient >= 1, f"{prefix}.max_tuples_per_patient", "must be >= 1",
@@ -572,6 +590,10 @@ class Config:
         if self.training.non_private and self.privacy.epsilon_budget is not None:
             raise ConfigError("training.non_private is refused when privacy.epsilon_budget is set "
                               "(a non-private model has ε = ∞)")
+        if self.privacy.epsilon_budget is not None and self.corpus.path is not None and not self.corpus.dataset_id:
+            raise ConfigError("corpus.dataset_id must be set when privacy.epsilon_budget is set on a user corpus: "
+                              "the dataset's name, declared by its data owner, under which every run's ε is "
+                              "composed against the budget (dpbert ledger); e.g. --set corpus.dataset_id=mimic-iii")
         if self.privacy.epsilon_budget is not None:
             for field, value in (("vocab.noise_seed", self.vocab.noise_seed),
                                  ("training.noise_seed", self.training.noise_seed),

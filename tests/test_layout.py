@@ -24,6 +24,7 @@ ORDER = (
     "storage",          # the one storage layer (local, gs://, ram://, fake://): imports no other dpbert
     "schema", "config", "resources", "metadata",   # contracts and locators
     "privacy",          # the DP math: mechanisms, events, accountant, audit bounds
+    "ledger",           # one privacy budget per dataset: reserve / finalize / compose over every run
     "data",             # readers, tuples, the synthetic corpus
     "vocab",            # WordPiece from a DP histogram, public vocabularies
     "model",            # BERT, DP-SGD, training

@@ -1,0 +1,140 @@
+"""What a stage needs to charge its dataset's ledger, and the calls the DP stages make.
+
+``LedgerTarget`` (built from the configuration when the DAG is built, passed to the stages as
+JSON): the dataset id, the ledger folder (None = resolved where the stage runs: ``privacy.ledger``
+unset, ``$DPBERT_LEDGER`` or the per-user folder), the budget, the dataset δ of this configuration
+(vocab δ_V + training.delta, as ``planned_ledger``) and the privacy unit. It names nothing private.
+
+The vocabulary stage calls ``reserve_event`` before its Beam job reads the tuples and
+``finalize_event`` after it wrote the vocabulary. The trainer stage calls ``reserve_training``
+before it reads the tuples or draws its DP count and ``finalize_training`` with its write-ahead
+step count when it stops (finished, refused or interrupted).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import posixpath
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+from dpbert.config import Config
+from dpbert.ledger import composition as _compose
+from dpbert.ledger import dataset as _dataset
+from dpbert.ledger import identity as _identity
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerTarget:
+    dataset_id: str
+    unit: str
+    delta: float
+    epsilon_budget: Optional[float] = None
+    location: Optional[str] = None
+    #: The vocabulary's configuration (a hash of public parameters): a re-run that TFX will answer
+    #: from its cache is recognised by it (``pipeline.guard``).
+    vocab_key: Optional[str] = None
+
+    def uri(self) -> str:
+        return _identity.ledger_uri(self.location or _identity.default_location(), self.dataset_id)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text) -> Optional["LedgerTarget"]:
+        """None for an empty parameter (no dataset identity: nothing is charged)."""
+        data = json.loads(text) if isinstance(text, (str, bytes)) else text
+        return cls(**data) if data else None
+
+
+def dataset_delta(config: Config) -> float:
+    """The total δ of a run of ``config``: the histogram's δ (the real one for threshold_mode
+    paper) when the vocabulary reads private data, plus training.delta."""
+    from dpbert.privacy import histogram
+
+    vocab, privacy = config.vocab, config.privacy
+    delta_v = 0.0
+    if getattr(vocab, "source", "dp") != "public" and not vocab.non_private:
+        k = privacy.max_tuples_per_patient if privacy.unit == "patient" else 1
+        delta_v = histogram.histogram_report(vocab.sigma, vocab.delta, privacy.tuple_words, vocab.threshold_mode, k,
+                                             unit=privacy.unit)["delta"]
+    return delta_v + config.training.delta
+
+
+def vocab_key(config: Config) -> str:
+    """A hash of what decides the vocabulary's output (its sections and the corpus's settings)."""
+    material = json.dumps([dataclasses.asdict(config.vocab), dataclasses.asdict(config.privacy),
+                           dataclasses.asdict(config.corpus), config.model.init, config.model.init_dir],
+                          sort_keys=True, default=str)
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:16]
+
+
+def ledger_target(config: Config) -> Optional[LedgerTarget]:
+    """The target of ``config``, or None when the corpus has no identity (a user corpus without
+    ``corpus.dataset_id`` and without a budget: ``Config.validate`` requires one with a budget)."""
+    dataset_id = _identity.dataset_id_for(config.corpus)
+    if dataset_id is None:
+        return None
+    return LedgerTarget(dataset_id=dataset_id, unit=config.privacy.unit, delta=dataset_delta(config),
+                        epsilon_budget=config.privacy.epsilon_budget, location=config.privacy.ledger,
+                        vocab_key=vocab_key(config))
+
+
+def ledger_target_json(config: Config) -> str:
+    """The component parameter: ``LedgerTarget.to_json`` or ``""``."""
+    target = ledger_target(config)
+    return "" if target is None else target.to_json()
+
+
+def run_of(output_uri: str) -> Dict[str, str]:
+    """``{"pipeline_root", "run_id"}`` of a TFX output artifact URI
+    (``<pipeline_root>/<node id>/<output key>/<execution id>``): the execution names the run."""
+    uri = str(output_uri).rstrip("/")
+    node = posixpath.basename(posixpath.dirname(posixpath.dirname(uri)))
+    return {"pipeline_root": posixpath.dirname(posixpath.dirname(posixpath.dirname(uri))),
+            "run_id": f"{node}/execution-{posixpath.basename(uri)}"}
+
+
+def reserve_event(target: LedgerTarget, mechanism: str, records: Iterable, output_uri: str, *,
+                  chain: Optional[str] = None, config_key: Optional[str] = None,
+                  resume_key: Optional[str] = None) -> _dataset.Reservation:
+    """``dataset.reserve`` for a stage writing ``output_uri`` (its run and pipeline root)."""
+    where = run_of(output_uri)
+    return _dataset.reserve(target.uri(), target.dataset_id, where["run_id"], where["pipeline_root"], mechanism,
+                            list(records), target.unit, delta=target.delta, budget=target.epsilon_budget,
+                            chain=chain, config_key=config_key, resume_key=resume_key)
+
+
+def finalize_event(reservation: _dataset.Reservation, records: Iterable) -> Dict[str, Any]:
+    return _dataset.finalize(reservation, list(records))
+
+
+def reserve_training(target: LedgerTarget, model_uri: str, chain: str, resume_key: str,
+                     planned_records: List[Mapping[str, Any]]) -> _dataset.Reservation:
+    """Before the trainer reads the tuples (or draws its DP count): reserve the chain's cumulative
+    charge once this run completes — ``planned_records`` = [count record,] DP-SGD record whose
+    ``steps`` = steps the chain has executed + the steps this run will execute (``pipeline.guard``'s
+    ``steps_after``). ``chain``: the trainer state folder (one entry per chain, replaced on a
+    resume); ``resume_key``: ``dpbert.stages.pretrain.resume_key`` (the guard finds the entry by it).
+    A non-private baseline's records are listed only. BudgetRefused when over the budget."""
+    return reserve_event(target, "dp_sgd", planned_records, model_uri, chain=chain, resume_key=resume_key)
+
+
+def finalize_training(reservation: _dataset.Reservation, steps_executed: int,
+                      executed_records: Optional[List[Mapping[str, Any]]] = None) -> Dict[str, Any]:
+    """When the trainer stops (finished, refused, interrupted, failed): the chain's executed steps
+    (the write-ahead log's count, never less). Poisson: the planned records re-planned at
+    ``steps_executed`` (a count record kept: it was drawn); shuffle: give ``executed_records``
+    (the occurrences depend on the trained n, which the ledger does not hold)."""
+    if executed_records is None:
+        doc = _dataset.read_ledger(reservation.ledger_uri)
+        entry = doc["entries"][reservation.entry_id]
+        executed_records = []
+        for record in entry["planned"]:
+            if record.get("mechanism") == "dp_sgd":
+                if steps_executed > 0:
+                    executed_records.append(_compose.with_steps(record, steps_executed))
+            else:
+                executed_records.append(record)
+    return _dataset.finalize(reservation, executed_records)
