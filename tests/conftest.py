@@ -30,6 +30,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
             _tf.config.threading.set_inter_op_parallelism_threads(1)
         except RuntimeError:  # already initialised
             pass
+# The dataset privacy ledgers (dpbert.ledger): never the home directory. A session folder for
+# what runs outside a test (session fixtures, their subprocesses), and each test its own
+# (``_own_dataset_ledger``): ledgers accumulate by design, tests must not charge each other.
+import tempfile  # noqa: E402
+
+os.environ["DPBERT_LEDGER"] = tempfile.mkdtemp(prefix="dpbert-test-ledgers-")
 # tensorflow_privacy's __init__ imports the estimator code, broken on TF 2.16 (see
 # ../shared/ENVIRONMENT.md); dpbert imports only the submodules it uses.
 sys.skip_tf_privacy_import = True
@@ -39,6 +45,12 @@ import pytest  # noqa: E402
 from tests.skip_guard import (  # noqa: E402,F401  (hooks: a skip not in the allowlist fails)
     pytest_addoption, pytest_configure, pytest_make_collect_report, pytest_runtest_makereport,
     pytest_terminal_summary)
+
+
+@pytest.fixture(autouse=True)
+def _own_dataset_ledger(tmp_path_factory, monkeypatch):
+    """$DPBERT_LEDGER: a fresh folder per test (inherited by the test's subprocesses)."""
+    monkeypatch.setenv("DPBERT_LEDGER", str(tmp_path_factory.mktemp("ledgers")))
 
 
 @pytest.fixture(scope="session")
