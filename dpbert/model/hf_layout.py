@@ -113,7 +113,8 @@ def _pairs(models, layers: Optional[int] = None) -> Iterator[Tuple[str, str, obj
         p, attention = f"encoder.layer.{i}.", get(f"layer_{i}_attention")
         for name in ("query", "key", "value"):
             yield p + f"attention.self.{name}", "qkv", getattr(attention, f"_{name}_dense")
-        yield p + "attention.output.dense", "attention_output", attention._output_dense  # pylint: disable=protected-access
+        output = attention._output_dense  # pylint: disable=protected-access
+        yield p + "attention.output.dense", "attention_output", output
         yield p + "attention.output.LayerNorm", "layer_norm", get(f"layer_{i}_attention_layer_norm")
         yield p + "intermediate.dense", "dense", get(f"layer_{i}_intermediate")
         yield p + "output.dense", "dense", get(f"layer_{i}_output")
@@ -252,19 +253,22 @@ def tokenizer_configs(spec: bert_lib.BertSpec) -> Dict[str, dict]:
     return {TOKENIZER_CONFIG_FILE: config, SPECIAL_TOKENS_MAP_FILE: specials}
 
 
-def _gfile():
-    import tensorflow as tf
+def _store(uri: str):
+    from dpbert import storage
 
-    return tf.io.gfile
+    return storage.storage_for(uri)
 
 
 def read_bytes(path: str) -> bytes:
-    with _gfile().GFile(path, "rb") as f:
-        return f.read()
+    return _store(path).read_bytes(path)
 
 
 def write_bytes(path: str, data: bytes):
-    with _gfile().GFile(path, "wb") as f:
+    # tf.io.gfile, not dpbert.storage: a local storage write keeps a generation lock file in the
+    # folder, which a Hugging Face directory (uploaded as it is) must not carry.
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "wb") as f:
         f.write(data)
 
 
@@ -274,10 +278,13 @@ def read_hf_checkpoint(directory: str) -> Tuple[dict, Dict[str, np.ndarray]]:
 
     from safetensors.numpy import load
 
-    config_path, weights_path = f"{directory.rstrip('/')}/{CONFIG_FILE}", f"{directory.rstrip('/')}/{WEIGHTS_FILE}"
+    from dpbert import storage
+
+    config_path, weights_path = storage.join(directory, CONFIG_FILE), storage.join(directory, WEIGHTS_FILE)
     for path in (config_path, weights_path):
-        if not _gfile().exists(path):
-            raise FileNotFoundError(f"{path} does not exist (an HF BERT directory has {CONFIG_FILE} and {WEIGHTS_FILE})")
+        if not _store(path).exists(path):
+            raise FileNotFoundError(f"{path} does not exist (an HF BERT directory has {CONFIG_FILE} "
+                                    f"and {WEIGHTS_FILE})")
     try:
         config = json.loads(read_bytes(config_path).decode("utf-8"))
     except ValueError as err:
@@ -305,18 +312,25 @@ def hf_files(models, tokenizer_files: Dict[str, bytes], extra_config: Optional[d
 
 
 def write_files(directory: str, files: Dict[str, bytes]):
-    """Write ``files`` under ``directory`` (created; local or ``gs://``)."""
-    _gfile().makedirs(directory)
+    """Write ``files`` under ``directory`` (created; local, ``gs://`` or any tf.io.gfile scheme)."""
+    import tensorflow as tf
+
+    from dpbert import storage
+
+    tf.io.gfile.makedirs(directory)
     for name, data in files.items():
-        write_bytes(f"{directory.rstrip('/')}/{name}", data)
+        write_bytes(storage.join(directory, name), data)
 
 
 def load_dpbert(model_dir: str):
-    """``dpbert.model.bert.load_bert`` for any path ``tf.io.gfile`` reads (``gs://`` included)."""
+    """``dpbert.model.bert.load_bert`` for a local or remote folder: ``model_config.json`` through
+    ``dpbert.storage``, the weights through TensorFlow's checkpoint reader (gfile: ``gs://``)."""
     import json
 
-    spec_path = f"{model_dir.rstrip('/')}/{bert_lib.MODEL_CONFIG_FILE}"
+    from dpbert import storage
+
+    spec_path = storage.join(model_dir, bert_lib.MODEL_CONFIG_FILE)
     spec = bert_lib.BertSpec.from_dict(json.loads(read_bytes(spec_path).decode("utf-8")))
     models = bert_lib.build_bert(spec)
-    models.mlm.load_weights(f"{model_dir.rstrip('/')}/{bert_lib.WEIGHTS_PREFIX}").expect_partial()
+    models.mlm.load_weights(storage.join(model_dir, bert_lib.WEIGHTS_PREFIX)).expect_partial()
     return models

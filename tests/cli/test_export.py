@@ -1,0 +1,156 @@
+"""`dpbert export` (in-process): a model saved by save_bert in the trainer's artifact layout is
+written in the Hugging Face BertForMaskedLM layout, which an independent numpy BertForMaskedLM
+reads to dpbert's logits; a model not shown DP is refused unless --allow-private (marked private)."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from dpbert import exit_codes, schema
+from dpbert.model import bert as bert_lib
+from dpbert.privacy import events
+from dpbert_cli.export import PRIVATE_FILE
+from dpbert_cli.main import main
+from tests.dashboard import fakestore
+from tests.model.test_hf_export import hf_mlm_logits, read_hf
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "patient", "fever", "heart", "rate", "the", "of", "##s"]
+HF_FILES = {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+            "special_tokens_map.json"}
+
+
+def _write_artifact(directory, dp=True, seed=0):
+    """The trainer's artifact layout: model/ (save_bert, tiny preset), tokenizer/, dp_events.json."""
+    from dpbert.vocab import wordpiece
+
+    spec = bert_lib.BertSpec(vocab_size=len(VOCAB), max_seq_length=16, max_predictions=3, preset="tiny",
+                             **bert_lib.PRESETS["tiny"])
+    models = bert_lib.build_bert(spec, seed=seed)
+    rng = np.random.default_rng(seed)
+    for w in models.mlm.weights:
+        w.assign(w.numpy() + rng.normal(0, 0.1, w.shape).astype(np.float32))
+    bert_lib.save_bert(models, directory / schema.MODEL_DIR)
+    (directory / "vocab_src").mkdir()
+    (directory / "vocab_src" / wordpiece.VOCAB_FILE).write_text("\n".join(VOCAB) + "\n")
+    wordpiece.save_vocabulary(wordpiece.load_tokenizer(directory / "vocab_src"), directory / schema.TOKENIZER_DIR)
+    shutil.rmtree(directory / "vocab_src")
+    record = events.dpsgd_event(1.1, 16, 2000, 10) if dp else events.non_private_event("train")
+    (directory / schema.DP_EVENTS_FILE).write_text(events.to_json([record]))
+    return models
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("artifact")
+    return directory, _write_artifact(directory)
+
+
+def _export(*args):
+    return main(["export", *map(str, args)])
+
+
+def _assert_logits_match(models, out):
+    config, t = read_hf(out)
+    ids = np.array([[2, 5, 6, 11, 7, 3] + [0] * 10, [2, 9, 8, 10, 7, 6, 5, 3] + [0] * 8], np.int32)
+    positions = np.array([[1, 3, 9], [2, 4, 6]], np.int32)
+    ours = models.mlm({"input_ids": ids, "masked_positions": positions}, training=False).numpy()
+    theirs = hf_mlm_logits(config, t, ids, (ids != 0).astype(np.float64))
+    np.testing.assert_allclose(np.take_along_axis(theirs, positions[..., None], 1), ours, atol=1e-4, rtol=0)
+
+
+def test_export_of_an_artifact_folder(artifact, tmp_path, capsys):
+    directory, models = artifact
+    out = tmp_path / "hf"
+    assert _export(directory, "--to", out) == exit_codes.OK
+    assert "BertForMaskedLM" in capsys.readouterr().out
+    assert {p.name for p in out.iterdir()} == HF_FILES
+    _assert_logits_match(models, out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["dpbert_private"] is False and config["architectures"] == ["BertForMaskedLM"]
+    assert (out / "tokenizer.json").read_bytes() == (directory / schema.TOKENIZER_DIR / "tokenizer.json").read_bytes()
+    assert (out / "vocab.txt").read_text().split() == VOCAB
+
+
+def test_export_of_the_model_folder_finds_the_tokenizer_next_to_it(artifact, tmp_path, capsys):
+    directory, models = artifact
+    out = tmp_path / "hf"
+    assert _export(directory / schema.MODEL_DIR, "--to", out, "--json") == exit_codes.OK
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["private"] is False and set(summary["files"]) == HF_FILES
+    _assert_logits_match(models, out)
+
+
+def test_a_private_model_is_refused_unless_allowed(tmp_path, capsys):
+    directory = tmp_path / "baseline"
+    directory.mkdir()
+    models = _write_artifact(directory, dp=False)
+    out = tmp_path / "hf"
+    assert _export(directory, "--to", out) == exit_codes.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "non-private" in err and "--allow-private" in err and not out.exists()
+    assert _export(directory, "--to", out, "--allow-private") == exit_codes.OK
+    assert "PRIVATE" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["dpbert_private"] is True
+    assert (out / PRIVATE_FILE).exists()
+    _assert_logits_match(models, out)
+
+
+def test_a_model_without_dp_record_is_refused(artifact, tmp_path, capsys):
+    directory, _ = artifact
+    bare = tmp_path / "bare"
+    shutil.copytree(directory, bare)
+    (bare / schema.DP_EVENTS_FILE).unlink()
+    assert _export(bare, "--to", tmp_path / "hf") == exit_codes.BAD_INPUT
+    assert "nothing shows it was trained with DP" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """The release store of tests/dashboard/fakestore.py with real models in its model artifacts."""
+    base = tmp_path_factory.mktemp("export_store")
+    uris = fakestore.build_release_store(str(base / "metadata.sqlite"), str(base / "pipeline_root"))
+    from pathlib import Path
+
+    models = {}
+    for run in (fakestore.RELEASE_RUN, fakestore.NON_PRIVATE_RUN):
+        uri = Path(uris[run]["model"])
+        shutil.rmtree(uri)
+        uri.mkdir()
+        models[run] = _write_artifact(uri, seed=3)
+    return {"path": str(base / "metadata.sqlite"), "models": models}
+
+
+def test_the_run_form_exports_the_runs_dp_model(store, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert _export("--metadata", store["path"], "--run", fakestore.RELEASE_RUN, "--to", out) == exit_codes.OK
+    _assert_logits_match(store["models"][fakestore.RELEASE_RUN], out)
+    assert fakestore.RELEASE_SECRET not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("run, message", [(fakestore.NON_PRIVATE_RUN, "not differentially private"),
+                                          (fakestore.OVER_BUDGET_RUN, "over its privacy budget")])
+def test_the_run_form_refuses_a_run_that_is_not_dp(store, tmp_path, capsys, run, message):
+    out = tmp_path / "hf"
+    assert _export("--metadata", store["path"], "--run", run, "--to", out) == exit_codes.BAD_INPUT
+    err = capsys.readouterr().err
+    assert message in err and fakestore.RELEASE_SECRET not in err and not out.exists()
+
+
+def test_bad_inputs_are_named_before_anything_is_written(artifact, tmp_path, capsys):
+    directory, _ = artifact
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    assert _export(directory, "--to", full) == exit_codes.BAD_INPUT
+    assert "not an empty directory" in capsys.readouterr().err
+    assert _export(tmp_path / "nowhere", "--to", tmp_path / "hf") == exit_codes.BAD_INPUT
+    assert "does not exist" in capsys.readouterr().err
+    short = tmp_path / "short"
+    shutil.copytree(directory, short)
+    (short / schema.TOKENIZER_DIR / "tokenizer.json").unlink()
+    (short / schema.TOKENIZER_DIR / "vocab.txt").write_text("\n".join(VOCAB[:-1]) + "\n")
+    assert _export(short, "--to", tmp_path / "hf") == exit_codes.BAD_INPUT
+    assert "vocab.txt has 11 tokens, the model's vocab_size is 12" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
