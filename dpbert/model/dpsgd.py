@@ -55,7 +55,8 @@ bit-identical on every worker after every step, and the update's noise std is σ
 σC√W/B (each worker its own full-σ draw before the SUM), not WσC/B (the same draw added before
 the SUM: Σ_w z = W·z), and with each worker's own seed after the SUM the workers' parameters
 would silently diverge. Those three broken placements are the positive controls of the noise
-check (``DPSGDConfig.noise_control``, tests only; ``noise_check --workers``).
+check: test fixtures (``tests/model/broken_mechanisms.py``) that replace the step's hooks
+``_sum_replicas`` / ``_add_noise`` / ``_share_noise_seed``; no flag of this module selects them.
 The equivalent alternative (independent N(0, σ²C²/R) per replica before the SUM, no shared
 secret) was not chosen: it would make a run's noise depend on R, so the same test seed could not
 give the same released parameters in every layout, and the run-time noise probe (z = (S+z) − S,
@@ -154,8 +155,6 @@ from dpbert.model import trainable as trainable_lib
 log = logging.getLogger(__name__)
 
 NOISE_MODES = ("once", "paper")
-#: Positive controls of the noise check (``DPSGDConfig.noise_control``): broken on purpose.
-NOISE_CONTROLS = ("per_replica_full", "same_before_sum", "own_seed")
 CLIPPING_PATHS = ("ghost", "tfp_two_pass")
 _LOGGED_PATHS = set()
 
@@ -303,11 +302,6 @@ class DPSGDConfig:
     noise_mode: str = "once"
     #: Fixed noise seed: tests only. None = OS entropy.
     noise_seed: Optional[int] = None
-    #: TESTS ONLY: a deliberately BROKEN noise placement, the positive controls of the noise check
-    #: (``NOISE_CONTROLS``): per_replica_full (each replica its own N(0, σ²C²) before the SUM: std
-    #: √R × σC), same_before_sum (the one draw added on every replica before the SUM: R × σC),
-    #: own_seed (each worker its own seed after the SUM: parameters diverge). Never set by train_mlm.
-    noise_control: Optional[str] = None
     replicas: int = 1
     accumulation_steps: int = 1
     #: ghost (one backward, book-keeping) | tfp_two_pass (tensorflow-privacy registry, 2 backward)
@@ -326,8 +320,6 @@ class DPSGDConfig:
             raise ValueError("group_size > 1 (user-level clipping) needs clipping = ghost")
         if self.noise_mode not in NOISE_MODES:
             raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
-        if self.noise_control is not None and self.noise_control not in NOISE_CONTROLS:
-            raise ValueError(f"noise_control must be one of {NOISE_CONTROLS} (tests only), got {self.noise_control!r}")
         if self.clipping not in CLIPPING_PATHS:
             raise ValueError(f"clipping must be one of {CLIPPING_PATHS}, got {self.clipping!r}")
         if not self.non_private:
@@ -372,17 +364,24 @@ class AuditProbe:
 @dataclasses.dataclass
 class NoiseProbe:
     """Run-time noise check hook (``dpbert.model.integrity``): flat ``coordinates`` per trainable
-    variable index. Every step the apply keeps, on those coordinates, the all-reduced clipped sum
-    S right BEFORE the single noise draw (``noise_probe_clean``; audit canaries included) and the
-    update (S + z)/B right before the optimizer (``noise_probe_update``), so B·update − S is the
-    noise the released update really carried (std σ·C, σ = ``effective_noise_multiplier``): a
-    bug in the draw, in its scale, in its seed (a stuck step counter) or in the divisor shows."""
+    variable index (a sliced piece's index is that of its shadow). Every step the apply keeps, on
+    those coordinates, the clean clipped sum S (``noise_probe_clean``: read from the replica-local
+    accumulators and summed over the replicas by a separate all-reduce, audit canaries included)
+    and the gradient HANDED TO THE OPTIMIZER (``noise_probe_update``, (S + z)/B), so B·update − S
+    is the noise the released update really carried (std σ·C, σ = ``effective_noise_multiplier``)
+    wherever and however it was (or was not) added: a bug in the draw, in its scale, its
+    placement, its seed (a stuck step counter) or in the divisor shows."""
 
     coordinates: Dict[int, np.ndarray]
 
     @property
     def size(self) -> int:
         return int(sum(np.asarray(c).size for c in self.coordinates.values()))
+
+    def groups(self):
+        """``[(variable index, int64 coordinates)]`` in the order of the kept vectors (by index)."""
+        return [(int(i), np.asarray(c, np.int64).ravel()) for i, c in sorted(self.coordinates.items())
+                if np.asarray(c).size]
 
 
 def _group_mean(values, mask, k: int):
@@ -487,13 +486,7 @@ class DPSGDTrainStep:
                            f"noise mode = {config.noise_mode} (one draw per logical batch"
                            f"{'' if config.noise_mode == 'once' else ', scaled by sqrt(P*T)'})")
         seed = config.noise_seed if config.noise_seed is not None else _entropy_seed()
-        if config.noise_control == "own_seed":  # positive control: each worker its own seed
-            seed = (seed + 7919 * self.worker_index) % (1 << 62) if config.noise_seed is not None else seed
-        self._noise_seed = tf.constant([seed >> 31, seed & 0x7FFFFFFF], dtype=tf.int64)
-        if self.workers > 1 and config.noise_control != "own_seed":
-            # One seed for every worker: the chief's (replica 0), shared by an all-reduce in which
-            # every other replica contributes 0. Held in a tensor only, never logged or stored.
-            self._noise_seed = self._from_replica_zero(self._noise_seed)
+        self._noise_seed = self._share_noise_seed(tf.constant([seed >> 31, seed & 0x7FFFFFFF], dtype=tf.int64))
         with self.strategy.scope():
             # A sliced piece (new_tokens' rows) is optimised as a SHADOW variable of the slice's
             # shape, gathered from its variable before every apply and scattered back after: the
@@ -528,24 +521,42 @@ class DPSGDTrainStep:
                 self.observed_noiseless = tf.Variable(
                     tf.zeros([coords.size], tf.float32), trainable=False, name="audit_observed_noiseless",
                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self.noise_probe = noise_probe
-            if noise_probe is not None:
-                self._noise_probe_index = [
-                    (int(i), tf.constant(np.asarray(c, dtype=np.int64)[:, None]))
-                    for i, c in sorted(noise_probe.coordinates.items()) if np.asarray(c).size]
-                for i, c in noise_probe.coordinates.items():
-                    if not 0 <= int(i) < len(self.variables) or (np.asarray(c).size and (
-                            np.min(c) < 0 or np.max(c) >= self.variables[int(i)].shape.num_elements())):
-                        raise ValueError(f"noise probe coordinates out of range for variable {i}")
-                self.noise_probe_clean, self.noise_probe_update = (
-                    tf.Variable(tf.zeros([noise_probe.size], tf.float32), trainable=False, name=name,
-                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-                    for name in ("noise_probe_clean", "noise_probe_update"))
+            self._setup_noise_probe(noise_probe)
+        #: With an ``AuditProbe``: the canary sum of the NEXT ``run_step`` that is given none, set by
+        #: the audit's sampler once it knows which canary units the step drew (``run_step``
+        #: consumes it and resets it to None).
+        self.next_canary_sum: Optional[np.ndarray] = None
         #: The per-unit gradient norms the clipping used in the last ``run_step``, one array
         #: ``[P, units per replica]`` per round (tuple: per row; patient: per group of k slots).
         self.last_unit_norms: list = []
         self._accumulate_fn = tf.function(self._accumulate, autograph=False)
         self._apply_fn = tf.function(self._apply, autograph=False)
+
+    def _setup_noise_probe(self, noise_probe: Optional["NoiseProbe"]):
+        """The probe's gather indices and its two kept vectors (``NoiseProbe``); where audit
+        canaries land on probe coordinates, their positions (the clean sum includes them)."""
+        self.noise_probe = noise_probe
+        self._canary_in_probe = None
+        if noise_probe is None:
+            return
+        for i, c in noise_probe.coordinates.items():
+            if not 0 <= int(i) < len(self.variables) or (np.asarray(c).size and (
+                    np.min(c) < 0 or np.max(c) >= self.variables[int(i)].shape.num_elements())):
+                raise ValueError(f"noise probe coordinates out of range for variable {i}")
+        groups = noise_probe.groups()
+        self._noise_probe_index = [(i, tf.constant(c[:, None])) for i, c in groups]
+        if self.audit_probe is not None:
+            offset = sum(c.size for i, c in groups if i < self.audit_probe.variable_index)
+            coords = dict(groups).get(self.audit_probe.variable_index, np.zeros(0, np.int64))
+            canary = np.asarray(self.audit_probe.coordinates, np.int64)
+            _, in_probe, in_canary = np.intersect1d(coords, canary, return_indices=True)
+            if in_probe.size:
+                self._canary_in_probe = (tf.constant((offset + in_probe)[:, None].astype(np.int64)),
+                                         tf.constant(in_canary.astype(np.int64)))
+        self.noise_probe_clean, self.noise_probe_update = (
+            tf.Variable(tf.zeros([noise_probe.size], tf.float32), trainable=False, name=name,
+                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+            for name in ("noise_probe_clean", "noise_probe_update"))
 
     # ----------------------------------------------------------------- replica computations
     def clip(self, inputs, loss_fn: Callable, example_mask, training: bool = True):
@@ -595,42 +606,60 @@ class DPSGDTrainStep:
             acc.assign_add(g)
         return stats, norms
 
-    def _noise(self, stream=None):
+    def _draw_noise(self):
+        """THE draw z ~ N(0, σ²C²I) of this step, one tensor per trained piece: a function of
+        (shared seed, DP step, piece index) only, so identical on every replica and worker."""
         step_seed = tf.random.experimental.stateless_fold_in(self._noise_seed, self.dp_step.read_value())
-        if stream is not None:  # positive control only: a different draw per replica
-            step_seed = tf.random.experimental.stateless_fold_in(step_seed, tf.cast(stream, tf.int64) + 1)
         std = self.config.effective_noise_multiplier * self.config.clip_norm
         return [std * tf.random.stateless_normal(
                     v.shape, tf.random.experimental.stateless_fold_in(step_seed, i), dtype=v.dtype,
                     alg="philox")
                 for i, v in enumerate(self.variables)]
 
+    def _share_noise_seed(self, seed):
+        """One seed for every worker: the chief's (replica 0), shared by an all-reduce in which every
+        other replica contributes 0. Held in a tensor only, never logged or stored."""
+        return self._from_replica_zero(seed) if self.workers > 1 else seed
+
+    def _all_reduce_sum(self, values):
+        if self.replicas > 1:
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, values)
+        return values
+
+    def _sum_replicas(self, grads):
+        """S: the replica-local clipped sums, all-reduced with SUM (identical on every replica)."""
+        return self._all_reduce_sum(grads)
+
+    def _add_noise(self, grads):
+        """S + z, after the SUM: the same single draw on every replica (module docstring)."""
+        return [g + z for g, z in zip(grads, self._draw_noise())]
+
     def _replica_apply(self, denominator, canary_sum):
         grads = [acc.read_value() for acc in self.accumulators]
-        ctx = tf.distribute.get_replica_context()
-        control = None if self.config.non_private else self.config.noise_control
-        if control == "per_replica_full":  # BROKEN on purpose: R independent σC draws summed
-            grads = [g + z for g, z in zip(grads, self._noise(stream=ctx.replica_id_in_sync_group))]
-        elif control == "same_before_sum":  # BROKEN on purpose: R copies of the one draw summed
-            grads = [g + z for g, z in zip(grads, self._noise())]
-        if self.replicas > 1:
-            grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        clean = None
+        if self.noise_probe is not None:
+            # The clean clipped sum S on the probe's coordinates, read from the accumulators and
+            # summed over the replicas by its own small all-reduce: whatever the step below does to
+            # the sum (noise before the SUM, no noise, ...), B·update − S is the noise it carried.
+            clean = self._all_reduce_sum(self._noise_probe_gather(grads))
+        grads = self._sum_replicas(grads)
         if self.audit_probe is not None:
             # Audit canaries join the clipped sum like real examples (before the one noise draw).
             i = self.audit_probe.variable_index
             flat = tf.tensor_scatter_nd_add(tf.reshape(grads[i], [-1]), self._probe_index, canary_sum)
             grads[i] = tf.reshape(flat, tf.shape(grads[i]))
             self.observed_noiseless.assign(tf.gather_nd(flat, self._probe_index))
-        if self.noise_probe is not None:
-            self.noise_probe_clean.assign(self._noise_probe_gather(grads))
-        if not self.config.non_private and control in (None, "own_seed"):
-            # The same seed on every replica (and every worker): the same single draw z everywhere.
-            grads = [g + z for g, z in zip(grads, self._noise())]
+            if clean is not None and self._canary_in_probe is not None:
+                clean = tf.tensor_scatter_nd_add(clean, self._canary_in_probe[0],
+                                                 tf.gather(canary_sum, self._canary_in_probe[1]))
+        if not self.config.non_private:
+            grads = self._add_noise(grads)
         if self.audit_probe is not None:
             self.observed.assign(tf.gather_nd(tf.reshape(grads[self.audit_probe.variable_index], [-1]),
                                               self._probe_index))
         grads = [g / tf.cast(denominator, g.dtype) for g in grads]
-        if self.noise_probe is not None:
+        if clean is not None:  # what the optimizer is handed, on the probe's coordinates
+            self.noise_probe_clean.assign(clean)
             self.noise_probe_update.assign(self._noise_probe_gather(grads))
         self.optimizer.apply_gradients(zip(grads, self.variables), skip_gradients_aggregation=True)
         for acc in self.accumulators:
@@ -733,7 +762,7 @@ class DPSGDTrainStep:
         """One logical DP-SGD step over ``rounds`` (R ≥ 1). Returns summed stats (python floats).
 
         ``canary_sum``: with an ``AuditProbe``, the sum of this step's sampled audit canaries on
-        the probe's coordinates (zeros when none was sampled)."""
+        the probe's coordinates (zeros when none was sampled); None takes ``next_canary_sum``."""
         if not rounds:
             raise ValueError("a logical step needs at least one (possibly all-padding) round")
         if self.config.non_private:
@@ -750,6 +779,8 @@ class DPSGDTrainStep:
             self.last_unit_norms.append(np.stack([np.asarray(x) for x in norms]))
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
+        if canary_sum is None and self.next_canary_sum is not None:
+            canary_sum, self.next_canary_sum = self.next_canary_sum, None
         if self.audit_probe is not None:
             size = int(self._probe_index.shape[0])
             canary = np.zeros(size, np.float32) if canary_sum is None else np.asarray(canary_sum, np.float32)

@@ -3,22 +3,38 @@
 The white-box audit (``dpbert.privacy.whitebox_audit``) adds its gradient canaries to the clipped
 sum AFTER the clipping and outside the sampler, and scores them at the CLAIMED σ: a sampler whose
 q is off, broken clipping of real examples, or a claim beyond the audit's reach passes it. The
-checks here run inside ``train_mlm`` on the running objects (:class:`RunChecks`), each with a
-positive control in ``tests/model/test_integrity_checks.py`` (a deliberately broken mechanism the
-check catches). A failed check raises :class:`IntegrityCheckFailed` (the run fails, nothing is
-released) after writing the statistics to ``integrity_checks.json`` in the PRIVATE state
-directory; the messages carry no raw text and no exact count.
+checks here run inside the training loop on the running objects (:class:`RunChecks`), each with
+positive controls (deliberately broken mechanisms, test fixtures in
+``tests/model/broken_mechanisms.py``) that the check catches. A failed check raises
+:class:`IntegrityCheckFailed` (the run fails, nothing is released) after writing the statistics
+to ``integrity_checks.json`` in the PRIVATE state directory; the messages carry no raw text and
+no exact count.
 
-1. **Realised units per step** (``units_per_step``; operator-only). Under Poisson sampling the
-   sum of the units the step actually processed (``stats["units"]``: rows, or patients under the
-   patient unit) over s steps is Binomial(n·s, q) with n the EXACT number of units and q the
-   PLAN's rate: z = (Σ units − s·n·q)/√(s·n·q(1−q)), |z| > 6 fails (false alarm ≈ 2e-9 per
-   look; evaluated at the check points below and at the end, once s·B ≥ 50 with B = q·n_planned
-   the public expected batch, else "not enough draws"). A sampler running at 4q gives z ≈ 3√(s·n·q) ≥ 21. Shuffle sampling: every step must
-   hold exactly B units. n and the sums are private: they stay in ``integrity_checks.json`` /
-   ``train_result.json`` in the private state directory.
-2. **Brute-force clipping** (``clipping``), at the first step of every run and every
-   ``training.integrity_check_every`` steps (0 = off): one unit of the step's batch chosen with
+Statistical tests and their levels (``dpbert.privacy.integrity_stats``): every p-value is exact
+or a rigorous bound; each family's tests are Bonferroni-corrected over its tests and over the
+looks (look k at level α·6/(π²k²)/tests, α = ``FALSE_ALARM`` = 1e-6), so an honest run fails a
+family with probability ≤ 1e-6 and fails any of the four statistical families (units per step,
+participation, noise, released diagnostics) with probability ≤ 4e-6. The looks are the check
+steps (the first step, every ``training.integrity_check_every`` steps) and the end of the run.
+
+1. **The sampler** (operator-only statistics: they hold exact counts).
+   ``units_per_step``: the step's realised units b_t (``stats["units"]``: rows, or patients;
+   all-reduced over workers) must be iid Binomial(n, q), n the EXACT number of units and q the
+   PLAN's rate. Three tests: Σ_t b_t ~ Binomial(n·s, q) (exact two-sided: a sampler at 4q fails
+   at once), and the dispersion D = Σ_t (b_t − nq)²/(nq(1−q)) (E D = s) in both tails by a
+   Chernoff bound on the exact pmf: a fixed-size sampler claiming Poisson has D ≈ 0, whose
+   probability is ≈ P(b = B)^s, so it fails after a few tens of steps (s = 16 at n = 64, q = ¼);
+   a sampler mixing two rates has D ≫ s. Evaluated once s·B ≥ 50 with B = q·n_planned the PUBLIC
+   expected batch (else "not enough draws": the released pass/fail does not depend on n).
+   Shuffle sampling: every step holds exactly B units.
+   ``participation`` (the units :meth:`RunChecks.sampled` reports): with Poisson sampling a unit
+   takes part in Binomial(T, q) of T steps; the unit that took part most often must not be
+   beyond Binomial(T, q) at level α_k/n (Bonferroni over the n units: only the maximum needs
+   testing, the tail is monotone). A unit in every batch has p = q^T (6e-10 at q = ¼, T = 16 vs
+   a level of 2e-9 at n = 64): it fails. Too rare a participation costs no privacy and is not
+   tested. Shuffle: at most ⌈T·B/n⌉ + 1 (a window may straddle two permutations).
+2. **Brute-force clipping** (``clipping``; deterministic, no false alarm), at the first step of
+   every run and every ``training.integrity_check_every`` steps (0 = off): one unit of the step's batch chosen with
    secret randomness; before the step runs (same weights), its gradient is recomputed by brute
    force — ONE ``GradientTape`` over that unit's rows alone (a patient: the sum of its ≤ k rows'
    gradients; with ``training.trainable`` the gradient of the trained pieces only,
@@ -32,44 +48,61 @@ directory; the messages carry no raw text and no exact count.
    step's own matmuls may have run in reduced precision (TF32 GPU, TPU), (c) is compared at
    rtol 1e-2 (``STEP_NORM_RTOL_REDUCED``) — unverified on such hardware here (CPU only).
    A ghost norm that drops a layer's term or is scaled fails (a) / (c); wrong book-keeping (b).
-3. **Noise on the real step** (``noise``): ``DPSGDTrainStep`` with a ``NoiseProbe`` keeps, on
-   ``NOISE_COORDINATES`` random coordinates (secret randomness, spread over every trainable
-   variable), the all-reduced clipped sum S before the single draw and the update (S + z)/B
-   before the optimizer; z = B·update − S must have std σ·C, σ the GRADIENT noise multiplier
+3. **Noise on the real step** (``noise``): ``DPSGDTrainStep`` with a ``NoiseProbe`` keeps,
+   every step, on ``NOISE_COORDINATES_PER_VARIABLE`` random coordinates of EVERY trained
+   variable and sliced piece (secret randomness; all of a smaller one), the clean clipped sum S
+   (from the accumulators, summed over the replicas by its own all-reduce) and the gradient
+   HANDED TO THE OPTIMIZER G (after the SUM, the noise and ÷ B) — never the drawn noise tensor.
+   Honest: z = (B·G − S)/(σC) iid N(0, 1), σ the GRADIENT noise multiplier
    (``DPSGDConfig.effective_noise_multiplier``, not the accountant's σ_eff with the diagnostics
-   folded in), mean 0 and lag-1 correlation 0 across consecutive steps. Over the run: for m
-   values, |ŝ/(σC) − 1| ≤ 6/√(2m), |mean| ≤ 6·σC/√m, |ρ₁| ≤ 6/√(pairs). σ/2 noise (ratio 0.5)
-   fails at the first check (tolerance 0.27 at m = 256); a stuck step counter in the noise seed
-   repeats z (ρ₁ = 1) and fails from the second step.
+   folded in). Tests (V trained pieces, V + 3 tests per look): Σ z² over each piece's probe
+   ~ χ²(m_v) exactly (two-sided), so no noise on ONE LayerNorm γ, one bias, the appended tokens'
+   rows, the transform kernel (z ≡ 0: p = 0) fails at the first look whatever the other pieces
+   carry, as does noise drawn but not added; Σ z² pooled over every piece (σ/2 everywhere: ratio
+   0.5 fails at the first look); the mean Σz/√m ~ N(0, 1); and Σ z_t·z_{t+1} over DISJOINT
+   pairs of consecutive steps (independent products; Chernoff bound ``product_sum_two_sided``):
+   a stuck step counter in the noise seed repeats z and fails from the second step. Float32
+   rounding of G = (S + z)/B leaves |B·G − S − z| ≲ 2⁻²³·|S + z|, negligible against σC
+   unless |S| ≳ 10⁵·σC (a unit's share of S is ≤ C).
+
+4. **Released DP diagnostics** (``released_diagnostics``; the sums :meth:`RunChecks.released`
+   reports): each released sum minus its exact value, over the noise std it claims (the std the
+   DP event's σ_eff is derived from), is iid N(0, 1) per step: Σ_t r_t² ~ χ²(T) per part and
+   pooled over the parts (two-sided). Releasing the exact values (r ≡ 0) fails at the first look;
+   noise at σ/2 everywhere (pooled ratio 0.5) fails once 4T ≳ 80; a claimed std ≤ 0 fails.
 
 The recorded DP event is checked against the running objects by the stage
-(``dpbert.privacy.event_check.check_event`` on :func:`observe`'s values).
+(``dpbert.privacy.event_check.check_event`` on :func:`observe`'s values). Given the run's checks
+(``observe(..., checks=)``), the diagnostics' noise multipliers in those values are the stds that
+check 4 TESTED the released sums against, not the configuration's: the event is derived from what
+the release was shown to carry (a release without its noise fails check 4; one at another std
+than the configuration's makes the event mismatch the record).
 
 Several worker processes (``training.strategy: multi_worker``): every worker runs the checks on
 what it holds — the units test on the step's GLOBAL unit count (all-reduced) against the global
-n, the clipping check on one of its own units, the noise test on its own probe coordinates of the
-identical update — and only the chief writes ``integrity_checks.json``.
+n, the participation test on its own units at level α_k/n each (the union over workers stays
+≤ α_k), the clipping check on one of its own units, the noise test on its own probe coordinates
+of the identical update — and only the chief writes ``integrity_checks.json``.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import secrets
-import threading
-from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from dpbert import storage
 from dpbert.model import dpsgd, sampling
+from dpbert.privacy import integrity_stats as stats
 from dpbert.privacy.event_check import IntegrityCheckFailed  # noqa: F401  (re-exported)
 
-#: Two-sided tolerance of every statistical check, in standard errors (false alarm ≈ 2e-9 per look).
-Z_TOLERANCE = 6.0
-#: The realised-units test is evaluated once steps·n·q reaches this.
+#: Whole-run false-alarm probability of each statistical family (``integrity_stats``).
+FALSE_ALARM = stats.FALSE_ALARM
+#: The realised-units test is evaluated once steps·B (public expected batch) reaches this.
 MIN_EXPECTED_UNITS = 50.0
 #: Relative tolerance of the brute-force clipping comparison (float32).
 CLIP_RTOL = 1e-4
@@ -79,10 +112,8 @@ CLIP_ATOL = 1e-6
 #: in reduced precision (TensorFloat-32 on an Ampere+ GPU, the default bfloat16 passes on a TPU):
 #: the check's own computations always run in full float32 (rtol ``CLIP_RTOL``).
 STEP_NORM_RTOL_REDUCED = 1e-2
-#: Coordinates of the noise probe.
-NOISE_COORDINATES = 256
-#: Minimum number of noise values (and of consecutive pairs) before the noise tests are evaluated.
-MIN_NOISE_VALUES = 100
+#: Probe coordinates per trained variable or piece (all of a smaller one).
+NOISE_COORDINATES_PER_VARIABLE = 128
 #: The private record of the checks in the trainer's state directory.
 INTEGRITY_FILE = "integrity_checks.json"
 
@@ -94,7 +125,7 @@ def _rng(seed: Optional[int], stream: int) -> np.random.Generator:
 
 # --------------------------------------------------------------------------- event values
 def observe(sampler, stepper: dpsgd.DPSGDTrainStep, ledger_path, diagnostics_noise_std: Mapping[str, float],
-            steps_executed: Optional[int] = None) -> dict:
+            steps_executed: Optional[int] = None, checks: Optional["RunChecks"] = None) -> dict:
     """The values ``event_check.check_event`` compares with the record, read from the objects that
     used them: the running sampler, the step, and the write-ahead ledger on disk.
     ``diagnostics_noise_std``: the std of the noise on each released diagnostic sum (empty without
@@ -106,18 +137,23 @@ def observe(sampler, stepper: dpsgd.DPSGDTrainStep, ledger_path, diagnostics_noi
     (a worker's own expected share is B/W and appears nowhere), P the replicas in sync over all
     workers (the all-reduce's span), σ and the mode the step's, and the steps the CHIEF's ledger
     (``ledger_path``; a non-chief, which has no ledger, passes ``steps_executed``, its own count,
-    and its values are not what the stage checks)."""
+    and its values are not what the stage checks).
+
+    ``checks``: the run's :class:`RunChecks`; when its release check saw the diagnostics, the
+    noise stds are the ones the released sums were TESTED against (``released_diagnostics``),
+    not ``diagnostics_noise_std`` (the configuration's): the event is then derived from what
+    the release was shown to carry."""
     config = stepper.config
     patient = isinstance(sampler, sampling.PatientPoissonSampler)
     if ledger_path is not None:
-        with open(ledger_path, encoding="utf-8") as f:
-            steps = int(json.load(f)["steps_executed"])
+        steps = int(storage.read_json(str(ledger_path))["steps_executed"])
     elif steps_executed is not None:
         steps = int(steps_executed)
     else:
         raise ValueError("observe needs the chief's ledger_path (or a non-chief's steps_executed)")
+    claimed = checks.release.claimed if checks is not None and checks.enabled else {}
     multipliers = {}
-    for part, std in (diagnostics_noise_std or {}).items():
+    for part, std in (claimed or diagnostics_noise_std or {}).items():
         sensitivity = float(config.loss_bound) if part == "loss" else 1.0
         multipliers[part] = float(std) / sensitivity
     out = {
@@ -142,110 +178,267 @@ def observe(sampler, stepper: dpsgd.DPSGDTrainStep, ledger_path, diagnostics_noi
     return out
 
 
-# --------------------------------------------------------------------------- 1. units per step
+# --------------------------------------------------------------------------- 1. the sampler
 class UnitsCheck:
-    """Σ realised units over the run vs Binomial(n·steps, q) (Poisson) / exactly B per step (shuffle)."""
+    """The realised units per step (the step's GLOBAL count) against iid Binomial(n, q) draws:
+    their total (exact binomial) and their dispersion (both tails, ``integrity_stats``);
+    shuffle: every step exactly B."""
 
     name = "units_per_step"
+    TESTS = 3  # total, dispersion too small, dispersion too large
 
-    def __init__(self, sampling_mode: str, units: int, q: float, batch_size: int):
+    def __init__(self, sampling_mode: str, units: int, q: float, batch_size: int, alpha: float = stats.FALSE_ALARM):
         self.mode, self.n, self.q, self.batch_size = sampling_mode, int(units), float(q), int(batch_size)
-        self.total, self.draws, self.wrong_sizes = 0.0, 0, 0
+        self.alpha = float(alpha)
+        self.sizes: List[float] = []
+        self.wrong_sizes = 0
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.sizes))
 
     def add(self, units: float):
-        self.total += float(units)
-        self.draws += 1
+        self.sizes.append(float(units))
         if self.mode == "shuffle" and int(round(units)) != self.batch_size:
             self.wrong_sizes += 1
 
-    def result(self) -> dict:
+    def result(self, look: int = 1) -> dict:
+        draws = len(self.sizes)
         if self.mode == "shuffle":
-            return {"ran": self.draws > 0, "statistic": "steps whose batch is not exactly B",
-                    "wrong_sizes": self.wrong_sizes, "steps": self.draws, "tolerance": 0,
-                    "passed": self.wrong_sizes == 0, **({} if self.draws else {"reason": "no step"})}
-        mean = self.draws * self.n * self.q
-        out = {"statistic": "z of the summed units per step vs Binomial(n*steps, q)", "tolerance": Z_TOLERANCE,
-               "steps": self.draws, "units_total": self.total, "units_expected": mean, "q": self.q,
+            return {"ran": draws > 0, "statistic": "steps whose batch is not exactly B",
+                    "wrong_sizes": self.wrong_sizes, "steps": draws, "tolerance": 0,
+                    "passed": self.wrong_sizes == 0, **({} if draws else {"reason": "no step"})}
+        mean = draws * self.n * self.q
+        out = {"statistic": "units per step vs iid Binomial(n, q): total (exact) and dispersion (Chernoff)",
+               "steps": draws, "units_total": self.total, "units_expected": mean, "q": self.q,
                "units": self.n}  # PRIVATE: exact counts
         # Whether there are enough draws is decided on the PUBLIC expected batch B (q·n_planned),
         # not on the exact n: the released pass/fail summary must not depend on the data.
-        if self.draws * self.batch_size < MIN_EXPECTED_UNITS:
+        if draws * self.batch_size < MIN_EXPECTED_UNITS:
             return dict(out, ran=False, reason="not enough draws", passed=None)
         var = mean * (1.0 - self.q)
         z = (self.total - mean) / math.sqrt(var) if var > 0 else (0.0 if self.total == mean else math.inf)
-        return dict(out, ran=True, z=z, passed=abs(z) <= Z_TOLERANCE)
+        level = stats.look_level(self.alpha, look, self.TESTS)
+        p = {"total": stats.binomial_two_sided(self.total, self.n * draws, self.q),
+             "dispersion_low": stats.dispersion_lower(self.sizes, self.n, self.q),
+             "dispersion_high": stats.dispersion_upper(self.sizes, self.n, self.q)}
+        dispersion = float(np.var(self.sizes) / (self.n * self.q * (1 - self.q))) if self.q < 1 else 0.0
+        return dict(out, ran=True, z=z, dispersion_ratio=dispersion, p_values=p, level=level, look=look,
+                    failed=[k for k, v in p.items() if v < level], passed=all(v >= level for v in p.values()))
 
     @staticmethod
     def message(result: dict) -> str:
         if "wrong_sizes" in result:
             return "a shuffle step did not hold exactly B units"
-        return (f"the realised number of units per step is not what the plan's q gives "
-                f"(|z| > {Z_TOLERANCE:g} standard errors)")
+        why = {"total": "their total is not what the plan's q gives",
+               "dispersion_low": "their spread is too small for Poisson sampling (fixed-size batches?)",
+               "dispersion_high": "their spread is too large for Poisson sampling at one q"}
+        return (f"the realised units per step are not Binomial(n, q) draws: "
+                f"{'; '.join(why[k] for k in result['failed'])} (p < {result['level']:.1e})")
 
 
-# --------------------------------------------------------------------------- 3. noise
-def make_noise_probe(variables: Sequence[tf.Variable], count: int = NOISE_COORDINATES,
-                     seed: Optional[int] = None) -> dpsgd.NoiseProbe:
-    """``count`` distinct coordinates drawn uniformly over all of ``variables`` (flattened and
-    concatenated) with secret randomness, grouped per variable index."""
-    sizes = np.array([int(v.shape.num_elements()) for v in variables], dtype=np.int64)
-    total = int(sizes.sum())
-    chosen = np.sort(_rng(seed, 3).choice(total, size=min(int(count), total), replace=False))
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    which = np.searchsorted(starts, chosen, side="right") - 1
-    return dpsgd.NoiseProbe({int(i): chosen[which == i] - starts[i] for i in np.unique(which)})
+class ParticipationCheck:
+    """How often each unit took part (``RunChecks.sampled``) against Binomial(T, q), Bonferroni
+    over the n units; shuffle: at most ⌈T·B/n⌉ + 1 (a window may straddle two permutations)."""
 
+    name = "participation"
+    TESTS = 1
 
-class NoiseCheck:
-    """z = B·(update) − S on the probe's coordinates: std σ·C, mean 0, no lag-1 correlation."""
+    def __init__(self, sampling_mode: str, units: int, q: float, batch_size: int, alpha: float = stats.FALSE_ALARM):
+        self.mode, self.n, self.q, self.batch_size = sampling_mode, int(units), float(q), int(batch_size)
+        self.alpha = float(alpha)
+        self.counts = np.zeros(0, np.int64)
+        self.steps = 0
 
-    name = "noise"
+    def add(self, unit_indices):
+        idx = np.asarray(unit_indices, np.int64).ravel()
+        self.steps += 1
+        if idx.size == 0:
+            return
+        if idx.min() < 0:
+            raise ValueError("sampled unit indices must be >= 0")
+        if idx.max() >= self.counts.size:
+            self.counts = np.concatenate([self.counts, np.zeros(int(idx.max()) + 1 - self.counts.size, np.int64)])
+        np.add.at(self.counts, idx, 1)  # a unit drawn twice in one step counts twice
 
-    def __init__(self, sigma: float, clip_norm: float, divisor: float):
-        self.std = float(sigma) * float(clip_norm)
-        self.divisor = float(divisor)
-        self.sum = self.sum_sq = self.cross = 0.0
-        self.count = self.pairs = 0
-        self.previous: Optional[np.ndarray] = None
-
-    def add(self, clean: np.ndarray, update: np.ndarray):
-        z = np.asarray(update, np.float64) * self.divisor - np.asarray(clean, np.float64)
-        self.sum += float(z.sum())
-        self.sum_sq += float(np.square(z).sum())
-        self.count += z.size
-        if self.previous is not None:
-            self.cross += float(np.dot(z, self.previous))
-            self.pairs += z.size
-        self.previous = z
-
-    def result(self) -> dict:
-        out = {"statistic": "std of B*update - S vs sigma*C; lag-1 correlation across steps",
-               "expected_std": self.std, "values": self.count, "pairs": self.pairs}
-        if self.count < MIN_NOISE_VALUES:
-            return dict(out, ran=False, reason="not enough steps", passed=None)
-        measured = math.sqrt(self.sum_sq / self.count)
-        std_tol = Z_TOLERANCE / math.sqrt(2 * self.count)
-        mean_z = (self.sum / self.count) / (self.std / math.sqrt(self.count))
-        out.update(ran=True, std_ratio=measured / self.std, std_tolerance=std_tol, mean_z=mean_z,
-                   mean_tolerance=Z_TOLERANCE)
-        passed = abs(measured / self.std - 1.0) <= std_tol and abs(mean_z) <= Z_TOLERANCE
-        if self.pairs >= MIN_NOISE_VALUES and self.sum_sq > 0:
-            lag1 = self.cross / (self.pairs * self.sum_sq / self.count)
-            lag_tol = Z_TOLERANCE / math.sqrt(self.pairs)
-            out.update(lag1=lag1, lag1_tolerance=lag_tol)
-            passed = passed and abs(lag1) <= lag_tol
-        else:
-            out.update(lag1=None, lag1_tolerance=None)
-        out["passed"] = bool(passed)
-        return out
+    def result(self, look: int = 1) -> dict:
+        out = {"statistic": "the most steps any unit took part in, vs Binomial(T, q) (Bonferroni over n units)",
+               "steps": self.steps, "max_participation": int(self.counts.max()) if self.counts.size else 0,
+               "units": self.n, "q": self.q}  # PRIVATE: exact counts
+        if self.steps == 0:
+            return dict(out, ran=False, reason="the training loop reported no sampled units", passed=None)
+        top = out["max_participation"]
+        if self.mode == "shuffle":
+            bound = math.ceil(self.steps * self.batch_size / self.n) + 1
+            return dict(out, ran=True, bound=bound, passed=top <= bound)
+        level = stats.look_level(self.alpha, look, self.TESTS) / max(self.n, 1)
+        p = stats.binomial_upper(top, self.steps, self.q)
+        return dict(out, ran=True, p_value=p, level=level, look=look, passed=p >= level)
 
     @staticmethod
     def message(result: dict) -> str:
-        parts = [f"noise std {result['std_ratio']:.3f} x sigma*C (tolerance +-{result['std_tolerance']:.3f})",
-                 f"mean {result['mean_z']:.2f} standard errors"]
-        if result.get("lag1") is not None:
-            parts.append(f"lag-1 correlation {result['lag1']:.3f} (tolerance +-{result['lag1_tolerance']:.3f})")
-        return "the update's noise is not N(0, (sigma*C/B)^2) independent across steps: " + ", ".join(parts)
+        if "bound" in result:
+            return "a unit took part in more shuffle steps than the stream's epochs allow"
+        return (f"a unit took part in more steps than Binomial(T, q) allows (p < {result['level']:.1e} per unit): "
+                f"the sampler does not flip an independent coin per unit and step")
+
+
+# --------------------------------------------------------------------------- 3. noise
+def make_noise_probe(variables: Sequence, per_variable: int = NOISE_COORDINATES_PER_VARIABLE,
+                     seed: Optional[int] = None) -> dpsgd.NoiseProbe:
+    """``per_variable`` distinct coordinates (all of a smaller one) of EVERY trained variable or
+    piece (``variables``: tf.Variables or ``trainable.Piece``\\ s, aligned with the step's
+    variables), drawn with secret randomness."""
+    rng = _rng(seed, 3)
+    out = {}
+    for i, v in enumerate(variables):
+        size = int(v.shape.num_elements())
+        out[i] = np.sort(rng.choice(size, size=min(int(per_variable), size), replace=False)).astype(np.int64)
+    return dpsgd.NoiseProbe(out)
+
+
+class NoiseCheck:
+    """The noise the optimizer was handed, per trained variable (module docstring, 3.)."""
+
+    name = "noise"
+
+    def __init__(self, sigma: float, clip_norm: float, divisor: float, groups: Sequence,
+                 alpha: float = stats.FALSE_ALARM):
+        """``groups``: ``[(name, number of probe coordinates)]`` in the probe's order."""
+        self.std = float(sigma) * float(clip_norm)
+        self.divisor = float(divisor)
+        self.alpha = float(alpha)
+        self.names = [str(name) for name, _ in groups]
+        sizes = np.array([int(size) for _, size in groups], np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.sum_sq = np.zeros(len(sizes))
+        self.counts = np.zeros(len(sizes), np.int64)
+        self.sum = 0.0
+        self.count = self.pairs = 0
+        self.cross = 0.0
+        self.pending: Optional[np.ndarray] = None
+
+    @property
+    def tests(self) -> int:
+        return len(self.names) + 3  # each variable, all pooled, the mean, the lag-1 products
+
+    def add(self, clean: np.ndarray, update: np.ndarray):
+        z = (np.asarray(update, np.float64) * self.divisor - np.asarray(clean, np.float64)) / self.std
+        self.sum_sq += np.add.reduceat(np.square(z), self.offsets) if z.size else 0.0
+        self.counts += np.diff(np.append(self.offsets, z.size))
+        self.sum += float(z.sum())
+        self.count += z.size
+        if self.pending is None:  # disjoint pairs of consecutive steps: independent products
+            self.pending = z
+        else:
+            self.cross += float(np.dot(z, self.pending))
+            self.pairs += z.size
+            self.pending = None
+
+    def result(self, look: int = 1) -> dict:
+        out = {"statistic": "z = (B*update - S)/(sigma*C) per coordinate: chi-square per variable and pooled, "
+                            "mean, lag-1 products", "expected_std": self.std, "values": int(self.count),
+               "pairs": int(self.pairs), "variables": len(self.names)}
+        if self.count == 0:
+            return dict(out, ran=False, reason="no step", passed=None)
+        level = stats.look_level(self.alpha, look, self.tests)
+        per_variable = {name: {"std_ratio": math.sqrt(s / c) if c else None, "p": stats.chi2_two_sided(s, int(c))}
+                        for name, s, c in zip(self.names, self.sum_sq, self.counts)}
+        pooled = {"std_ratio": math.sqrt(float(self.sum_sq.sum()) / self.count),
+                  "p": stats.chi2_two_sided(float(self.sum_sq.sum()), int(self.count))}
+        mean_z = self.sum / math.sqrt(self.count)
+        lag1 = self.cross / self.pairs if self.pairs else None
+        p_mean = stats.normal_two_sided(mean_z)
+        p_lag = stats.product_sum_two_sided(self.cross, self.pairs)
+        failed = [label for label, p in (("all variables", pooled["p"]), ("mean", p_mean), ("lag-1", p_lag))
+                  if p < level]
+        failed += [name for name, r in per_variable.items() if r["p"] < level]
+        return dict(out, ran=True, level=level, look=look, per_variable=per_variable, pooled=pooled,
+                    std_ratio=pooled["std_ratio"], mean_z=mean_z, mean_p=p_mean, lag1=lag1, lag1_p=p_lag,
+                    failed=failed, passed=not failed)
+
+    @staticmethod
+    def message(result: dict) -> str:
+        parts = []
+        for name in result["failed"][:6]:
+            if name in result["per_variable"]:
+                parts.append(f"{name}: std {result['per_variable'][name]['std_ratio']:.3f} x sigma*C")
+            elif name == "all variables":
+                parts.append(f"all variables: std {result['pooled']['std_ratio']:.3f} x sigma*C")
+            elif name == "mean":
+                parts.append(f"mean {result['mean_z']:.2f} standard errors")
+            else:
+                parts.append(f"lag-1 correlation {result['lag1']:.3f}")
+        more = len(result["failed"]) - len(parts)
+        return ("the noise handed to the optimizer is not N(0, (sigma*C/B)^2) per coordinate, independent across "
+                f"steps (p < {result['level']:.1e} each): " + "; ".join(parts) + (f"; {more} more" if more > 0 else ""))
+
+
+# --------------------------------------------------------------------------- 4. released diagnostics
+class ReleaseCheck:
+    """Released − exact of every released diagnostic sum, over its claimed noise std: χ² per part
+    and pooled (module docstring, 4.)."""
+
+    name = "released_diagnostics"
+
+    def __init__(self, alpha: float = stats.FALSE_ALARM):
+        self.alpha = float(alpha)
+        self.sum_sq: Dict[str, float] = {}
+        self.counts: Dict[str, int] = {}
+        self.no_noise: List[str] = []
+        #: The std each part claimed (one value per run; a change is a failure of its own).
+        self.claimed: Dict[str, float] = {}
+        self.changed: List[str] = []
+
+    def add(self, exact: Mapping[str, float], released: Mapping[str, float], noise_std: Mapping[str, float]):
+        for part, std in noise_std.items():
+            if part not in exact or part not in released:
+                raise ValueError(f"released diagnostics: part {part!r} has a noise std but no "
+                                 f"{'exact' if part not in exact else 'released'} value")
+            if part in self.claimed and not math.isclose(self.claimed[part], float(std), rel_tol=1e-9):
+                if part not in self.changed:
+                    self.changed.append(part)
+            self.claimed.setdefault(part, float(std))
+            if not float(std) > 0:
+                if part not in self.no_noise:
+                    self.no_noise.append(part)
+                continue
+            r = (float(released[part]) - float(exact[part])) / float(std)
+            self.sum_sq[part] = self.sum_sq.get(part, 0.0) + r * r
+            self.counts[part] = self.counts.get(part, 0) + 1
+
+    def result(self, look: int = 1) -> dict:
+        out = {"statistic": "(released - exact)/claimed std per step: chi-square per part and pooled",
+               "steps": max(self.counts.values(), default=0), "no_noise": list(self.no_noise),
+               "claimed_std": dict(self.claimed), "claimed_std_changed": list(self.changed)}
+        if not self.counts and not self.no_noise:
+            return dict(out, ran=False, reason="the training loop reported no released diagnostics", passed=None)
+        level = stats.look_level(self.alpha, look, len(self.counts) + 1)
+        parts = {part: {"std_ratio": math.sqrt(self.sum_sq[part] / c), "p": stats.chi2_two_sided(self.sum_sq[part], c)}
+                 for part, c in self.counts.items()}
+        total, count = sum(self.sum_sq.values()), sum(self.counts.values())
+        pooled = {"std_ratio": math.sqrt(total / count) if count else None,
+                  "p": stats.chi2_two_sided(total, count) if count else 1.0}
+        failed = list(self.no_noise) + [p for p in self.changed if p not in self.no_noise] + \
+            [p for p, r in parts.items() if r["p"] < level and p not in self.changed] + \
+            (["all parts"] if pooled["p"] < level else [])
+        return dict(out, ran=True, level=level, look=look, parts=parts, pooled=pooled, failed=failed,
+                    passed=not failed)
+
+    @staticmethod
+    def message(result: dict) -> str:
+        def why(p):
+            if p in result["no_noise"]:
+                return f"{p}: claims no noise"
+            if p in result["claimed_std_changed"]:
+                return f"{p}: its claimed noise std changed during the run"
+            if p in result["parts"]:
+                return f"{p}: noise std {result['parts'][p]['std_ratio']:.3f} x the claimed std"
+            return f"all parts: noise std {result['pooled']['std_ratio']:.3f} x the claimed std"
+
+        parts = [why(p) for p in result["failed"]]
+        return ("a released diagnostic does not carry the noise its DP event is charged for "
+                f"(p < {result['level']:.1e} each): " + "; ".join(parts))
 
 
 # --------------------------------------------------------------------------- 2. clipping
@@ -374,25 +567,54 @@ class ClippingCheck:
 
 # --------------------------------------------------------------------------- all together
 class RunChecks:
-    """The run-time checks of one ``train_mlm`` run; ``step`` replaces ``stepper.run_step``.
+    """The run-time checks of one training run; ``step`` replaces ``stepper.run_step``.
 
-    ``units``: the EXACT number of units the sampler draws from (rows, or patients). ``every``:
-    ``training.integrity_check_every`` — the brute-force clipping check at the run's first step
-    and every ``every`` steps (0 = off), the accumulated tests evaluated at the same points and at
-    the end (:meth:`finish`). ``noise_seed``: tests only (fixes the checks' randomness too).
-    A non-private run has no mechanism to check (everything "not run")."""
+    ``units``: the EXACT number of units the sampler draws from (rows, or patients; all workers
+    together). ``every``: ``training.integrity_check_every`` — the brute-force clipping check at
+    the run's first step and every ``every`` steps (0 = off), the accumulated tests evaluated
+    (one "look") at the same points and at the end (:meth:`finish`). ``seed``: tests only (fixes
+    the checks' randomness). A non-private run has no mechanism to check (everything "not run").
+
+    The training loop calls, per step: :meth:`sampled` (the units it drew), :meth:`step` (the
+    step itself), :meth:`released` (the DP diagnostics it released, if any)."""
 
     def __init__(self, stepper: dpsgd.DPSGDTrainStep, *, sampling_mode: str, units: int, q: float,
                  batch_size: int, every: int, output_dir, seed: Optional[int] = None):
         # output_dir None: a non-chief worker of a multi-worker run (writes nothing).
         self.stepper, self.every = stepper, int(every)
-        self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.output_dir = str(output_dir) if output_dir is not None else None
         self.enabled = not stepper.config.non_private
-        self.steps_run = 0
+        self.steps_run = self.looks = 0
         self.units = UnitsCheck(sampling_mode, units, q, batch_size)
-        self.noise = NoiseCheck(stepper.config.effective_noise_multiplier, stepper.config.clip_norm,
-                                stepper.config.expected_batch_size) if stepper.noise_probe is not None else None
+        self.participation = ParticipationCheck(sampling_mode, units, q, batch_size)
+        probe = getattr(stepper, "noise_probe", None)
+        self.noise = None
+        if probe is not None:
+            pieces = getattr(getattr(stepper, "selection", None), "pieces", None)
+            names = [pieces[i].name if pieces is not None else f"variable {i}" for i, _ in probe.groups()]
+            self.noise = NoiseCheck(stepper.config.effective_noise_multiplier, stepper.config.clip_norm,
+                                    stepper.config.expected_batch_size,
+                                    [(name, c.size) for name, (_, c) in zip(names, probe.groups())])
         self.clipping = ClippingCheck(stepper, seed) if self.every > 0 else None
+        self.release = ReleaseCheck()
+
+    def sampled(self, step: int, unit_indices: np.ndarray):
+        """The units the sampler drew for optimizer step ``step`` (this worker's own units, as
+        indices into its local unit list). Called by the training loop once per step, before
+        :meth:`step`."""
+        del step
+        if self.enabled:
+            self.participation.add(unit_indices)
+
+    def released(self, step: int, exact: Mapping[str, float], released: Mapping[str, float],
+                 noise_std: Mapping[str, float]):
+        """The DP diagnostics of step ``step``: the EXACT per-step sums (``exact``), the released
+        noisy sums (``released``) and the std of the noise each one claims to carry
+        (``noise_std``), all keyed by part (``dpbert.privacy.diagnostics.noise_stds``'s keys).
+        Called by the training loop once per step after the release."""
+        del step
+        if self.enabled:
+            self.release.add(exact, released, noise_std)
 
     def step(self, rounds: List[dict], step: int) -> Dict[str, float]:
         """``stepper.run_step(rounds)`` with the checks around it; ``step``: the optimizer step
@@ -401,54 +623,45 @@ class RunChecks:
             return self.stepper.run_step(rounds)
         due = self.every > 0 and (self.steps_run == 0 or (int(step) + 1) % self.every == 0)
         pending = self.clipping.before(rounds) if due and self.clipping is not None else None
-        stats = self.stepper.run_step(rounds)
+        stats_ = self.stepper.run_step(rounds)
         self.steps_run += 1
         if due and self.clipping is not None:
             self.clipping.after(pending)
-        self.units.add(stats["units"])
+        self.units.add(stats_["units"])
         if self.noise is not None:
             self.noise.add(self.stepper.noise_probe_clean.numpy(), self.stepper.noise_probe_update.numpy())
         if due or self.units.wrong_sizes:
             self._evaluate()
-        return stats
+        return stats_
 
-    def sampled(self, step: int, unit_indices: np.ndarray):
-        """The units the sampler drew for optimizer step ``step`` (this worker's own units, as
-        indices into its local unit list). Called by the training loop once per step, before
-        :meth:`step`."""
-        del step, unit_indices  # contract first; the sampler tests read them
-
-    def released(self, step: int, exact: Mapping[str, float], released: Mapping[str, float],
-                 noise_std: Mapping[str, float]):
-        """The DP diagnostics of step ``step``: the EXACT per-step sums (``exact``), the released
-        noisy sums (``released``, same keys) and the std of the noise each one claims to carry
-        (``noise_std``). Called by the training loop once per step after the release."""
-        del step, exact, released, noise_std  # contract first; the release test reads them
+    def _checks(self) -> dict:
+        return {UnitsCheck.name: self.units, ParticipationCheck.name: self.participation,
+                ClippingCheck.name: self.clipping, NoiseCheck.name: self.noise, ReleaseCheck.name: self.release}
 
     def results(self) -> Dict[str, dict]:
+        """Every check's result at the latest look (PRIVATE: statistics and exact counts)."""
         if not self.enabled:
-            return {name: {"ran": False, "reason": "non-private baseline", "passed": None}
-                    for name in (UnitsCheck.name, ClippingCheck.name, NoiseCheck.name)}
-        out = {UnitsCheck.name: self.units.result()}
-        out[ClippingCheck.name] = self.clipping.result() if self.clipping is not None else \
-            {"ran": False, "reason": "training.integrity_check_every = 0", "passed": None}
-        out[NoiseCheck.name] = self.noise.result() if self.noise is not None else \
-            {"ran": False, "reason": "no noise probe", "passed": None}
-        return out
+            return {name: {"ran": False, "reason": "non-private baseline", "passed": None} for name in self._checks()}
+        look = max(self.looks, 1)
+        off = {ClippingCheck.name: "training.integrity_check_every = 0", NoiseCheck.name: "no noise probe"}
+        return {name: (check.result() if isinstance(check, ClippingCheck) else check.result(look))
+                if check is not None else {"ran": False, "reason": off[name], "passed": None}
+                for name, check in self._checks().items()}
 
     def _evaluate(self):
+        self.looks += 1
         results = self.results()
         self._write(results)
-        checks = {UnitsCheck.name: self.units, ClippingCheck.name: self.clipping, NoiseCheck.name: self.noise}
+        checks = self._checks()
         for name, result in results.items():
             if result.get("ran") and not result.get("passed"):
                 raise IntegrityCheckFailed(
                     f"run-time integrity check '{name}' failed: {checks[name].message(result)}. The run stops and "
                     f"nothing is released; the statistics (operator-only) are in "
-                    f"{self.output_dir / INTEGRITY_FILE if self.output_dir is not None else 'the chief'}")
+                    f"{storage.join(self.output_dir, INTEGRITY_FILE) if self.output_dir is not None else 'the chief'}")
 
     def finish(self) -> Dict[str, dict]:
-        """Evaluate everything once more at the end of the run; raises on a failure."""
+        """Evaluate everything once more at the end of the run (a last look); raises on a failure."""
         if self.enabled:
             self._evaluate()
         results = self.results()
@@ -458,7 +671,6 @@ class RunChecks:
     def _write(self, results):
         if self.output_dir is None:
             return
-        path = self.output_dir / INTEGRITY_FILE
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(results, indent=2, sort_keys=True, default=float), encoding="utf-8")
-        os.replace(tmp, path)
+        # One whole-object write through the storage layer (atomic; local, gs://, ...).
+        storage.write_text(storage.join(self.output_dir, INTEGRITY_FILE),
+                           json.dumps(results, indent=2, sort_keys=True, default=float))

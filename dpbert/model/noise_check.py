@@ -30,8 +30,15 @@ sessions, all killed when one fails or the time limit passes), each builds
 ``MultiWorkerMirroredStrategy`` (R = W replicas) and runs the same zero-gradient steps. The
 expected std is still σC/B (one draw per logical batch: ``dpbert.model.dpsgd``), not σC√W/B or
 WσC/B; ``replicas_in_sync`` then compares a digest of every worker's parameters after the steps.
-Positive controls (tests only, ``noise_controls``): the broken placements of
-``DPSGDConfig.noise_control`` run in the same worker processes and must FAIL the check.
+Positive controls: the broken placements are test fixtures (``tests/model/broken_mechanisms.py``)
+that the test worker script ``tests/model/multi_worker_worker.py`` applies around
+:func:`noise_check` in its own worker processes; they must FAIL the check.
+
+Child processes (``--replicas P`` and ``--workers W``) are started by :func:`module_command`:
+``sys.executable -c`` with a bootstrap that puts the folder holding THIS ``dpbert`` package first
+on ``sys.path`` before it imports anything, never ``python -m`` (which puts the current folder
+first: run from the folder that holds the clone, ``./dpbert`` — the clone, no ``__init__.py`` —
+was imported as a namespace package instead of the installed one, and the workers failed).
 """
 from __future__ import annotations
 
@@ -73,8 +80,7 @@ def _ensure_devices(replicas: int):
 
 def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip: float,
                 batch_size: int, steps: int = 30, seed: Optional[int] = None,
-                noise_mode: str = "once", group_size: int = 1, strategy=None,
-                noise_control: Optional[str] = None) -> Dict:
+                noise_mode: str = "once", group_size: int = 1, strategy=None) -> Dict:
     """Run ``steps`` real DP-SGD steps with zero gradients and measure the update noise.
 
     Returns a dict with ``measured_std``, ``expected_std`` (= σ·C/B), ``paper_std`` (σ√(P·T)·C/B,
@@ -83,7 +89,7 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     DP-SGD): ``batch_size`` is B_patients, each round holds m patients × k slots per replica and
     the step clips per group of k; the expected std is still σ·C/B_patients. ``strategy``: a
     ready strategy (``MultiWorkerMirroredStrategy``: ``replicas`` is then R over all workers and
-    each worker feeds its own replicas). ``noise_control``: a broken placement (positive control).
+    each worker feeds its own replicas).
     """
     if strategy is None:
         _ensure_devices(replicas)
@@ -111,7 +117,7 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     config = dpsgd.DPSGDConfig(clip_norm=clip, noise_multiplier=noise_multiplier,
                                expected_batch_size=float(batch_size), noise_mode=noise_mode,
                                noise_seed=seed, replicas=replicas, accumulation_steps=accumulation,
-                               group_size=group_size, noise_control=noise_control)
+                               group_size=group_size)
     specials = [0, 1, 2, 3, 4]
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, 4, 0.15)
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
@@ -168,7 +174,6 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
         "replicas": replicas, "accumulation": accumulation, "noise_multiplier": noise_multiplier,
         "clip": clip, "batch_size": batch_size, "steps": steps, "noise_mode": noise_mode, "group_size": group_size,
         "strategy": dpsgd.strategy_name(strategy), "workers": dpsgd.worker_layout(strategy)[0],
-        "noise_control": noise_control,
         # A digest of this process's parameters after the steps (workers must agree exactly).
         "parameter_digest": hashlib.sha256(b"".join(np.ascontiguousarray(v.numpy()).tobytes()
                                                     for v in stepper.variables)).hexdigest(),
@@ -204,6 +209,18 @@ def tf_config(ports: Sequence[int], index: int) -> str:
     """The ``TF_CONFIG`` of worker ``index`` of a loopback cluster (worker 0 is the chief)."""
     return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
                        "task": {"type": "worker", "index": int(index)}})
+
+
+def module_command(module: str, *args: str) -> List[str]:
+    """The command line that runs ``module`` as ``__main__`` (like ``python -m``) in a child
+    process whose ``sys.path[0]`` is the folder holding the ``dpbert`` package THIS process
+    imported, whatever the current folder holds (module docstring)."""
+    import dpbert
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(dpbert.__file__)))
+    bootstrap = ("import runpy, sys; sys.path[0] = sys.argv[1]; sys.argv = [sys.argv[2]] + sys.argv[3:]; "
+                 "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", bootstrap, root, module, *map(str, args)]
 
 
 def launch_workers(command: Sequence[str], workers: int, timeout: float = WORKER_TIMEOUT_S,
@@ -262,7 +279,20 @@ def launch_workers(command: Sequence[str], workers: int, timeout: float = WORKER
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _combine_workers(per_worker: List[Dict]) -> Dict:
+def multi_worker_noise_check(workers: int, accumulations: Sequence[int], noise_multiplier: float, clip: float,
+                             batch_size: int, steps: int, seed: Optional[int] = None, noise_mode: str = "once",
+                             timeout: float = WORKER_TIMEOUT_S) -> List[Dict]:
+    """The noise check on ``workers`` loopback worker processes (module docstring). Returns one
+    result per T."""
+    cmd = module_command("dpbert.model.noise_check", "--as-worker", "--replicas", workers,
+                         "--accumulation", *accumulations, "--noise-multiplier", noise_multiplier,
+                         "--clip", clip, "--batch-size", batch_size, "--steps", steps,
+                         "--noise-mode", noise_mode, "--json", *(["--seed", seed] if seed is not None else []))
+    outputs = [json.loads(out.strip().splitlines()[-1]) for out in launch_workers(cmd, workers, timeout)]
+    return [combine_workers([out[t_index] for out in outputs]) for t_index in range(len(accumulations))]
+
+
+def combine_workers(per_worker: List[Dict]) -> Dict:
     """The chief's result, with ``replicas_in_sync`` decided over every worker's parameters."""
     result = dict(per_worker[0])
     digests = {r["parameter_digest"] for r in per_worker}
@@ -272,38 +302,14 @@ def _combine_workers(per_worker: List[Dict]) -> Dict:
     return result
 
 
-def multi_worker_noise_check(workers: int, accumulations: Sequence[int], noise_multiplier: float, clip: float,
-                             batch_size: int, steps: int, seed: Optional[int] = None, noise_mode: str = "once",
-                             noise_controls: Sequence[str] = (), timeout: float = WORKER_TIMEOUT_S) -> List[Dict]:
-    """The noise check on ``workers`` loopback worker processes (module docstring). Returns one
-    result per T; with ``noise_controls`` (tests only) each result carries ``positive_controls``:
-    the same check with each broken placement, which must fail."""
-    cmd = [sys.executable, "-m", "dpbert.model.noise_check", "--as-worker", "--replicas", str(workers),
-           "--accumulation", *map(str, accumulations), "--noise-multiplier", str(noise_multiplier),
-           "--clip", str(clip), "--batch-size", str(batch_size), "--steps", str(steps),
-           "--noise-mode", noise_mode, "--json"] + (["--seed", str(seed)] if seed is not None else []) + \
-        [arg for control in noise_controls for arg in ("--noise-control", control)]
-    outputs = [json.loads(out.strip().splitlines()[-1]) for out in launch_workers(cmd, workers, timeout)]
-    results = []
-    for t_index in range(len(accumulations)):
-        runs = [out[t_index] for out in outputs]  # per worker: [correct, control 1, ...]
-        result = _combine_workers([r[0] for r in runs])
-        if noise_controls:
-            result["positive_controls"] = {
-                control: _combine_workers([r[1 + c] for r in runs]) for c, control in enumerate(noise_controls)}
-        results.append(result)
-    return results
-
-
-def _as_worker(args) -> List[List[Dict]]:
+def _as_worker(args) -> List[Dict]:
     """One worker process of ``multi_worker_noise_check``: the strategy first (before any op)."""
     import dpbert  # noqa: F401  (sets TF_USE_LEGACY_KERAS)
     from dpbert.model.train import make_strategy
 
     strategy = make_strategy("multi_worker", args.replicas)
-    return [[noise_check(args.replicas, t, args.noise_multiplier, args.clip, args.batch_size, steps=args.steps,
-                         seed=args.seed, noise_mode=args.noise_mode, strategy=strategy, noise_control=control)
-             for control in [None] + list(args.noise_control or [])]
+    return [noise_check(args.replicas, t, args.noise_multiplier, args.clip, args.batch_size, steps=args.steps,
+                        seed=args.seed, noise_mode=args.noise_mode, strategy=strategy)
             for t in args.accumulation]
 
 
@@ -331,8 +337,7 @@ def run_noise_check_cli(args) -> int:
     """Entry point for ``dpbert privacy noise-check`` (an argparse namespace with ``replicas``,
     ``accumulation`` (int or list), ``noise_multiplier``, ``clip``, ``batch_size``, ``steps``,
     optionally ``seed``, ``noise_mode``, ``json``). With P > 1 the check runs in a fresh process
-    (``python -m dpbert.model.noise_check``) so P logical CPUs can be configured before TensorFlow
-    starts. Prints the result(s); returns 0 if every check passed, else 1."""
+    (``module_command``) so P logical CPUs can be configured before TensorFlow starts. Prints the result(s); returns 0 if every check passed, else 1."""
     import os
     import subprocess
 
@@ -352,16 +357,15 @@ def run_noise_check_cli(args) -> int:
         try:
             results = multi_worker_noise_check(workers, accumulations, args.noise_multiplier, args.clip,
                                                args.batch_size, args.steps, seed, mode,
-                                               noise_controls=getattr(args, "noise_controls", ()) or (),
                                                timeout=float(getattr(args, "timeout", None) or WORKER_TIMEOUT_S))
         except (RuntimeError, TimeoutError) as err:
             sys.stderr.write(f"noise-check --workers {workers}: {err}\n")
             return exit_codes.ENVIRONMENT
     elif args.replicas > 1:
-        cmd = [sys.executable, "-m", "dpbert.model.noise_check", "--replicas", str(args.replicas),
-               "--accumulation", *map(str, accumulations), "--noise-multiplier", str(args.noise_multiplier),
-               "--clip", str(args.clip), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-               "--noise-mode", mode, "--json"] + (["--seed", str(seed)] if seed is not None else [])
+        cmd = module_command("dpbert.model.noise_check", "--replicas", args.replicas, "--accumulation",
+                             *accumulations, "--noise-multiplier", args.noise_multiplier, "--clip", args.clip,
+                             "--batch-size", args.batch_size, "--steps", args.steps, "--noise-mode", mode,
+                             "--json", *(["--seed", seed] if seed is not None else []))
         env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if not proc.stdout.strip():
@@ -391,8 +395,6 @@ def main(argv=None) -> int:
     parser.add_argument("--noise-mode", default="once", choices=["once", "paper"])
     parser.add_argument("--json", action="store_true", help="JSON output (default: one line per check)")
     parser.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)  # launch_workers only
-    parser.add_argument("--noise-control", action="append", choices=["per_replica_full", "same_before_sum",
-                                                                     "own_seed"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.as_worker:  # one process of a loopback cluster (TF_CONFIG set by launch_workers)
         print(json.dumps(_as_worker(args)))

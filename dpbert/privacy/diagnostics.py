@@ -92,26 +92,39 @@ def noise_stds(gradient_sigma: float, config: DiagnosticsConfig) -> Dict[str, fl
 RATIO_RANGES = {"accuracy": (0.0, 1.0), "clipped_fraction": (0.0, 1.0)}
 
 
+def exact_parts(sums: Dict[str, float]) -> Dict[str, float]:
+    """The exact per-step sums of the released parts (keys of ``noise_stds``) from a step's stats
+    (``loss_clipped_sum``, ``accuracy_sum``, ``clipped``, ``examples``). PRIVATE."""
+    return {"loss": float(sums["loss_clipped_sum"]), "accuracy": float(sums["accuracy_sum"]),
+            "clipped": float(sums["clipped"]), "batch_size": float(sums["examples"])}
+
+
+def noisy_sums(exact: Dict[str, float], gradient_sigma: float, config: DiagnosticsConfig,
+               rng: Optional[np.random.Generator] = None) -> Dict[str, float]:
+    """The released noisy sums: each exact part (``exact_parts``) plus its own Gaussian draw of
+    std ``noise_stds(...)[part]``. What the run-time release check (``dpbert.model.integrity``,
+    ``RunChecks.released``) compares with the exact sums."""
+    rng = rng if rng is not None else np.random.default_rng()
+    std = noise_stds(gradient_sigma, config)
+    return {part: float(exact[part]) + float(rng.normal(0.0, std[part])) for part in ("loss", "accuracy",
+                                                                                       "clipped", "batch_size")}
+
+
 def release(sums: Dict[str, float], gradient_sigma: float, expected_batch: float, config: DiagnosticsConfig,
             rng: Optional[np.random.Generator] = None) -> Dict[str, float]:
     """The released (noisy) diagnostics of one step from its exact per-step ``sums``
-    (``loss_clipped_sum``, ``accuracy_sum``, ``clipped``, ``examples``).
+    (``loss_clipped_sum``, ``accuracy_sum``, ``clipped``, ``examples``):
+    ``ratios(noisy_sums(exact_parts(sums), ...))``.
 
     Returns ``loss``, ``accuracy``, ``clipped_fraction`` — each noisy sum ÷ the noisy batch size
     (at least 1), clamped to its range (module docstring) — and ``batch_size`` (the noisy count,
     at least 0). ``expected_batch`` (the public q·n) is not used by the estimate; it is kept in
-    the signature for the callers (and ``step_noise_stds``).
+    the signature for the callers (and ``step_noise_stds``). A training loop that runs the
+    release check calls the three steps itself and reports ``exact_parts`` and ``noisy_sums``
+    to ``RunChecks.released`` with ``noise_stds``.
     """
     del expected_batch  # the denominator is the released noisy batch size (module docstring)
-    rng = rng if rng is not None else np.random.default_rng()
-    std = noise_stds(gradient_sigma, config)
-    noisy = {
-        "loss": sums["loss_clipped_sum"] + rng.normal(0.0, std["loss"]),
-        "accuracy": sums["accuracy_sum"] + rng.normal(0.0, std["accuracy"]),
-        "clipped": sums["clipped"] + rng.normal(0.0, std["clipped"]),
-        "batch_size": sums["examples"] + rng.normal(0.0, std["batch_size"]),
-    }
-    return ratios(noisy, config)
+    return ratios(noisy_sums(exact_parts(sums), gradient_sigma, config, rng), config)
 
 
 def ratios(noisy: Dict[str, float], config: DiagnosticsConfig) -> Dict[str, float]:

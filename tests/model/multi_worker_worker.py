@@ -1,6 +1,13 @@
 """One worker process of tests/model/test_multi_worker.py (started by ``noise_check.launch_workers``,
-``TF_CONFIG`` set): ``MultiWorkerMirroredStrategy`` first, then the two tiny training runs of
-``runs()`` (per tuple and per patient) into ``argv[1]/<name>``. Prints one JSON line."""
+``TF_CONFIG`` set): ``MultiWorkerMirroredStrategy`` first, then, by ``argv``:
+
+* ``<out dir>``: the two tiny training runs of ``runs()`` (per tuple and per patient) into
+  ``<out dir>/<name>``;
+* ``noise <placement> ...``: ``noise_check`` (zero gradients, 2 workers) under each named broken
+  placement of ``broken_mechanisms.PLACEMENTS`` — the positive controls reach the worker processes
+  through this test-only script, never through a flag of ``dpbert``.
+
+Prints one JSON line."""
 import json
 import sys
 from pathlib import Path
@@ -10,9 +17,23 @@ from dpbert.model.train import make_strategy
 
 strategy = make_strategy("multi_worker", 2)  # before TensorFlow runs any op
 
+sys.path.insert(0, str(Path(__file__).parent))
+
+if sys.argv[1] == "noise":
+    import broken_mechanisms  # noqa: E402
+
+    from dpbert.model.noise_check import noise_check  # noqa: E402
+
+    out = {}
+    for name in sys.argv[2:]:
+        with broken_mechanisms.PLACEMENTS[name]():  # the step is built and traced inside the block
+            out[name] = noise_check(2, 1, noise_multiplier=1.0, clip=0.01, batch_size=8, steps=30, seed=5,
+                                    strategy=strategy)
+    print(json.dumps(out))
+    sys.exit(0)
+
 from dpbert.model.train import train_mlm  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
 from test_multi_worker import runs  # noqa: E402
 
 out = {}

@@ -1,8 +1,9 @@
-"""Run-time integrity checks of what the audit canaries cannot see (issue 22 item 6): per check,
-an honest run passes and a deliberately broken mechanism (positive control) fails.
+"""Run-time integrity checks of what the audit canaries cannot see: per check, an honest run
+passes and deliberately broken mechanisms (positive controls, ``broken_mechanisms``) fail.
 
-event check (``dpbert.privacy.event_check``), realised units per step, brute-force clipping and
-the noise on the real step (``dpbert.model.integrity``)."""
+event check (``dpbert.privacy.event_check``); units per step and per-unit participation, brute-
+force clipping, the noise handed to the optimizer per trained piece, the released diagnostics'
+noise (``dpbert.model.integrity``)."""
 import json
 import math
 import re
@@ -16,12 +17,14 @@ import tf_keras
 from dpbert.config import ModelConfig, TrainingConfig
 from dpbert.model import bert as bert_lib
 from dpbert.model import dpsgd, ghost, integrity, sampling
+from dpbert.model import trainable as trainable_lib
 from dpbert.model.train import make_mlm_functions, mlm_patient_rounds, mlm_rounds, train_mlm
 from dpbert.privacy import diagnostics, event_check, events
 from dpbert.privacy.event_check import IntegrityCheckFailed, check_event
 from dpbert.privacy.plan import plan_training
 from dpbert.stages.pretrain import training_record
 
+from . import broken_mechanisms as broken
 from .conftest import SPECIALS, repetitive_corpus
 
 VOCAB = 40
@@ -73,16 +76,20 @@ def test_event_check_reads_the_running_sampler_a_sampler_with_another_q_is_caugh
         sampling.PoissonSampler(64, 16 / 80), stepper, ledger, {})))
 
 
-# ------------------------------------------------------------------------------ 2. units per step
-def test_units_per_step_poisson_passes_honest_draws_and_catches_4q_and_shuffle_sizes():
+# ------------------------------------------------------------------------------ 2. the sampler
+def test_units_per_step_passes_honest_draws_and_catches_4q_fixed_size_and_shuffle_sizes():
     rng = np.random.default_rng(0)
-    honest, broken = integrity.UnitsCheck("poisson", 500, 0.02, 10), integrity.UnitsCheck("poisson", 500, 0.02, 10)
+    honest, four_q, fixed = (integrity.UnitsCheck("poisson", 64, 0.25, 16) for _ in range(3))
     assert honest.result()["ran"] is False and honest.result()["reason"] == "not enough draws"
     for _ in range(20):
-        honest.add(rng.binomial(500, 0.02))
-        broken.add(rng.binomial(500, 0.08))  # positive control: a sampler at 4q
-    assert honest.result()["passed"] and abs(honest.result()["z"]) < 6
-    assert broken.result()["ran"] and not broken.result()["passed"] and broken.result()["z"] > 6
+        honest.add(rng.binomial(64, 0.25))
+        four_q.add(rng.binomial(64, 1.0))  # positive control: a sampler at 4q
+        fixed.add(16)  # positive control: fixed-size batches of nq that claim Poisson
+    result = honest.result()
+    assert result["passed"] and min(result["p_values"].values()) >= result["level"]
+    assert not four_q.result()["passed"] and "total" in four_q.result()["failed"]
+    assert not fixed.result()["passed"] and fixed.result()["failed"] == ["dispersion_low"]
+    assert "fixed-size" in integrity.UnitsCheck.message(fixed.result())
     shuffle = integrity.UnitsCheck("shuffle", 64, 0.25, 16)
     shuffle.add(16)
     assert shuffle.result()["passed"]
@@ -90,25 +97,117 @@ def test_units_per_step_poisson_passes_honest_draws_and_catches_4q_and_shuffle_s
     assert not shuffle.result()["passed"]
 
 
+def test_participation_passes_honest_poisson_and_catches_a_unit_in_every_batch():
+    rng = np.random.default_rng(1)
+    honest, broken = (integrity.ParticipationCheck("poisson", 64, 0.25, 16) for _ in range(2))
+    assert honest.result()["ran"] is False
+    for _ in range(16):
+        drawn = np.nonzero(rng.random(64) < 0.25)[0]
+        honest.add(drawn)
+        broken.add(np.union1d(drawn, [0]))  # positive control: unit 0 in every batch
+    assert honest.result()["passed"] and honest.result()["p_value"] >= honest.result()["level"]
+    result = broken.result()
+    assert not result["passed"] and result["max_participation"] == 16
+    assert not re.search(r"\b16\b|\b64\b", integrity.ParticipationCheck.message(result))  # no exact count
+    shuffle = integrity.ParticipationCheck("shuffle", 64, 0.25, 16)
+    sampler = sampling.ShuffleSampler(64, 16, key=3)
+    for w in range(10):
+        shuffle.add(sampler.sample(w))
+    assert shuffle.result()["passed"]
+    for _ in range(4):  # positive control: the same window four more times
+        shuffle.add(np.arange(16))
+    assert not shuffle.result()["passed"]
+
+
+# ------------------------------------------------------------------------------ 4. released diagnostics
+def _released(check, rng, steps, factor=1.0, exact_too=False):
+    stds = diagnostics.noise_stds(0.5, diagnostics.DiagnosticsConfig())
+    for _ in range(steps):
+        exact = {"loss": rng.uniform(0, 200), "accuracy": rng.uniform(0, 16), "clipped": 4.0, "batch_size": 16.0}
+        noisy = {k: v + (0.0 if exact_too else factor * rng.normal(0, stds[k])) for k, v in exact.items()}
+        check.add(exact, noisy, stds)
+
+
+def test_release_check_passes_the_claimed_noise_and_catches_exact_values_and_half_sigma():
+    rng = np.random.default_rng(2)
+    honest, exact, half = (integrity.ReleaseCheck() for _ in range(3))
+    assert honest.result()["ran"] is False
+    _released(honest, rng, 100)
+    _released(exact, rng, 3, exact_too=True)  # positive control: the exact sums released
+    _released(half, rng, 100, factor=0.5)  # positive control: noise at σ/2
+    assert honest.result()["passed"]
+    assert not exact.result()["passed"] and set(exact.result()["failed"]) >= set(diagnostics.PARTS)
+    assert not half.result()["passed"] and "all parts" in half.result()["failed"]
+    assert "does not carry the noise" in integrity.ReleaseCheck.message(half.result())
+    zero = integrity.ReleaseCheck()
+    zero.add({"loss": 1.0}, {"loss": 1.0}, {"loss": 0.0})  # a claimed std of 0
+    assert not zero.result()["passed"] and zero.result()["failed"] == ["loss"]
+    with pytest.raises(ValueError, match="'accuracy' has a noise std but no released value"):
+        zero.add({"accuracy": 1.0}, {}, {"accuracy": 1.0})
+
+
+def test_observe_takes_the_diagnostics_noise_the_release_check_tested(tmp_path):
+    ledger = tmp_path / "dp_ledger.json"
+    ledger.write_text(json.dumps({"steps_executed": 40}))
+    config = dpsgd.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.3, expected_batch_size=16.0, loss_bound=12.0)
+    stepper = types.SimpleNamespace(config=config, strategy=tf.distribute.get_strategy(), noise_probe=None)
+    diag = diagnostics.DiagnosticsConfig()
+    configured = diagnostics.noise_stds(0.3, diag)
+    record = events.dpsgd_event(diagnostics.effective_noise_multiplier(0.3, diag), 16, 80, 40, "poisson")
+    sampler = sampling.PoissonSampler(64, 16 / 80)
+    rng = np.random.default_rng(5)
+    for claimed, agrees in ((configured, True), ({k: v / 2 for k, v in configured.items()}, False)):
+        checks = integrity.RunChecks(stepper, sampling_mode="poisson", units=80, q=0.2, batch_size=16, every=0,
+                                     output_dir=None)
+        for step in range(5):  # what the loop reports: the release at the std it claims
+            exact = {"loss": 90.0, "accuracy": 8.0, "clipped": 4.0, "batch_size": 16.0}
+            checks.released(step, exact, {k: v + rng.normal(0, claimed[k]) for k, v in exact.items()}, claimed)
+        observed = integrity.observe(sampler, stepper, ledger, configured, checks=checks)
+        assert (check_event(record, observed) == []) is agrees
+    changed = integrity.ReleaseCheck()
+    changed.add({"loss": 1.0}, {"loss": 2.0}, {"loss": 1.0})
+    changed.add({"loss": 1.0}, {"loss": 2.0}, {"loss": 0.5})  # positive control: the claim moves
+    assert not changed.result()["passed"] and "changed" in integrity.ReleaseCheck.message(changed.result())
+
+
+# ------------------------------------------------------------------------------ false alarms at the unit level
+@pytest.mark.parametrize("alpha", [0.2])
+def test_honest_repeats_fail_at_most_at_the_stated_rate(alpha):
+    """Many honest repeats of each statistical check at a large α: the false-alarm frequency is
+    at most α (Bonferroni is conservative); at the production α (1e-6) none fails."""
+    rng = np.random.default_rng(3)
+    repeats = 150
+    fails = {"units": 0, "participation": 0, "noise": 0, "release": 0}
+    for _ in range(repeats):
+        units = integrity.UnitsCheck("poisson", 64, 0.25, 16, alpha=alpha)
+        part = integrity.ParticipationCheck("poisson", 64, 0.25, 16, alpha=alpha)
+        noise = integrity.NoiseCheck(0.5, 1.0, 8.0, [("a", 16), ("b", 128), ("c", 3)], alpha=alpha)
+        release = integrity.ReleaseCheck(alpha=alpha)
+        for _ in range(12):
+            drawn = np.nonzero(rng.random(64) < 0.25)[0]
+            units.add(drawn.size)
+            part.add(drawn)
+            clean = rng.normal(size=147)
+            noise.add(clean, (clean + 0.5 * rng.normal(size=147)) / 8.0)
+        _released(release, rng, 12)
+        for name, check in (("units", units), ("participation", part), ("noise", noise), ("release", release)):
+            fails[name] += not check.result(1)["passed"]
+            assert check.result(1)["ran"]
+    bound = alpha + 3 * math.sqrt(alpha * (1 - alpha) / repeats)
+    assert all(count / repeats <= bound for count in fails.values()), fails
+
+
+def test_no_false_alarm_at_the_production_level_over_many_honest_looks():
+    rng = np.random.default_rng(4)
+    noise = integrity.NoiseCheck(1.0, 0.1, 16.0, [(f"v{i}", 128) for i in range(20)])
+    for look in range(1, 60):
+        clean = rng.normal(size=2560)
+        noise.add(clean, (clean + 0.1 * rng.normal(size=2560)) / 16.0)
+        assert noise.result(look)["passed"]
+    assert integrity.FALSE_ALARM == 1e-6
+
+
 # ------------------------------------------------------------------------------ 3 + 4 on the real step
-class _BrokenNoiseStep(dpsgd.DPSGDTrainStep):
-    """Positive controls of the noise check, switched by variables so one trace serves all: the
-    draw scaled by ``noise_scale`` (σ/2) and the seed's step counter stuck at 0 (``stuck``)."""
-
-    def __init__(self, *args, **kwargs):
-        self.noise_scale = tf.Variable(1.0, trainable=False)
-        self.stuck = tf.Variable(False, trainable=False)
-        super().__init__(*args, **kwargs)
-
-    def _noise(self):
-        step = tf.where(self.stuck, tf.constant(0, tf.int64), self.dp_step.read_value())
-        step_seed = tf.random.experimental.stateless_fold_in(self._noise_seed, step)
-        std = self.noise_scale * self.config.effective_noise_multiplier * self.config.clip_norm
-        return [std * tf.random.stateless_normal(v.shape, tf.random.experimental.stateless_fold_in(step_seed, i),
-                                                 dtype=v.dtype, alg="philox")
-                for i, v in enumerate(self.variables)]
-
-
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     """One tiny dropout-free BERT and one real step (ghost clipping) whose ghost norms can be
@@ -135,13 +234,39 @@ def rig(tmp_path_factory):
         models = bert_lib.build_bert(spec, seed=0)
         mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, sorted(SPECIALS.values()), 4, 0.15)
         config = dpsgd.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.5, expected_batch_size=8.0, noise_seed=3)
-        stepper = _BrokenNoiseStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
-                                   loss_fn=loss_fn, metrics_fn=metrics_fn,
-                                   noise_probe=integrity.make_noise_probe(models.mlm.trainable_variables, seed=3))
+        stepper = dpsgd.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
+                                       loss_fn=loss_fn, metrics_fn=metrics_fn,
+                                       noise_probe=integrity.make_noise_probe(models.mlm.trainable_variables, seed=3))
         out = types.SimpleNamespace(stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB),
                                     ln_keep=ln_keep, norm_scale=norm_scale)
         _run(out, tmp_path_factory.mktemp("trace"), 1)  # traces the step and the check with the patches
     return out  # the traced functions keep the switchable ghost; the module's ghost is restored
+
+
+#: The appended tokens of the noise rig (``new_tokens``: a sliced piece of the word embedding).
+NEW_IDS = [35, 36, 37, 38, 39]
+
+
+@pytest.fixture(scope="module")
+def noise_rig(tmp_path_factory):
+    """The real step training [bias, head, new_tokens] (every LayerNorm γ/β and bias, the
+    mlm_transform kernel, the appended tokens' rows), its draw and add replaced, while it traces,
+    by ``broken_mechanisms.SwitchableNoise`` (honest until switched)."""
+    spec = bert_lib.BertSpec(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                             max_seq_length=16, max_predictions=3, dropout=0.0, attention_dropout=0.0)
+    models = bert_lib.build_bert(spec, seed=0)
+    selection = trainable_lib.select(models, ["bias", "head", "new_tokens"], NEW_IDS)
+    mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, sorted(SPECIALS.values()), 4, 0.15)
+    config = dpsgd.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.5, expected_batch_size=8.0, noise_seed=3)
+    switch = broken.SwitchableNoise(len(selection.pieces))
+    with switch.install():
+        stepper = dpsgd.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
+                                       loss_fn=loss_fn, metrics_fn=metrics_fn, selection=selection,
+                                       noise_probe=integrity.make_noise_probe(selection.pieces, seed=3))
+        out = types.SimpleNamespace(stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB),
+                                    switch=switch)
+        _run(out, tmp_path_factory.mktemp("trace"), 1, every=0)
+    return out
 
 
 def _run(rig, tmp_path, steps, every=1):
@@ -172,26 +297,6 @@ def test_clipping_check_passes_the_real_ghost_path_and_catches_broken_norms(rig,
     assert not json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["clipping"]["passed"]
 
 
-def test_noise_check_passes_the_real_draw_and_catches_half_sigma_and_a_stuck_step(rig, tmp_path):
-    results = _run(rig, tmp_path, 4, every=2).finish()
-    noise = results["noise"]
-    assert noise["ran"] and noise["passed"] and noise["values"] == 4 * integrity.NOISE_COORDINATES
-    assert abs(noise["std_ratio"] - 1) <= noise["std_tolerance"] and noise["lag1"] is not None
-    assert results["units_per_step"]["ran"] is False  # 4 steps · 8 expected units < 50: not enough draws
-    rig.stepper.noise_scale.assign(0.5)  # positive control: σ/2
-    try:
-        with pytest.raises(IntegrityCheckFailed, match=r"noise std 0\.[45]"):
-            _run(rig, tmp_path, 1)
-    finally:
-        rig.stepper.noise_scale.assign(1.0)
-    rig.stepper.stuck.assign(True)  # positive control: the noise seed's step counter is stuck
-    try:
-        with pytest.raises(IntegrityCheckFailed, match="lag-1 correlation 1.000"):
-            _run(rig, tmp_path, 2)
-    finally:
-        rig.stepper.stuck.assign(False)
-
-
 def test_clipping_check_per_patient_with_dropout_on(tmp_path):
     """k = 2 rows per patient, dropout on: the brute force sums the patient's rows' gradients and
     both sides run without dropout (the step's own masks cannot be replayed)."""
@@ -213,8 +318,73 @@ def test_clipping_check_per_patient_with_dropout_on(tmp_path):
     assert clip["max_relative_error"]["norm"] < 1e-5
 
 
+def test_noise_check_passes_the_real_draw_per_variable(noise_rig, tmp_path):
+    results = _run(noise_rig, tmp_path, 4, every=2).finish()
+    noise = results["noise"]
+    names = [p.name for p in noise_rig.stepper.selection.pieces]
+    assert noise["ran"] and noise["passed"] and set(noise["per_variable"]) == set(names)
+    assert any("rows" in n for n in names) and any("mlm_transform" in n and "kernel" in n for n in names)
+    assert all(abs(r["std_ratio"] - 1) < 0.5 for r in noise["per_variable"].values())
+    assert abs(noise["std_ratio"] - 1) < 0.1 and noise["lag1"] is not None and noise["level"] < 1e-7
+    assert results["units_per_step"]["ran"] is False  # 4 steps · 8 expected units < 50: not enough draws
+
+
+def _one(names, word, exclude=()):
+    return next(n for n in names if all(w in n for w in word) and not any(x in n for x in exclude))
+
+
+@pytest.mark.parametrize("broken_piece", ["layer_norm_gamma", "bias", "new_token_rows", "mlm_transform_kernel"])
+def test_noise_check_catches_no_noise_on_one_piece(noise_rig, tmp_path, broken_piece):
+    """Positive controls: no noise on ONE LayerNorm γ, one bias (not the output bias), the appended
+    tokens' rows, the mlm_transform kernel — each a few % of the trained coordinates."""
+    names = [p.name for p in noise_rig.stepper.selection.pieces]
+    target = {"layer_norm_gamma": _one(names, ["gamma"]),
+              "bias": _one(names, ["bias"], exclude=["mlm_output", "rows"]),
+              "new_token_rows": _one(names, ["word_embeddings", "rows"]),
+              "mlm_transform_kernel": _one(names, ["mlm_transform", "kernel"])}[broken_piece]
+    try:
+        assert noise_rig.switch.silence(noise_rig.stepper, lambda n: n == target) == [target]
+        with pytest.raises(IntegrityCheckFailed, match="noise") as failure:
+            _run(noise_rig, tmp_path, 1)
+    finally:
+        noise_rig.switch.reset()
+    assert f"{target}: std 0.000" in str(failure.value)
+    saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["noise"]
+    assert saved["failed"] == [target] and saved["per_variable"][target]["p"] < saved["level"]
+
+
+@pytest.mark.parametrize("control", ["drawn_not_added", "half_sigma", "stuck_step"])
+def test_noise_check_catches_noise_not_added_half_sigma_and_a_stuck_step(noise_rig, tmp_path, control):
+    switch = noise_rig.switch
+    try:
+        if control == "drawn_not_added":
+            switch.added.assign(False)
+            with pytest.raises(IntegrityCheckFailed, match="all variables: std 0.000"):
+                _run(noise_rig, tmp_path, 1)
+        elif control == "half_sigma":
+            switch.scale.assign(tf.fill(switch.scale.shape, 0.5))
+            with pytest.raises(IntegrityCheckFailed, match=r"all variables: std 0\.[45]"):
+                _run(noise_rig, tmp_path, 1)
+        else:  # the noise seed's step counter stuck at 0: the same z every step
+            switch.stuck.assign(True)
+            with pytest.raises(IntegrityCheckFailed, match=r"lag-1 correlation (0\.9|1\.0)"):
+                _run(noise_rig, tmp_path, 2)
+    finally:
+        switch.reset()
+
+
+def test_no_noise_on_the_new_token_rows_fails_the_real_train_mlm(tmp_path):
+    """The real ``train_mlm`` ([bias, head, new_tokens], the demo's set): no noise on the appended
+    tokens' rows (~10 % of the trained coordinates) stops the run at its first step."""
+    with broken.no_noise_on(lambda name: "word_embeddings" in name and "rows" in name):
+        with pytest.raises(IntegrityCheckFailed, match=r"word_embeddings.*rows.*std 0\.000"):
+            _train(tmp_path, trainable=["bias", "head", "new_tokens"], new_token_ids=NEW_IDS)
+    saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["noise"]
+    assert len(saved["failed"]) == 1 and not (tmp_path / "train_result.json").exists()
+
+
 # ------------------------------------------------------------------------------ the real training run
-def _train(out, **overrides):
+def _train(out, new_token_ids=None, **overrides):
     params = dict(batch_size=16, steps=8, learning_rate=3e-3, warmup_steps=2, clip_norm=1.0, noise_multiplier=0.3,
                   checkpoint_every=8, noise_seed=1, integrity_check_every=4)
     params.update(overrides)
@@ -222,21 +392,69 @@ def _train(out, **overrides):
     plan = plan_training(tc, 64)
     model = ModelConfig(preset="tiny", max_seq_length=16, dropout=0.0)
     return tc, plan, train_mlm(repetitive_corpus(), SPECIALS, VOCAB, model, tc, out, plan=plan, progress=False,
-                               export_saved_model=False)
+                               export_saved_model=False, new_token_ids=new_token_ids)
 
 
-def test_train_mlm_honest_run_passes_every_check_and_its_event_matches_what_ran(tmp_path):
+def wire_hooks(monkeypatch):
+    """Test plumbing for a training loop that does not call ``RunChecks.sampled`` / ``released``
+    itself (the engine's loop does: then this adds nothing). The Poisson sampler (whatever class
+    ``sampling.PoissonSampler`` is now: a broken fixture too) records its draws, reported to
+    ``sampled`` before the step unless the loop reported the step itself; ``diagnostics.release``
+    runs as its three steps (``exact_parts`` → ``noisy_sums``, whatever that is now → ``ratios``)
+    and reports the exact and released sums with their claimed stds. The mechanisms are untouched."""
+    holder = {}
+
+    class Checks(integrity.RunChecks):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            holder["checks"] = self
+
+        def sampled(self, step, unit_indices):
+            holder["reported"] = step
+            super().sampled(step, unit_indices)
+
+        def step(self, rounds, step):
+            holder["step"] = step
+            drawn = holder.pop("drawn", np.zeros(0, np.int64))
+            if holder.get("reported") != step:
+                integrity.RunChecks.sampled(self, step, drawn)
+            return super().step(rounds, step)
+
+    class Recording(sampling.PoissonSampler):
+        def sample(self, step=0):
+            holder["drawn"] = super().sample(step)
+            return holder["drawn"]
+
+    def release(sums, sigma, expected_batch, config, rng=None):
+        exact = diagnostics.exact_parts(sums)
+        noisy = diagnostics.noisy_sums(exact, sigma, config, rng)
+        holder["checks"].released(holder["step"], exact, noisy, diagnostics.noise_stds(sigma, config))
+        return diagnostics.ratios(noisy, config)
+
+    monkeypatch.setattr(integrity, "RunChecks", Checks)
+    monkeypatch.setattr(sampling, "PoissonSampler", Recording)
+    monkeypatch.setattr(diagnostics, "release", release)
+    return holder
+
+
+ALL_CHECKS = ("units_per_step", "participation", "clipping", "noise", "released_diagnostics")
+
+
+def test_train_mlm_honest_run_passes_every_check_and_its_event_matches_what_ran(tmp_path, monkeypatch):
+    wire_hooks(monkeypatch)
     tc, plan, result = _train(tmp_path)
     checks = result.integrity_checks
     assert checks["clipping"]["passed"] and checks["clipping"]["checks"] == 3  # steps 1, 4, 8
-    assert checks["noise"]["passed"] and checks["units_per_step"]["passed"]
+    assert all(checks[name]["ran"] and checks[name]["passed"] for name in ALL_CHECKS), checks
+    assert checks["participation"]["steps"] == 8 and checks["released_diagnostics"]["steps"] == 8
     assert json.loads((tmp_path / "train_result.json").read_text())["integrity_checks"]["noise"]["passed"]
     # The record the stage builds, against the values read from the running sampler, step and ledger.
     record = training_record(result.effective_noise_multiplier, plan, 64, result.steps_taken_total)
     assert check_event(record, result.observed) == []
     assert result.observed["steps_executed"] == 8 and result.observed["sampling_probability"] == 0.25
     assert check_event(training_record(result.effective_noise_multiplier, plan, 64, 2), result.observed)
-    assert event_check.summary(checks) == {"units_per_step": "passed", "clipping": "passed", "noise": "passed"}
+    # What the model artifact may carry: passed / failed per check, no statistic, no count.
+    assert event_check.summary(checks) == {name: "passed" for name in ALL_CHECKS}
 
 
 class _FourQSampler(sampling.PoissonSampler):
@@ -247,13 +465,47 @@ class _FourQSampler(sampling.PoissonSampler):
         return np.sort(self.rng.choice(self.n, size=size, replace=False)).astype(np.int64)
 
 
+def _no_exact_count(message: str, *counts):
+    head = message.split("the statistics")[0]
+    assert not any(re.search(rf"(?<![\d.e-]){c}(?![\d.])", head) for c in counts), head
+
+
 def test_train_mlm_stops_when_the_sampler_runs_at_4q(tmp_path, monkeypatch):
     monkeypatch.setattr(sampling, "PoissonSampler", _FourQSampler)
     with pytest.raises(IntegrityCheckFailed, match="units per step") as failure:
-        _train(tmp_path)  # q = 1/4, the sampler draws every row: enough draws and z ≈ 28 at step 4
-    head = str(failure.value).split("the statistics")[0]
-    assert re.findall(r"\d+", head) == ["6"]  # the tolerance; no exact count in the message
+        _train(tmp_path)  # q = 1/4, the sampler draws every row: enough draws, p ≈ 0 at step 4
+    _no_exact_count(str(failure.value), 64, 256)
     saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["units_per_step"]
     assert saved["ran"] and not saved["passed"] and saved["z"] > 6 and saved["steps"] == 4
     assert not (tmp_path / "train_result.json").exists()
-    assert math.isfinite(saved["z"])
+
+
+@pytest.mark.parametrize("sampler", ["fixed_size", "one_unit_always"])
+def test_train_mlm_stops_on_a_fixed_size_sampler_and_on_a_unit_in_every_batch(tmp_path, monkeypatch, sampler):
+    """Positive controls that pass the mean test: batches of exactly nq = 16 units (dispersion 0),
+    and Poisson at q plus one unit in every batch (its participation q^T = 2e-10 at T = 16)."""
+    cls = {"fixed_size": broken.FixedSizeSampler, "one_unit_always": broken.OneUnitAlwaysSampler}[sampler]
+    monkeypatch.setattr(sampling, "PoissonSampler", cls)
+    wire_hooks(monkeypatch)
+    with pytest.raises(IntegrityCheckFailed, match="spread is too small" if sampler == "fixed_size" else
+                       "more steps than Binomial") as failure:
+        _train(tmp_path, steps=16, integrity_check_every=8)
+    _no_exact_count(str(failure.value), 64, 16)
+    saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())
+    if sampler == "fixed_size":
+        assert saved["units_per_step"]["failed"] == ["dispersion_low"] and abs(saved["units_per_step"]["z"]) < 1e-9
+        assert saved["participation"]["passed"]
+    else:
+        assert saved["participation"]["max_participation"] == saved["participation"]["steps"]
+        assert saved["units_per_step"]["passed"]
+
+
+def test_train_mlm_stops_when_the_exact_diagnostics_are_released(tmp_path, monkeypatch):
+    """Positive control of the release check on the real run: the exact batch sizes (and every
+    other diagnostic sum) released. (Noise at σ/2: the unit-level test above.)"""
+    wire_hooks(monkeypatch)
+    with broken.exact_release(), pytest.raises(IntegrityCheckFailed, match="released_diagnostics") as failure:
+        _train(tmp_path, steps=8, integrity_check_every=4)
+    assert "batch_size: noise std 0.000 x the claimed std" in str(failure.value)
+    saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["released_diagnostics"]
+    assert not saved["passed"] and set(saved["failed"]) == set(diagnostics.PARTS) | {"all parts"}

@@ -1,10 +1,11 @@
 """DP-SGD across worker processes (issue 25 items 1–3): MultiWorkerMirroredStrategy on loopback.
 
-1. ``dpbert privacy noise-check --workers 2 --json``: the update's noise std is σC/B (ratio ≈ 1),
-   the strategy is MultiWorkerMirroredStrategy and both workers hold identical parameters; the
-   broken placements (positive controls, ``DPSGDConfig.noise_control``) fail in the same worker
-   processes: full σ per worker before the SUM (ratio √2), the same draw before the SUM (ratio 2),
-   each worker its own seed after the SUM (parameters diverge).
+1. The broken noise placements (positive controls, test fixtures ``broken_mechanisms.PLACEMENTS``
+   applied in the worker processes by ``multi_worker_worker.py``) fail the two-worker noise
+   check: full σ per worker before the SUM (ratio √2), the same draw before the SUM (ratio 2),
+   each worker its own seed after the SUM (parameters diverge). The honest check (ratio ≈ 1,
+   identical parameters) is ``dpbert privacy noise-check --workers 2``
+   (tests/model/test_noise_check_cli.py).
 2. Same mechanism, any layout: a tiny model trained 3 steps on 2 workers and in 1 process, with the
    same test keys (noise seed, MLM mask key, patient-row key), the test-only PRF sampler (a unit's
    coin is a function of (key, its id, step), so the same units are sampled whichever worker holds
@@ -31,9 +32,11 @@ HERE = Path(__file__).parent
 
 
 def runs(replicas: int):
-    """The two tiny runs (keyword arguments of ``train_mlm``) for a layout with ``replicas``. The
+    """The two tiny runs (keyword arguments of ``build_training``) for a layout with ``replicas``. The
     2-worker runs also run the brute-force clipping check every step (it reads the weights, it
     changes nothing); the 1-process reference skips it (test time)."""
+    from prf_sampling import prf_sampler
+
     from dpbert.config import ModelConfig, TrainingConfig
     from dpbert.privacy.plan import plan_training
 
@@ -50,7 +53,7 @@ def runs(replicas: int):
     keys = [f"P{i % 20}" for i in range(60)]
     tc_patient = training()
     common = dict(special_token_ids=SPECIALS, vocab_size=40, model_config=model, progress=False,
-                  export_saved_model=False, prf_sampling_key=5)
+                  export_saved_model=False, sampler_factory=prf_sampler(5))
     return {
         "tuple": dict(common, token_ids=ids, training_config=training(), example_ids=np.arange(60) * 7 + 3),
         "patient": dict(common, token_ids=ids, training_config=tc_patient, patient_keys=keys,
@@ -58,24 +61,21 @@ def runs(replicas: int):
     }
 
 
-def test_noise_check_two_workers_and_positive_controls(capsys):
-    from dpbert.model.noise_check import run_noise_check_cli
-    from dpbert_cli.main import build_parser
+def test_broken_noise_placements_fail_the_two_worker_noise_check():
+    """Positive controls (``broken_mechanisms.PLACEMENTS``, applied by the test worker script in its
+    own two processes): full σ per worker before the SUM (ratio √2), the same draw before the SUM
+    (ratio 2), each worker its own seed after the SUM (parameters diverge). The honest two-worker
+    check: ``dpbert privacy noise-check --workers 2`` in tests/model/test_noise_check_cli.py."""
+    from dpbert.model.noise_check import combine_workers, launch_workers
 
-    args = build_parser().parse_args(["privacy", "noise-check", "--workers", "2", "--noise-multiplier", "1",
-                                      "--clip", "0.01", "--batch-size", "8", "--steps", "30", "--json",
-                                      "--timeout", "150"])
-    # Test fixture: the broken placements run in the same two worker processes.
-    args.noise_controls = ["per_replica_full", "same_before_sum", "own_seed"]
+    placements = ["per_replica_full", "same_before_sum", "own_seed"]
     started = time.monotonic()
-    code = run_noise_check_cli(args)
+    stdout = launch_workers([sys.executable, str(HERE / "multi_worker_worker.py"), "noise", *placements], 2,
+                            timeout=150)
     seconds = time.monotonic() - started
-    result = json.loads(capsys.readouterr().out)
-    assert code == 0, result
-    assert result["passed"] is True and result["strategy"] == "MultiWorkerMirroredStrategy"
-    assert result["workers"] == 2 and result["replicas"] == 2 and result["workers_in_sync"]
-    assert abs(result["ratio"] - 1) <= result["tolerance"]
-    controls = result["positive_controls"]
+    per_worker = [json.loads(s.strip().splitlines()[-1]) for s in stdout]
+    controls = {name: combine_workers([w[name] for w in per_worker]) for name in placements}
+    assert all(c["strategy"] == "MultiWorkerMirroredStrategy" and c["workers"] == 2 for c in controls.values())
     assert not controls["per_replica_full"]["passed"] and abs(controls["per_replica_full"]["ratio"] - 2 ** 0.5) < 0.05
     assert not controls["same_before_sum"]["passed"] and abs(controls["same_before_sum"]["ratio"] - 2) < 0.07
     assert not controls["own_seed"]["passed"] and not controls["own_seed"]["checks"]["replicas_in_sync"]
@@ -97,7 +97,8 @@ def two_workers(tmp_path_factory):
 @pytest.mark.parametrize("unit", ["tuple", "patient"])
 def test_two_workers_release_what_one_process_releases(two_workers, tmp_path, unit):
     from dpbert.model import bert as bert_lib
-    from dpbert.model.train import train_mlm
+    from prf_sampling import train_with
+
     from dpbert.privacy.event_check import check_event
     from dpbert.stages.pretrain import training_record
 
@@ -106,12 +107,12 @@ def test_two_workers_release_what_one_process_releases(two_workers, tmp_path, un
     assert (chief["workers"], chief["worker_rank"], other["worker_rank"]) == (2, 0, 1)
     assert chief["strategy"] == "MultiWorkerMirroredStrategy"
     assert chief["parameter_digest"] == other["parameter_digest"]  # identical on every worker
-    assert chief["steps_taken_total"] == 3 and json.loads((out / unit / "dp_ledger.json").read_text())[
+    assert chief["steps_taken_total"] == 3 and json.loads((out / unit / "dp_steps.json").read_text())[
         "steps_executed"] == 3
     assert all(c["passed"] is not False for c in chief["integrity_checks"].values())
     assert chief["integrity_checks"]["clipping"]["ran"]
     kwargs = runs(replicas=1)[unit]
-    reference = train_mlm(output_dir=str(tmp_path / unit), **kwargs)
+    reference = train_with(output_dir=str(tmp_path / unit), **kwargs)
     assert reference.strategy != "MultiWorkerMirroredStrategy"
     ours = bert_lib.load_bert(out / unit / "model").mlm.get_weights()
     theirs = bert_lib.load_bert(tmp_path / unit / "model").mlm.get_weights()
