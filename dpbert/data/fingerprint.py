@@ -35,7 +35,6 @@ import hashlib
 import hmac
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import List, Tuple
 
@@ -135,45 +134,21 @@ def load_or_create_salt(state_root: str) -> bytes:
 
 def _read(uri: str):
     """The file's text, or None when missing."""
-    if _remote(uri):
-        from dpbert import storage
+    from dpbert import storage
 
-        try:
-            return storage.read_text(uri)
-        except FileNotFoundError:
-            return None
     try:
-        with open(uri, encoding="utf-8") as handle:
-            return handle.read()
+        return storage.read_text(uri)
     except FileNotFoundError:
         return None
 
 
 def _create(uri: str, text: str) -> None:
-    """Create ``uri`` with ``text`` unless it exists (then keep it). Locally mode 0600 from the
-    first byte: written to an exclusive temp file and hard-linked into place (atomic, fails when
-    the name exists) — the storage layer writes 0644, which a salt must never be. Remotely the
-    bucket's IAM governs access; the write is create-only (generation 0)."""
-    if _remote(uri):
-        from dpbert import storage
+    """Create ``uri`` with ``text`` unless it exists (then keep it): a create-only write
+    (generation 0), so concurrent first runs agree on one salt. ``private``: mode 0600 from the
+    first byte on a local disk; on a bucket its IAM governs access."""
+    from dpbert import storage
 
-        try:
-            storage.write_text(uri, text, if_generation_match=0)
-        except storage.PreconditionFailed:
-            pass
-        return
-    folder = os.path.dirname(os.path.abspath(uri))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{SALT_FILE}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            os.link(tmp, uri)
-        except FileExistsError:
-            pass  # another process created it first: its salt is the salt
-    finally:
-        os.unlink(tmp)
+        storage.write_text(uri, text, if_generation_match=0, private=True)
+    except storage.PreconditionFailed:
+        pass  # another process created it first: its salt is the salt

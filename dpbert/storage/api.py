@@ -47,8 +47,9 @@ def read_text(uri) -> str:
     return storage_for(uri).read_bytes(uri).decode("utf-8")
 
 
-def write_text(uri, text: str, *, if_generation_match: Optional[int] = None) -> int:
-    return storage_for(uri).write_bytes(uri, text.encode("utf-8"), if_generation_match=if_generation_match)
+def write_text(uri, text: str, *, if_generation_match: Optional[int] = None, private: bool = False) -> int:
+    return storage_for(uri).write_bytes(uri, text.encode("utf-8"), if_generation_match=if_generation_match,
+                                        private=private)
 
 
 def _decode(uri, data: bytes):
@@ -74,8 +75,9 @@ def read_json(uri, default: Any = _RAISE):
     return _decode(uri, data)
 
 
-def write_json(uri, data, *, if_generation_match: Optional[int] = None) -> int:
-    return storage_for(uri).write_bytes(uri, _encode(data), if_generation_match=if_generation_match)
+def write_json(uri, data, *, if_generation_match: Optional[int] = None, private: bool = False) -> int:
+    return storage_for(uri).write_bytes(uri, _encode(data), if_generation_match=if_generation_match,
+                                        private=private)
 
 
 def update_json(uri, fn: Callable[[Any], Any], *, default=None, retries: int = 20):

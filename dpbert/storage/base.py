@@ -84,8 +84,12 @@ class Storage:
         """The current generation, None when the object is missing."""
         raise NotImplementedError
 
-    def write_bytes(self, uri, data: bytes, *, if_generation_match: Optional[int] = None) -> int:
+    def write_bytes(self, uri, data: bytes, *, if_generation_match: Optional[int] = None,
+                    private: bool = False) -> int:
         """Atomically replace ``uri`` (creating parents); returns the new generation.
+
+        ``private``: an operator-only secret (a key, a salt): mode 0600 on a local disk; on object
+        storage access is the bucket's IAM, which the operator sets (docs/running-on-vertex.md).
 
         ``if_generation_match=0``: the object must not exist; ``g``: its generation must be ``g``.
         A mismatch raises PreconditionFailed and writes nothing.

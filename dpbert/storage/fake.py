@@ -51,7 +51,7 @@ class FakeStorage(Storage):
             found = _OBJECTS.get(_key(uri))
             return found[1] if found else None
 
-    def write_bytes(self, uri, data: bytes, *, if_generation_match=None) -> int:
+    def write_bytes(self, uri, data: bytes, *, if_generation_match=None, private: bool = False) -> int:
         key = _key(uri)
         with _LOCK:
             check_precondition(uri, self.generation(uri), if_generation_match)

@@ -80,7 +80,7 @@ class GCSStorage(Storage):
         blob = self.client.bucket(bucket).get_blob(name) if name else None
         return None if blob is None else int(blob.generation)
 
-    def write_bytes(self, uri, data: bytes, *, if_generation_match=None) -> int:
+    def write_bytes(self, uri, data: bytes, *, if_generation_match=None, private: bool = False) -> int:
         blob = self._blob(uri)
         with _translated(uri):
             blob.upload_from_string(bytes(data), content_type="application/octet-stream",

@@ -49,7 +49,7 @@ class GFileStorage(Storage):
             with _gfile().GFile(uri, "rb") as f:
                 return f.read(), gen
 
-    def write_bytes(self, uri, data: bytes, *, if_generation_match=None) -> int:
+    def write_bytes(self, uri, data: bytes, *, if_generation_match=None, private: bool = False) -> int:
         gfile = _gfile()
         parent = _norm(uri).rsplit("/", 1)[0] if "/" in _norm(uri).split("://")[-1] else None
         with _LOCK:

@@ -75,8 +75,9 @@ class LocalStorage(Storage):
             return None
         return None if os.path.isdir(_path(uri)) else _gen_of(stat)
 
-    def _install(self, uri, fill, if_generation_match: Optional[int]) -> int:
-        """Write a temp file with ``fill(fileobj)``, then swap it in under the folder lock."""
+    def _install(self, uri, fill, if_generation_match: Optional[int], private: bool = False) -> int:
+        """Write a temp file with ``fill(fileobj)``, then swap it in under the folder lock
+        (mode 0600 when ``private``: operator-only secrets such as keys and salts)."""
         path = _path(uri)
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
@@ -86,7 +87,7 @@ class LocalStorage(Storage):
                 fill(f)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, 0o600 if private else 0o644)
             with _folder_lock(folder) as lock:
                 current = self.generation(path)
                 check_precondition(uri, current, if_generation_match)
@@ -100,8 +101,8 @@ class LocalStorage(Storage):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
-    def write_bytes(self, uri, data: bytes, *, if_generation_match=None) -> int:
-        return self._install(uri, lambda f: f.write(bytes(data)), if_generation_match)
+    def write_bytes(self, uri, data: bytes, *, if_generation_match=None, private: bool = False) -> int:
+        return self._install(uri, lambda f: f.write(bytes(data)), if_generation_match, private)
 
     def delete(self, uri, *, if_generation_match=None) -> None:
         path = _path(uri)

@@ -134,7 +134,7 @@ class _IgnoresPreconditions(Storage):
     def read(self, uri):
         return self.inner.read(uri)
 
-    def write_bytes(self, uri, data, *, if_generation_match=None):
+    def write_bytes(self, uri, data, *, if_generation_match=None, private=False):
         return self.inner.write_bytes(uri, data)
 
 

@@ -72,7 +72,7 @@ class _Barrier(Storage):
             self.barrier.wait(timeout=10)
         return found
 
-    def write_bytes(self, uri, data, *, if_generation_match=None):
+    def write_bytes(self, uri, data, *, if_generation_match=None, private=False):
         match = None if self.ignore else if_generation_match
         return self.inner.write_bytes(uri, data, if_generation_match=match)
 
@@ -170,7 +170,7 @@ class _LostReply(Storage):
     def delete(self, uri, *, if_generation_match=None):
         return self.inner.delete(uri, if_generation_match=if_generation_match)
 
-    def write_bytes(self, uri, data, *, if_generation_match=None):
+    def write_bytes(self, uri, data, *, if_generation_match=None, private=False):
         self.inner.write_bytes(uri, data, if_generation_match=if_generation_match)
         raise PreconditionFailed(f"{uri}: 412 on the retry")
 
