@@ -1,60 +1,66 @@
-r"""The white-box one-run audit of DP-SGD (issue 15): its training harness, next to the other
-evaluators. The canaries, the scores and the power are ``dpbert.privacy.whitebox_audit`` (module
-docstring there); the ε lower bound ``dpbert.privacy.one_run_audit``.
+r"""The white-box one-run audit of DP-SGD: its training harness, next to the other evaluators. The
+canaries, the scores and the power are ``dpbert.privacy.whitebox_audit`` (module docstring there);
+the ε lower bound ``dpbert.privacy.one_run_audit``.
 
-What runs
----------
-REAL DP-SGD steps: ``dpbert.model.dpsgd.DPSGDTrainStep`` (ghost clipping, the one noise draw, the
-division by the public B, AdamW) on the MLM functions of ``dpbert.model.train``, on token rows
-Poisson-sampled with the run's q (``sampling.PoissonSampler``, masks keyed by (key, step, row id),
-rounds packed by ``train.mlm_rounds``). The stepper gets an ``AuditProbe``: on d' flat coordinates
-of one trainable variable the auditor adds, at every step t, the sum of the canaries sampled in
-that step to the all-reduced CLIPPED SUM (before the single noise draw N(0, σ²C²) and the
-division by B) and reads back the noisy sum g̃_t on those coordinates (before the optimizer).
+What runs: the SHIPPED training loop
+------------------------------------
+``whitebox_audit`` calls ``dpbert.model.engine.build.build_training`` with the run's configuration
+— the same plan (q, T, P, accumulation), sampler (patient Poisson with ≤ k tuples, or tuple
+Poisson), trainable selection (``training.trainable``), clipping path, single noise draw, divisor,
+optimizer, step log and run-time integrity checks — and runs its ``TrainLoop`` with two extra
+parts:
 
-Which variable: the largest trainable variable (ties: the first; for the MLM that is the word
-embedding table, V × H). Any variable is a valid audit (a canary of norm C is a valid clipped
-gradient wherever it lies, so the accountant's guarantee covers it); the largest keeps the real
-clipped sum's share on the probe small (≤ (B·C)²/d' per step after normalisation, spread over
-dense canaries). d' = the largest power of two ≤ min(size of that variable, ``canary_dims`` =
-16384), on random coordinates; m ≤ d'.
+* Canaries ENROLLED AS UNITS of the run's own sampler. Canary i is included with probability ½
+  (``one_run_audit.draw_inclusion``); every included canary becomes one extra unit of the source
+  (a patient of its own with one row, or one row with the tuple unit), so the run's sampler flips
+  its coin at q at every step exactly as for a real unit (``CanarySampler`` wraps the sampler the
+  build makes and learns which canary units a step drew).
+* An ``AuditProbe`` on d' coordinates of ONE TRAINED piece (``selection.pieces``): the largest
+  (ties: the first; for ``[bias, head]`` on the demo's model the MLM head's transform kernel,
+  384 × 384), because its canaries are then signals in coordinates the release really updates;
+  d' = the largest power of two ≤ min(piece size, ``canary_dims`` = 16384), random coordinates;
+  m ≤ d'. At each step the sum of the sampled canaries' vectors c_i (norm exactly C, orthogonal)
+  is added to the all-reduced CLIPPED SUM before the single noise draw N(0, σ²C²), and the noisy
+  sum g̃_t is read back on those coordinates (``ProbeHook``, a loop hook: the ``sampled`` units
+  of each step give the participation, cross-checked against the sum that was injected).
+
+No double count: a canary unit's own row is EMPTY ([PAD] only: nothing to mask, loss 0, clipped
+gradient exactly 0 — ``canary_rows``), so a sampled canary unit adds exactly c_i to the clipped
+sum: one unit of norm C, the add/remove-one neighbour the accountant charges. With a row of real
+text the unit would add its own clipped gradient (≤ C) PLUS c_i, up to 2C — beyond the claim's
+sensitivity, so an honest run could be "refuted".
+
+What differs from ``dpbert run`` (said in the report, ``differs``): the rows are the audit's
+(``dpbert.stages.audit.audit_rows``: tokenized with a WordPiece of the corpus, not the run's
+public+dp vocabulary); ``model.init: minilm`` starts from the public checkpoint but without the
+MLM-head public warm-up; the units are the first n of the plan (a public cut) plus the enrolled
+canaries; the chain is a throw-away ``ram://`` directory; nothing is saved or released but the
+audit's numbers.
 
 What it can and cannot detect
 -----------------------------
-* It tests the released noisy sums g̃_t against the claimed (σ, q, T). Measured on the tiny
-  model (tests/privacy/test_whitebox_audit.py; q = 0.1, T = 60, δ = 1e-5, 95 %; orthogonal
-  canaries, white-box grid): noise off (``noise_scale = 0``) at a claimed ε = 2.76 with
-  m = 2000 → lower bound 4.96 (detected; reachable 5.50); noise too small by 3 (a √(P·T)
-  normalisation bug at P·T = 9) at a claimed ε = 1.07 with m = 10⁴ → 1.50 (detected); the
-  honest runs → 0.80–0.94 at ε = 2.76 (m = 2000) and 0.37 at ε = 1.07 (m = 10⁴). Honest ratios
-  lower / claimed at ε_T ≈ 2, 4, 8: 0.14–0.21 at m = 10³, 0.26–0.32 at m = 10⁴
-  (``benchmarks/audit_power.py``). On the demo configuration (450 steps, q = 64/1400): honest
-  1.81, noise-off control 5.51 against the accountant's 4.97 (README).
-* It cannot see a factor-2 noise bug at ε ≈ 1 (measured: 0.94 < 1.07 at m = 10⁴; the direct
-  noise-std check ``dpbert.model.noise_check`` is the test for small factors), nor any violation
-  above ``max_reachable_lower_bound`` (≈ 5.5 whatever m): a one-run audit only refutes claims
-  below that, and an honest run's bound is far from tight.
-* It audits the gradient canary neighbour: add/remove one clipped gradient of norm C under the
-  step code's accumulation, all-reduce and single noise draw, Poisson-sampled with q, for T
-  steps. It does NOT audit the division by B (g̃_t is read before it; a wrong divisor scales
-  signal and noise alike and costs no privacy), the trainer's ledger step count, the
-  per-example clipping of real examples (a bug that lets a real example's gradient exceed C is
-  invisible to canaries that are inserted already clipped), nor the data pipeline, the masks,
-  or anything released outside the gradients (vocabulary: ``vocab_audit``; DP diagnostics: the
-  loss/accuracy sums are not observed; σ here is the GRADIENT's σ — with DP diagnostics the
-  ledger charges a smaller σ_eff, whose ε is larger, so this audit's comparison is the stricter
-  one).
-* Privacy of the audit itself: the audit is a second DP-SGD run on the rows it is given; its
-  outputs are post-processing of that run (ε_upper_bound). ``noise_scale != 1`` is NOT private:
-  positive controls belong on public data (the embedded synthetic corpus, the default).
-
-``noise_scale`` (fault injection for positive controls only): the noise actually applied is
-``noise_scale · noise_multiplier`` while scores, the accountant and the report use the claimed
-σ. ``noise_scale = 0`` runs with σ = ``NOISE_OFF`` (1e-12): ``DPSGDConfig`` refuses σ = 0 for a
-private run, and 1e-12·C is far below float32 resolution of the sums.
+* It tests the released noisy sums g̃_t of the trained piece against the claimed (σ, q, T) per
+  AUDITED UNIT (patient or tuple): the noise draw, its scale and placement, the sampler's rate and
+  independence for the enrolled units, the step count. The bound's power is
+  ``max_reachable_lower_bound`` (≈ 4.98 / 5.51 at m = 10³ / 10⁴, δ = 1e-5, 95 %): a claimed ε
+  above it cannot be refuted.
+* It does NOT test the per-unit clipping of real rows (canaries are inserted already of norm C;
+  the run-time clipping check of ``dpbert.model.integrity`` does), the patient grouping of real
+  rows (canary patients have one row), the division by B (g̃_t is read before it), the masks, the
+  frozen pieces (no noise there, no signal either), nor anything released outside the gradients
+  (vocabulary: ``vocab_audit``; the DP diagnostics are not observed). σ here is the GRADIENT's σ;
+  with DP diagnostics the ledger charges a smaller σ_eff (larger ε), so the comparison is the
+  stricter one.
+* An audit on PRIVATE rows is a DP release: the audited run is DP-SGD on those rows and the
+  report is post-processing of its release, charged as ``dp_event`` (the run's training record,
+  ``origin: audit``). The positive control (``positive_control=True``: the same run's sums read
+  BEFORE the noise, ``AuditProbe.observed_noiseless``) is not private and is refused unless the
+  rows are public. Fault injection (noise off, noise too small) is a test fixture
+  (``tests/evaluate/test_audit_shipped_loop.py``), not an argument.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import secrets
@@ -63,20 +69,22 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dpbert.model.engine.hooks import Hook
 from dpbert.privacy import one_run_audit as one_run
 from dpbert.privacy.whitebox_audit import (canary_projections, canary_sums, llr_scores,
                                            max_reachable_lower_bound, probe_dims, whitebox_k_grid)
 
 __all__ = [
-    "NOISE_OFF", "DEFAULT_CANARY_DIMS", "demo_token_rows", "demo_spec", "choose_variable",
-    "whitebox_audit", "whitebox_audit_report",
+    "DEFAULT_CANARY_DIMS", "demo_token_rows", "demo_spec", "choose_piece", "canary_rows",
+    "CanarySampler", "ProbeHook", "whitebox_audit", "AUDIT_RELEASE_NOTE",
 ]
 
-#: σ used for ``noise_scale = 0`` (DPSGDConfig refuses 0 for a private run).
-NOISE_OFF = 1e-12
 DEFAULT_CANARY_DIMS = 16384
 SPECIAL_IDS = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK] (dpbert.vocab.wordpiece order)
 MASK_ID = 4
+#: What the report says about its own privacy (module docstring).
+AUDIT_RELEASE_NOTE = ("an audit on private rows is a DP release: the audited run is DP-SGD on them, charged as "
+                      "dp_event; the positive control (sums before the noise) is refused on them")
 
 
 # ----------------------------------------------------------------------------- default data
@@ -119,227 +127,290 @@ def demo_spec(vocab_size: int, max_seq_length: int = 16, hidden_size: int = 16, 
         dropout=0.0, attention_dropout=0.0)
 
 
-def choose_variable(variables: Sequence) -> int:
-    """Index of the largest trainable variable (first among ties); see the module docstring."""
-    sizes = [int(np.prod(v.shape)) for v in variables]
+# ----------------------------------------------------------------------------- the parts
+def choose_piece(pieces: Sequence) -> int:
+    """Index of the largest trained piece (first among ties); see the module docstring."""
+    sizes = [int(np.prod(p.shape)) for p in pieces]
     if not sizes:
-        raise ValueError("the model has no trainable variable")
+        raise ValueError("nothing is trained (training.trainable selects no variable)")
     return int(np.argmax(sizes))
 
 
+def canary_rows(count: int, length: int) -> np.ndarray:
+    """``count`` EMPTY rows ([PAD] only): no token to mask, loss 0, clipped gradient exactly 0, so
+    an enrolled canary unit contributes its injected vector and nothing else (module docstring)."""
+    return np.zeros((int(count), int(length)), np.int32)
+
+
+@dataclasses.dataclass
+class Canaries:
+    """m canaries of norm C on d' coordinates (``whitebox_audit.canary_layout(key, m, d')``);
+    ``included`` [m]; ``enrolled``: the included canaries' indices, in the order of their units."""
+
+    key: int
+    m: int
+    dims: int  # set when the probe's piece is chosen (``_probe_factory``)
+    clip_norm: float
+    included: np.ndarray
+
+    @property
+    def enrolled(self) -> np.ndarray:
+        return np.nonzero(self.included)[0]
+
+    def step_sum(self, participation: np.ndarray) -> np.ndarray:
+        return canary_sums(self.key, np.asarray(participation, bool)[None, :], self.dims, self.clip_norm)[0]
+
+
+class CanarySampler:
+    """The run's own sampler (whatever ``build_training`` made) with the canary units enrolled:
+    after it draws a step's units it hands the stepper the sum of the drawn canaries' vectors
+    (``DPSGDTrainStep.next_canary_sum``, added before the noise draw). ``units``: the source's unit
+    index of each enrolled canary. Everything else is the wrapped sampler's."""
+
+    def __init__(self, inner, canaries: Canaries, units: np.ndarray):
+        self.inner, self.canaries, self.units = inner, canaries, np.asarray(units, np.int64)
+        self.stepper = None
+        self.last: Optional[Tuple[int, np.ndarray]] = None
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["inner"], name)
+
+    def participation(self, unit_indices) -> np.ndarray:
+        """[m] bool: the canaries whose units are among ``unit_indices``."""
+        out = np.zeros(self.canaries.m, bool)
+        out[self.canaries.enrolled[np.isin(self.units, np.asarray(unit_indices, np.int64))]] = True
+        return out
+
+    def sample(self, step: int):
+        indices = self.inner.sample(step)
+        part = self.participation(indices)
+        self.stepper.next_canary_sum = self.canaries.step_sum(part)
+        self.last = (int(step), part)
+        return indices
+
+
+def canary_sampler_factory(canaries: Canaries, first_canary_row: int, made: list):
+    """A ``build_training`` sampler factory: the default sampler over real + canary units, wrapped
+    (``made`` receives the wrapper). Canary j's unit: its row (tuple unit) or its row's patient."""
+    from dpbert.model.engine.source import default_sampler
+
+    def factory(spec):
+        if spec.shard is not None or spec.mode == "shuffle":
+            raise ValueError("the white-box audit runs one process with Poisson sampling (training.sampling = "
+                             "poisson, one worker): canaries are units of the run's Poisson sampler")
+        rows = first_canary_row + np.arange(canaries.enrolled.size)
+        if spec.mode == "patient":
+            unit_of_row = {int(r[0]): g for g, r in enumerate(spec.groups.members) if r[0] >= first_canary_row}
+            units = np.asarray([unit_of_row[int(r)] for r in rows], np.int64)
+        else:
+            units = rows
+        wrapper = CanarySampler(default_sampler(spec), canaries, units)
+        made.append(wrapper)
+        return wrapper
+
+    return factory
+
+
+class ProbeHook(Hook):
+    """Per step: which canaries took part (from the loop's ``sampled`` units), the noisy sum g̃_t
+    read back on the probe (and, for the public positive control only, the sum before the noise),
+    the real units drawn. Checks that the injected canary sum is the one of the units that ran."""
+
+    def __init__(self, sampler_box: list, steps: int, m: int, noiseless: bool):
+        self.box, self.steps_planned, self.want_noiseless = sampler_box, int(steps), bool(noiseless)
+        self.participation = np.zeros((self.steps_planned, int(m)), bool)
+        self.real_units = np.zeros(self.steps_planned, np.int64)
+        self.observed = self.noiseless = None
+        self.steps = 0
+
+    def on_start(self, loop):
+        dims = int(np.asarray(loop.stepper.audit_probe.coordinates).size)
+        self.observed = np.zeros((self.steps_planned, dims), np.float32)
+        self.noiseless = np.zeros((self.steps_planned, dims), np.float32) if self.want_noiseless else None
+
+    def on_step(self, loop, step, rounds, stats, sampled):
+        sampler = self.box[0]
+        part = sampler.participation(sampled)
+        if sampler.last is None or sampler.last[0] != step - 1 or not np.array_equal(sampler.last[1], part):
+            raise RuntimeError("the canary sum injected at this step is not that of the canary units that ran")
+        t = step - 1 - loop.start_step
+        self.participation[t] = part
+        self.real_units[t] = len(sampled) - int(part.sum())
+        self.observed[t] = loop.stepper.observed.numpy()
+        if self.noiseless is not None:
+            self.noiseless[t] = loop.stepper.observed_noiseless.numpy()
+        self.steps += 1
+
+
+def enrol(token_ids: np.ndarray, example_ids, patient_keys, enrolled: int, tag: str):
+    """(rows, example ids, patient keys) with ``enrolled`` empty canary rows appended, each its own
+    patient (a fresh key no real patient has) under the patient unit."""
+    n, length = token_ids.shape
+    rows = np.concatenate([np.asarray(token_ids, np.int32), canary_rows(enrolled, length)])
+    ids = np.arange(n, dtype=np.int64) if example_ids is None else np.asarray(example_ids, np.int64)
+    ids = np.concatenate([ids, (ids.max() if n else 0) + 1 + np.arange(enrolled, dtype=np.int64)])
+    keys = None
+    if patient_keys is not None:
+        keys = [str(k) for k in patient_keys] + [f"audit-canary:{tag}:{j}" for j in range(enrolled)]
+        if len(set(keys[n:]) & set(keys[:n])):
+            raise ValueError("a canary patient key collides with a real patient's")
+    return rows, ids, keys
+
+
+def _probe_factory(canaries: Canaries, canary_dims: int, rng: np.random.Generator, info: dict):
+    """``build_training(audit_probe=)``: the probe on d' random coordinates of the largest trained piece."""
+    from dpbert.model import dpsgd
+
+    def factory(selection):
+        index = choose_piece(selection.pieces)
+        piece = selection.pieces[index]
+        dims = probe_dims(int(piece.size), canary_dims)
+        if canaries.m > dims:
+            raise ValueError(f"canaries ({canaries.m}) must be <= the probe's d' = {dims} (orthogonal canaries) on "
+                             f"the largest trained piece {piece.name} ({piece.size} coordinates): use fewer")
+        canaries.dims = dims
+        info.update(probe_variable=piece.name, probe_piece_index=index, probe_variable_size=int(piece.size),
+                    canary_dims=dims, trainable=list(selection.names),
+                    trained_parameters=int(selection.size))
+        coords = np.sort(rng.choice(int(piece.size), size=dims, replace=False)).astype(np.int64)
+        return dpsgd.AuditProbe(variable_index=index, coordinates=coords)
+
+    return factory
+
+
+def _dp_event(training, rows: int) -> dict:
+    """The audited run's DP-SGD record (what a ledger charges for an audit on private rows)."""
+    from dpbert.model.engine.charges import training_record
+
+    record = training_record(training.accounted_sigma, training.plan, rows, int(training.loop.step_log.count))
+    return dict(record, origin="audit")
+
+
+def _run(rows, ids, keys, special_token_ids, vocab_size, model_config, tc, plan, canaries: Canaries,
+         canary_dims: int, rng, positive_control: bool, build_kwargs: dict, hooks, first_canary_row: int):
+    """Build the configured loop with the canaries enrolled and the probe, run it; (hook, info, event)."""
+    from dpbert import storage
+    from dpbert.model.engine.build import build_training
+
+    box: list = []
+    info: dict = {}
+    probe = ProbeHook(box, plan.steps, canaries.m, positive_control)
+    output_dir = build_kwargs.pop("output_dir", None) or f"ram://dpbert-whitebox-audit/{secrets.token_hex(8)}"
+    try:
+        with build_training(rows, special_token_ids, vocab_size, model_config, tc, output_dir, plan, resume=False,
+                            export_saved_model=False, example_ids=ids, patient_keys=keys,
+                            hooks=[probe] + list(hooks),
+                            sampler_factory=canary_sampler_factory(canaries, first_canary_row, box),
+                            audit_probe=_probe_factory(canaries, canary_dims, rng, info), **build_kwargs) as training:
+            box[0].stepper = training.stepper
+            training.loop.run()
+            info.update(noise_multiplier_applied=float(training.stepper.config.effective_noise_multiplier),
+                        steps_executed=int(training.loop.step_log.count), clipping_path=training.stepper.clipping_path,
+                        integrity_checks_passed=all(r.get("passed") is not False
+                                                    for r in training.loop.integrity_results.values()))
+            event = _dp_event(training, first_canary_row)
+    finally:
+        if str(output_dir).startswith("ram://"):
+            store = storage.storage_for(output_dir)
+            if store.exists(output_dir):
+                store.rmtree(output_dir)
+    return probe, info, event
+
+
+def _score(canaries: Canaries, observed: np.ndarray, q: float, sigma: float, grid, beta: float, delta: float):
+    scores = llr_scores(canary_projections(canaries.key, observed, canaries.m, canaries.clip_norm), q, sigma)
+    return scores, one_run.audit_best_of(scores, canaries.included, grid, beta=beta, delta=delta)
+
+
 # ----------------------------------------------------------------------------- the audit
-def whitebox_audit(token_ids: Optional[np.ndarray] = None, spec=None, *, training_config=None,
-                   batch_size: int = 16, steps: int = 60, noise_multiplier: float = 1.0,
-                   clip_norm: float = 1.0, delta: float = 1e-5, dataset_size: Optional[int] = None,
-                   learning_rate: float = 1e-3, warmup_steps: int = 0, accumulation_steps: int = 1,
-                   canaries: int = 1000, beta: float = 0.05, canary_dims: int = DEFAULT_CANARY_DIMS,
-                   variable_index: Optional[int] = None, noise_scale: float = 1.0,
-                   special_token_ids: Sequence[int] = SPECIAL_IDS, mask_token_id: int = MASK_ID,
-                   strategy=None, seed: Optional[int] = None, candidates=None,
-                   holdout_fraction: float = 0.0, positive_control: bool = False,
-                   return_arrays: bool = False) -> Dict[str, object]:
-    """Run the white-box one-run audit (module docstring) and return its result.
+def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, training_config, *,
+                   plan=None, patient_keys=None, example_ids=None, public: bool = False, canaries: int = 1000,
+                   beta: float = 0.05, canary_dims: int = DEFAULT_CANARY_DIMS, seed: Optional[int] = None,
+                   candidates=None, positive_control: bool = False, hooks=(), return_arrays: bool = False,
+                   **build_kwargs) -> Dict[str, object]:
+    """Run the white-box one-run audit of the configured training (module docstring).
 
-    Args:
-      token_ids: int ``[n, L]`` rows (pad 0); default ``demo_token_rows()``.
-      spec: ``BertSpec``; default ``demo_spec(vocab, L)``.
-      training_config: a ``dpbert.config.TrainingConfig`` (Poisson sampling): its batch size,
-        steps, σ (the CLAIMED σ), C, δ, P, T, dataset_size, learning rate are used and the
-        keyword arguments below are ignored (except an explicit ``dataset_size``, which overrides
-        the configuration's); default: built from them.
-      batch_size, steps, noise_multiplier (σ claimed), clip_norm (C), delta, dataset_size (the
-        public n that fixes q = B/n, default the number of rows), learning_rate, warmup_steps,
-        accumulation_steps: the run audited (``privacy.plan.plan_training``).
-      canaries: m. beta: 1 − confidence. canary_dims: d' cap. variable_index: probe variable
-        (default: the largest, ``choose_variable``).
-      noise_scale: fault injection (tests / positive control only): noise applied =
-        noise_scale · σ claimed (0: noise off).
-      seed: fixes everything (noise, sampling, masks, canaries, inclusion); None = OS entropy.
-      candidates: the pre-declared (k₊, k₋) grid; default ``whitebox_k_grid(m)``.
-      holdout_fraction: the membership holdout of the audited run (its plan trains on
-        n·(1 − f) rows, so q = B/(n·(1 − f)); ``privacy.plan.plan_training``).
-      positive_control: also score the SAME run's sums read before the noise draw
-        (``AuditProbe.observed_noiseless``: the release of a DP-SGD whose noise is off, on this
-        run's trajectory) with the same canaries, claimed σ, grid and δ, and return
-        ``positive_control_lower_bound`` (and its correct/guesses): one training run for both.
-      return_arrays: also return the arrays ``scores`` [m], ``included`` [m], ``observed``
-        [T, d'] (the noisy sums g̃_t read from the probe), ``canary_sums`` [T, d'] and
-        ``batch_sizes`` [T] (real rows sampled per step).
+    ``token_ids`` ``[n, L]``, ``special_token_ids``, ``vocab_size``, ``model_config``,
+    ``training_config``, ``plan``, ``patient_keys``, ``example_ids``: as ``build_training`` takes
+    them for the real run (``plan``: the run's; default ``plan_training`` over
+    ``training.dataset_size`` or n). ``public``: the rows are public (the embedded corpus); only
+    then is ``positive_control`` (score the same run's sums read before the noise) allowed.
+    ``canaries``: m; ``beta``: 1 − confidence; ``canary_dims``: d' cap; ``seed``: fixes the
+    canaries and the inclusion (and, unless the configuration has one, ``training.noise_seed``);
+    ``candidates``: the pre-declared (k₊, k₋) grid (default ``whitebox_k_grid(m)``); ``hooks``:
+    extra loop hooks; ``build_kwargs``: the rest of ``build_training``'s keywords (``vocab_tokens``,
+    ``public_checkpoint_dir``, ``initial_weights``, ``new_token_ids``, ``mask_token_id``,
+    ``strategy``, ``progress``, ``output_dir``: default a throw-away ``ram://`` chain).
 
-    Returns a dict: epsilon_lower_bound, epsilon_upper_bound (accountant, same σ/q/T/δ),
-    max_reachable_lower_bound, consistent (lower ≤ upper), canaries, confidence, beta, delta,
-    steps, q, expected_batch_size, dataset_size, sigma_claimed, noise_multiplier_applied,
-    noise_scale, clip_norm, canary_dims, probe_variable, probe_variable_size, k_plus, k_minus,
-    guesses (r), correct (v), accuracy, canaries_included, canary_participations (mean steps an
-    included canary was sampled), seconds {train, canaries, score, bound, total}.
-    """
-    from dpbert.model import bert as bert_lib
-    from dpbert.model import dpsgd, sampling
-    from dpbert.model import train as train_lib
+    Returns epsilon_lower_bound, epsilon_upper_bound (accountant, gradient σ, same q/T/δ),
+    max_reachable_lower_bound, consistent, the audited unit and k, the trainable set, the probe
+    piece, the guesses, ``dp_event`` and ``dp_release``, seconds; with ``positive_control`` the
+    ``positive_control_*`` keys; with ``return_arrays`` the per-step arrays (private counts)."""
     from dpbert.privacy.accountant import dpsgd_epsilon
     from dpbert.privacy.plan import plan_training
 
     t_start = time.perf_counter()
-    if token_ids is None:
-        token_ids, vocab = demo_token_rows()
-        spec = spec or demo_spec(vocab, token_ids.shape[1])
+    tc, m = training_config, int(canaries)
     token_ids = np.asarray(token_ids)
     if token_ids.ndim != 2 or not np.issubdtype(token_ids.dtype, np.integer) or token_ids.shape[0] < 1:
         raise ValueError(f"token_ids must be a non-empty integer array [n, L], got {token_ids.shape}")
-    if spec is None:
-        spec = demo_spec(int(token_ids.max()) + 1, token_ids.shape[1])
-    n, length = token_ids.shape
-    if length < spec.max_seq_length:
-        token_ids = np.pad(token_ids, [(0, 0), (0, spec.max_seq_length - length)])
-    elif length > spec.max_seq_length:
-        raise ValueError(f"rows of length {length} exceed the model's max_seq_length {spec.max_seq_length}")
-    token_ids = token_ids.astype(np.int32)
-    m = int(canaries)
     if m < 2:
         raise ValueError(f"canaries must be >= 2, got {canaries}")
     if not 0 < beta < 1:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
-    if not (noise_scale >= 0 and math.isfinite(noise_scale)):
-        raise ValueError(f"noise_scale must be finite and >= 0, got {noise_scale}")
-
-    if training_config is None:
-        from dpbert.config import TrainingConfig
-
-        tc = TrainingConfig(batch_size=batch_size, steps=steps, noise_multiplier=noise_multiplier,
-                            clip_norm=clip_norm, delta=delta, dataset_size=dataset_size,
-                            learning_rate=learning_rate, warmup_steps=warmup_steps,
-                            accumulation_steps=accumulation_steps, sampling="poisson")
-    else:
-        tc = training_config
     if tc.sampling != "poisson" or tc.non_private:
         raise ValueError("the white-box audit audits Poisson-sampled DP-SGD (training.sampling = poisson, "
-                         "not non_private): canaries are Poisson-sampled with the run's q")
-    # An explicit dataset_size (the public n of the audited unit: patients for a per-patient claim)
-    # overrides the configuration's tuple count.
-    public_n = dataset_size if dataset_size is not None else tc.dataset_size
-    plan = plan_training(tc, public_n if public_n is not None else n, holdout_fraction)
-    q, T, B = plan.sampling_probability, plan.steps, plan.expected_batch_size
-    sigma, C, delta = float(tc.noise_multiplier), float(tc.clip_norm), float(tc.delta)
-    applied = noise_scale * sigma if noise_scale > 0 else NOISE_OFF
-
+                         "not non_private): canaries are units of the run's Poisson sampler")
+    if positive_control and not public:
+        raise ValueError("the positive control reads the sums BEFORE the noise: not private, refused on "
+                         "non-public rows (run it on the embedded public corpus)")
+    n = int(token_ids.shape[0])
+    if plan is None:
+        plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else n)
     root = np.random.SeedSequence(seed if seed is not None else secrets.randbits(128))
-    seeds = [int(s.generate_state(1, np.uint64)[0]) >> 2 for s in root.spawn(7)]
-    noise_seed, sample_seed, mask_key, canary_key, inclusion_seed, choice_seed, participation_seed = seeds
-
-    # The run: the real step code, a probe on d' coordinates of one variable.
-    models = bert_lib.build_bert(spec, seed=int(tc.seed))
-    variables = models.mlm.trainable_variables
-    index = choose_variable(variables) if variable_index is None else int(variable_index)
-    size = int(np.prod(variables[index].shape))
-    dims = probe_dims(size, canary_dims)
-    if m > dims:
-        raise ValueError(f"canaries ({m}) must be <= the probe's d' = {dims} (orthogonal canaries): raise "
-                         f"canary_dims (a power of two up to the variable's size {size}) or use fewer")
-    coords = np.sort(np.random.default_rng(choice_seed).choice(size, size=dims, replace=False))
-    probe = dpsgd.AuditProbe(variable_index=index, coordinates=coords)
-    config = dpsgd.DPSGDConfig(clip_norm=C, noise_multiplier=applied, expected_batch_size=B,
-                               noise_seed=noise_seed, replicas=plan.replicas,
-                               accumulation_steps=plan.accumulation_steps)
-    optimizer = train_lib.make_optimizer(tc, T)
-    specials = sorted(set(int(s) for s in special_token_ids) | {int(mask_token_id), 0})
-    mask_fn, prepare_fn, loss_fn, metrics_fn = train_lib.make_mlm_functions(
-        spec, specials, int(mask_token_id), tc.mask_probability)
-    stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
-                                   metrics_fn=metrics_fn, strategy=strategy, audit_probe=probe)
-
-    # Canaries: inclusion (½), then Poisson participation with q at every step when included.
+    canary_key, inclusion_seed, choice_seed, noise_seed = [int(s.generate_state(1, np.uint64)[0]) >> 2
+                                                           for s in root.spawn(4)]
+    if seed is not None and tc.noise_seed is None:
+        tc = dataclasses.replace(tc, noise_seed=noise_seed % (2 ** 31))
+    cans = Canaries(canary_key, m, 0, float(tc.clip_norm),
+                    one_run.draw_inclusion(m, np.random.default_rng(inclusion_seed)))
+    rows, ids, keys = enrol(token_ids, example_ids, patient_keys, int(cans.enrolled.size), secrets.token_hex(6))
     t0 = time.perf_counter()
-    included = one_run.draw_inclusion(m, np.random.default_rng(inclusion_seed))
-    participation = (np.random.default_rng(participation_seed).random((T, m)) < q) & included[None, :]
-    sums = canary_sums(canary_key, participation, dims, C)
-    t_canaries = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    sampler = sampling.PoissonSampler(n, q, seed=sample_seed)
-    example_ids = np.arange(n, dtype=np.int64)
-    observed = np.empty((T, dims), np.float32)
-    noiseless = np.empty((T, dims), np.float32) if positive_control else None
-    batch_sizes = np.empty(T, np.int64)
-    for step in range(T):
-        indices = sampler.sample(step)
-        batch_sizes[step] = indices.size
-        rounds = train_lib.mlm_rounds(mask_fn, token_ids, example_ids, indices, mask_key, step,
-                                      plan.micro_batch, plan.replicas)
-        stepper.run_step(rounds, canary_sum=sums[step])
-        observed[step] = stepper.observed.numpy()
-        if noiseless is not None:
-            noiseless[step] = stepper.observed_noiseless.numpy()
+    probe, info, event = _run(rows, ids, keys, special_token_ids, vocab_size, model_config, tc, plan, cans,
+                              canary_dims, np.random.default_rng(choice_seed), positive_control, dict(build_kwargs),
+                              hooks, n)
     t_train = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    scores = llr_scores(canary_projections(canary_key, observed, m, C), q, sigma)
-    t_score = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
+    q, T, sigma, delta = plan.sampling_probability, plan.steps, float(tc.noise_multiplier), float(tc.delta)
     grid = whitebox_k_grid(m) if candidates is None else [tuple(c) for c in candidates]
-    result = one_run.audit_best_of(scores, included, grid, beta=beta, delta=delta)
-    reachable = max_reachable_lower_bound(m, beta, delta, grid)
+    scores, result = _score(cans, probe.observed, q, sigma, grid, beta, delta)
     upper = float(dpsgd_epsilon(sigma, q, T, delta))
-    t_bound = time.perf_counter() - t0
-
     lower = float(result["epsilon_lower_bound"])
-    out: Dict[str, object] = {
-        "epsilon_lower_bound": lower,
-        "epsilon_upper_bound": upper,
-        "max_reachable_lower_bound": float(reachable),
-        "consistent": bool(lower <= upper + 1e-9),
-        "canaries": m,
-        "confidence": 1.0 - float(beta),
-        "beta": float(beta),
-        "delta": delta,
-        "steps": int(T),
-        "q": float(q),
-        "expected_batch_size": float(B),
-        "dataset_size": int(plan.dataset_size),
-        "sigma_claimed": sigma,
-        "noise_multiplier_applied": float(applied),
-        "noise_scale": float(noise_scale),
-        "clip_norm": C,
-        "canary_dims": int(dims),
-        "probe_variable": variables[index].name,
-        "probe_variable_size": size,
-        "k_plus": int(result["k_plus"]),
-        "k_minus": int(result["k_minus"]),
-        "guesses": int(result["r"]),
-        "correct": int(result["v"]),
-        "accuracy": float(result["accuracy"]),
-        "canaries_included": int(included.sum()),
-        "canary_participations": float(participation.sum() / max(1, included.sum())),
-        "seconds": {"train": t_train, "canaries": t_canaries, "score": t_score, "bound": t_bound,
-                    "total": time.perf_counter() - t_start},
-    }
-    if noiseless is not None:
-        t0 = time.perf_counter()
-        control_scores = llr_scores(canary_projections(canary_key, noiseless, m, C), q, sigma)
-        control = one_run.audit_best_of(control_scores, included, grid, beta=beta, delta=delta)
-        out["positive_control_lower_bound"] = float(control["epsilon_lower_bound"])
-        out["positive_control_correct"] = int(control["v"])
-        out["positive_control_guesses"] = int(control["r"])
-        out["positive_control_exceeds_upper_bound"] = bool(control["epsilon_lower_bound"] > upper)
-        out["seconds"]["positive_control"] = time.perf_counter() - t0
-        out["seconds"]["total"] = time.perf_counter() - t_start
+    unit = getattr(plan, "unit", "tuple")
+    included = int(cans.included.sum())
+    out: Dict[str, object] = dict(
+        epsilon_lower_bound=lower, epsilon_upper_bound=upper,
+        max_reachable_lower_bound=float(max_reachable_lower_bound(m, beta, delta, grid)),
+        consistent=bool(lower <= upper + 1e-9), canaries=m, confidence=1.0 - float(beta), beta=float(beta),
+        delta=delta, steps=int(T), q=float(q), expected_batch_size=float(plan.expected_batch_size),
+        dataset_size=int(plan.dataset_size), sigma_claimed=sigma, clip_norm=float(tc.clip_norm),
+        audited_unit=unit, max_contributions=int(getattr(plan, "max_contributions", 1)) if unit == "patient" else 1,
+        canary_units=f"each canary one {unit} of its own (one empty row), Poisson-sampled by the run's sampler at q",
+        loop="dpbert.model.engine.build.build_training → TrainLoop (the trainer's loop)",
+        k_plus=int(result["k_plus"]), k_minus=int(result["k_minus"]), guesses=int(result["r"]),
+        correct=int(result["v"]), accuracy=float(result["accuracy"]), canaries_included=included,
+        canary_participations=float(probe.participation.sum() / max(1, included)),
+        dp_event=event, dp_release=AUDIT_RELEASE_NOTE, public_rows=bool(public), **info)
+    if positive_control:
+        control_scores, control = _score(cans, probe.noiseless, q, sigma, grid, beta, delta)
+        out.update(positive_control="the same run's sums read before the noise draw (noise off)",
+                   positive_control_lower_bound=float(control["epsilon_lower_bound"]),
+                   positive_control_correct=int(control["v"]), positive_control_guesses=int(control["r"]),
+                   positive_control_exceeds_upper_bound=bool(control["epsilon_lower_bound"] > upper))
+    out["seconds"] = {"train": t_train, "total": time.perf_counter() - t_start}
     if return_arrays:
-        out.update(scores=scores, included=included, observed=observed, canary_sums=sums,
-                   batch_sizes=batch_sizes, participation=participation)
-        if noiseless is not None:
-            out.update(noiseless=noiseless, control_scores=control_scores)
+        out.update(scores=scores, included=cans.included, observed=probe.observed, participation=probe.participation,
+                   canary_sums=canary_sums(cans.key, probe.participation, cans.dims, cans.clip_norm),
+                   real_units=probe.real_units)
+        if positive_control:
+            out.update(noiseless=probe.noiseless, control_scores=control_scores)
     return out
-
-
-def whitebox_audit_report(**kwargs) -> Dict[str, object]:
-    """The honest audit plus its positive control, for the CLI and the DAG component:
-    ``whitebox_audit(positive_control=True, **kwargs)`` — ONE training run; the control scores
-    the same run's sums read before the noise draw (noise off, on this trajectory) with the same
-    canaries, claimed σ, grid and δ. The control's release is not private: it belongs to public
-    rows (the default and the DAG component's input) or to the operator."""
-    kwargs = dict(kwargs)
-    kwargs.pop("return_arrays", None)
-    if kwargs.pop("noise_scale", 1.0) != 1.0:
-        raise ValueError("whitebox_audit_report audits the honest run; noise_scale is not accepted")
-    kwargs["positive_control"] = True
-    return whitebox_audit(**kwargs)

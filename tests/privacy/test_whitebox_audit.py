@@ -1,15 +1,8 @@
-"""White-box one-run audit of DP-SGD (dpbert.privacy.whitebox_audit; its harness
-dpbert.evaluate.whitebox): canary algebra, power, and the three positive controls of issue 15 on
-REAL DP-SGD steps of a tiny BERT.
+"""White-box one-run audit of DP-SGD, the math (dpbert.privacy.whitebox_audit): canary algebra, the
+LLR scores and the audit's power. The harness on the SHIPPED training loop, its positive controls
+and its honest runs are tests/evaluate/test_audit_shipped_loop.py.
 
-Setting of every run: the embedded synthetic corpus (160 rows of L = 16, WordPiece V = 1024),
-a 1-layer H = 16 BERT (probe: the 1024 × 16 word embedding, d' = 16384, orthogonal canaries), B = 16 → q = 0.1,
-T = 60 steps (q·T = 6), C = 1, δ = 1e-5, β = 0.05 (95 %), fixed seeds.
-
-Tolerances: a positive control must put the lower bound ABOVE the accountant's ε (what
-"detected" means); an honest run must keep it at or below (the theorem: probability ≥ 1 − β for
-each seed). Measured noise and participation counts are compared with their Gaussian / binomial
-laws at 5 standard deviations, the bias of the real gradients included as a stated bound.
+Tolerances: exact identities to 1e-12 (float64) or 1e-5 (the float32 canary sums).
 """
 import math
 
@@ -17,23 +10,9 @@ import numpy as np
 import pytest
 
 from dpbert.privacy import one_run_audit as audit
-from dpbert.evaluate import whitebox as wb
 from dpbert.privacy import whitebox_audit as wa
 
-ROWS, BATCH, STEPS, DELTA = 160, 16, 60, 1e-5
-SIGMA_MID = 1.5   # accountant: ε = 2.76 at (q = 0.1, T = 60, δ = 1e-5)
-SIGMA_LOW = 3.0   # accountant: ε = 1.07
-
-
-@pytest.fixture(scope="module")
-def data():
-    ids, vocab = wb.demo_token_rows()
-    return ids[:ROWS], wb.demo_spec(vocab, ids.shape[1])
-
-
-def _audit(data, **kwargs):
-    ids, spec = data
-    return wb.whitebox_audit(ids, spec, batch_size=BATCH, steps=STEPS, delta=DELTA, **kwargs)
+DELTA = 1e-5
 
 
 # ------------------------------------------------------------------------------ canary algebra
@@ -111,67 +90,3 @@ def test_a_perfect_scorer_reaches_the_white_box_grid_bound_on_a_real_half_draw()
         assert perfect["accuracy"] == 1.0
         assert perfect["epsilon_lower_bound"] == pytest.approx(wa.max_reachable_lower_bound(m, 0.05, DELTA, grid))
     assert wa.max_reachable_lower_bound(m, 0.05, DELTA, grid) == pytest.approx(5.51, abs=0.01)
-
-
-# ------------------------------------------------------------------------------ positive controls
-def test_positive_control_a_noise_off_exceeds_the_claimed_epsilon(data):
-    res = _audit(data, noise_multiplier=SIGMA_MID, canaries=2000, noise_scale=0.0, seed=11,
-                 return_arrays=True)
-    assert res["noise_multiplier_applied"] == wb.NOISE_OFF and res["sigma_claimed"] == SIGMA_MID
-    assert res["q"] == pytest.approx(0.1) and res["steps"] == STEPS
-    # what the probe saw is the real clipped sums plus the canaries, no noise: ‖g_t‖ ≤ b_t·C
-    residual = res["observed"].astype(np.float64) - res["canary_sums"]
-    assert np.sum(residual ** 2) <= np.sum(res["batch_sizes"].astype(float) ** 2) * 1.0 ** 2
-    assert res["epsilon_upper_bound"] == pytest.approx(2.757, abs=0.01)
-    assert res["epsilon_lower_bound"] > res["epsilon_upper_bound"], res
-    assert not res["consistent"]
-    with pytest.raises(audit.AuditInconsistencyError):
-        audit.assert_audit_consistent(res["epsilon_lower_bound"], res["epsilon_upper_bound"])
-    assert res["epsilon_lower_bound"] <= res["max_reachable_lower_bound"] + 1e-9
-
-
-def test_positive_control_b_noise_too_small_by_sqrt_pt_is_detected_with_1e4_canaries(data):
-    # A √(P·T) normalisation bug at P·T = 9: the applied noise is σ/3 while the ledger claims σ.
-    res = _audit(data, noise_multiplier=SIGMA_LOW, canaries=10_000, noise_scale=1.0 / 3.0, seed=12)
-    assert res["noise_multiplier_applied"] == pytest.approx(1.0) and res["canaries"] == 10_000
-    assert res["epsilon_upper_bound"] == pytest.approx(1.065, abs=0.01)
-    assert res["epsilon_lower_bound"] > res["epsilon_upper_bound"], res
-    assert res["max_reachable_lower_bound"] == pytest.approx(5.51, abs=0.01)  # white-box grid, m = 10⁴
-
-
-@pytest.mark.parametrize("seed,accumulation", [(0, 1), (1, 1), (2, 2)])
-def test_positive_control_c_the_honest_run_stays_below_the_claimed_epsilon(data, seed, accumulation):
-    res = _audit(data, noise_multiplier=SIGMA_MID, canaries=2000, seed=seed, accumulation_steps=accumulation,
-                 return_arrays=True)
-    assert res["noise_multiplier_applied"] == SIGMA_MID and res["consistent"]
-    assert 0.0 <= res["epsilon_lower_bound"] <= res["epsilon_upper_bound"], res
-    # The probe sees the noise of the claimed σ: mean square of g̃_t − canary sums over T·d'
-    # values = σ²C² (χ² law: relative sd √(2/(T·d'))) + the real clipped sums' share
-    # (≤ Σ b_t² C² / (T·d'), a stated bias bound), at 5 sd.
-    residual = res["observed"].astype(np.float64) - res["canary_sums"]
-    count = residual.size
-    bias = np.sum(res["batch_sizes"].astype(float) ** 2) / count / SIGMA_MID ** 2
-    ratio = np.mean(residual ** 2) / SIGMA_MID ** 2
-    sd = math.sqrt(2.0 / count)
-    cross = 10 * math.sqrt(bias / count)  # 5 sd of 2Σ⟨g_t, z_t⟩ / (T·d'·σ²C²)
-    assert 1.0 - 5 * sd - cross <= ratio <= 1.0 + 5 * sd + bias + cross, (ratio, sd, bias)
-    # Included canaries take part in Binomial(T, q) steps: mean q·T (binomial law, 5 sd).
-    n_in = res["canaries_included"]
-    assert abs(res["canary_participations"] - 0.1 * STEPS) <= 5 * math.sqrt(STEPS * 0.1 * 0.9 / n_in)
-    assert 900 <= n_in <= 1100  # Binomial(2000, ½): ± 4.5 sd
-
-
-def test_report_scores_the_same_run_before_the_noise_as_its_positive_control(data):
-    with pytest.raises(ValueError, match="noise_scale"):
-        wb.whitebox_audit_report(noise_scale=0.5)
-    ids, spec = data
-    res = wb.whitebox_audit_report(token_ids=ids, spec=spec, batch_size=BATCH, steps=STEPS, delta=DELTA,
-                                   noise_multiplier=SIGMA_MID, canaries=2000, seed=3)
-    # one run: the honest bound holds, the noise-off reading of the same run refutes the claim
-    assert res["noise_multiplier_applied"] == SIGMA_MID
-    assert 0.0 <= res["epsilon_lower_bound"] <= res["epsilon_upper_bound"] == pytest.approx(2.757, abs=0.01)
-    assert res["positive_control_lower_bound"] > res["epsilon_upper_bound"], res
-    assert res["positive_control_exceeds_upper_bound"]
-    assert res["positive_control_lower_bound"] <= res["max_reachable_lower_bound"] + 1e-9
-    assert "positive_control" in res["seconds"]
-
