@@ -21,6 +21,7 @@ def DPVocabularyGen(
     privacy_config: Parameter[str],
     code_version: Parameter[str],
     model_config: Parameter[str] = "{}",
+    ledger_target: Parameter[str] = "",
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ):
     """Count each distinct word once per tuple, add N(0, σ²), keep counts ≥ C, learn WordPiece
@@ -30,5 +31,6 @@ def DPVocabularyGen(
     result = dp_vocabulary(beam_pipeline, tuples.uri, vocabulary.uri, section_from_json(VocabConfig, vocab_config),
                            section_from_json(PrivacyConfig, privacy_config),
                            tuple_words=get_property(tuples, schema.TUPLE_WORDS),
-                           checkpoint_dir=section_from_json(ModelConfig, model_config).init_dir)
+                           checkpoint_dir=section_from_json(ModelConfig, model_config).init_dir,
+                           ledger_target=ledger_target)  # the dataset ledger (dpbert.ledger)
     set_properties(vocabulary, {**result.properties, "code_version": code_version})

@@ -127,9 +127,10 @@ def privacy_verdict(err: BaseException):
     from dpbert.privacy.one_run_audit import AuditInconsistencyError
     from dpbert.privacy.event_check import IntegrityCheckFailed
     from dpbert.stages.accountant import BudgetExceededError
+    from dpbert.ledger import BudgetRefused
 
     for cause in _causes(err):
-        if isinstance(cause, BudgetExceededError):
+        if isinstance(cause, (BudgetExceededError, BudgetRefused)):  # BudgetRefused: the dataset ledger
             return exit_codes.OVER_BUDGET, cause
         if isinstance(cause, (AuditInconsistencyError, IntegrityCheckFailed)):
             return exit_codes.AUDIT_FAILED, cause

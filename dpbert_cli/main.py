@@ -241,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+    from dpbert_cli.ledger import add_ledger_parser  # the dataset privacy ledger (dpbert.ledger)
+
+    add_ledger_parser(sub)
+
 def _stdout_closed() -> int:
     """stdout's reader went away (``dpbert report | head``): end quietly, as Unix tools do.
     Later writes (Python's flush at exit) go to /dev/null instead of raising again."""

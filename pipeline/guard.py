@@ -137,7 +137,76 @@ def check_budget(config: Config) -> Optional[dict]:
     if chain is not None:
         ledger["charged"] = {"steps_executed": chain["steps_executed"], "checkpoint_step": chain["checkpoint_step"],
                              "steps_after_run": chain["steps_after"]}
+    dataset = dataset_budget(config, ledger, chain)
+    if dataset is not None:
+        ledger["dataset"] = dataset
+        ledger["within_budget"] = bool(ledger["within_budget"] and dataset["within_budget"])
     return ledger
+
+
+def _planned_entries(config: Config, ledger: dict, entries, target, pipeline_root: str):
+    """The entries this run will add: its vocabulary (unless TFX will answer it from its cache: an
+    entry of this pipeline root with the same vocabulary configuration, cache on; if it does run,
+    its own reservation still checks the budget) and its training records."""
+    from dpbert.privacy.accountant import is_public_vocab_record
+
+    planned = []
+    vocab = ledger["vocab_event"]
+    cached = config.pipeline.enable_cache and any(
+        e.get("stage") == "vocab" and e.get("config_key") == target.vocab_key
+        and os.path.abspath(str(e.get("pipeline_root"))) == pipeline_root for e in entries)
+    if vocab is not None and not is_public_vocab_record(vocab) and not cached:
+        planned.append({"id": "planned-vocab", "mechanism": vocab["mechanism"], "stage": "vocab",
+                        "status": "reserved", "planned": [vocab], "plan_key": target.vocab_key,
+                        "pipeline_root": pipeline_root})
+    trains = ledger["train_events"]
+    if trains:
+        mechanism = "non_private" if any(r["mechanism"] == "non_private" for r in trains) else "dp_sgd"
+        planned.append({"id": "planned-train", "mechanism": mechanism, "stage": "train", "status": "reserved",
+                        "planned": trains, "plan_key": target.vocab_key, "pipeline_root": pipeline_root})
+    return planned, cached
+
+
+def dataset_budget(config: Config, ledger: dict, chain: Optional[dict]) -> Optional[dict]:
+    """The dataset's ledger (``dpbert.ledger``) composed with this run (with a budget only):
+    every entry of every earlier run on the dataset — other output folders, other configurations,
+    interrupted runs at their reserved size — plus the planned vocabulary and training, by the RDP
+    filter; the resumed chain's own entry (``charged_chain``) is replaced by its planned
+    ``steps_after``, not added. ConfigError when the dataset's ledger is of another privacy unit.
+    Reads the ledger only: nothing is written."""
+    from dpbert.ledger import composition, dataset, identity, target as ledger_target
+    from pipeline.paths import output_paths
+
+    budget = config.privacy.epsilon_budget
+    target = ledger_target.ledger_target(config)
+    if budget is None or target is None:
+        return None
+    uri = identity.ledger_uri(identity.location_for(config), target.dataset_id)
+    doc = dataset.read_ledger(uri, target.dataset_id)
+    if doc.get("unit") not in (None, config.privacy.unit):
+        raise ConfigError(f"privacy.unit = {config.privacy.unit}, but dataset {target.dataset_id} is accounted per "
+                          f"{doc['unit']} ({uri}): one privacy unit per dataset")
+    entries = dataset.entries_of(doc)
+    if chain is not None:  # the resumed chain's own entry: its steps are in steps_after already
+        own = os.path.basename(os.path.normpath(chain["state"]))
+        entries = [e for e in entries if not (e.get("chain") and os.path.basename(os.path.normpath(e["chain"])) == own)]
+    pipeline_root = output_paths(config.pipeline.output_dir)[0]
+    planned, cached = _planned_entries(config, ledger, entries, target, pipeline_root)
+    delta = doc.get("delta") or target.delta
+    spent = composition.compose(dataset.entries_of(doc), delta, pld=False)
+    total = dataset.within(entries + [composition_entry(e) for e in planned], budget, delta, pld=True)
+    return {"dataset_id": target.dataset_id, "ledger": uri, "runs": len({e.get("run_id") for e in entries}),
+            "entries": len(doc.get("entries", {})), "epsilon_spent_rdp": spent["epsilon_rdp"],
+            "epsilon_total_rdp": total["epsilon_rdp"], "epsilon_total_pld": total["epsilon_pld"],
+            "delta": delta, "epsilon_budget": budget, "vocab_cached": cached, "rule": total["rule"],
+            "within_budget": total["within_budget"]}
+
+
+def composition_entry(entry: dict) -> dict:
+    """A planned entry with its records in the ledger's count-free form."""
+    from dpbert.ledger.composition import ledger_record
+
+    return {**entry, "planned": [ledger_record(r) for r in entry["planned"]]}
 
 
 def _fmt(x) -> str:
@@ -158,6 +227,17 @@ def planned_statement(ledger: dict) -> str:
         f"  budget              = {'none' if budget is None else _fmt(budget)}"
         f"  → {'within budget' if ledger['within_budget'] else 'OVER BUDGET'}",
     ]
+    dataset = ledger.get("dataset")
+    if dataset:
+        lines += [
+            f"dataset {dataset['dataset_id']} (every run on it, {dataset['ledger']}):",
+            f"  ε spent before this run (RDP) = {_fmt(dataset['epsilon_spent_rdp'])}",
+            f"  ε with this run (RDP filter)  = {_fmt(dataset['epsilon_total_rdp'])}"
+            f"   (PLD {_fmt(dataset['epsilon_total_pld'])}) at δ = {dataset['delta']:.3g}"
+            f"  → {'within budget' if dataset['within_budget'] else 'OVER BUDGET'}"
+            + ("  (one run planned in advance: its PLD total is checked)"
+               if dataset["rule"] == "one_planned_run_pld" else ""),
+        ]
     return "\n".join(lines)
 
 
@@ -168,6 +248,14 @@ def over_budget_message(ledger: dict) -> str:
         resume = (f" (resuming a training chain that has already executed {charged['steps_executed']} DP steps, "
                   f"last checkpoint at step {charged['checkpoint_step']}: {charged['steps_after_run']} steps charged "
                   f"once this run completes)")
+    dataset = ledger.get("dataset")
+    if dataset and not dataset["within_budget"] and ledger["epsilon_total_pld"] <= ledger["epsilon_budget"]:
+        return (f"dataset {dataset['dataset_id']}: the ε of every run on it with this one is "
+                f"{_fmt(dataset['epsilon_total_rdp'])} (RDP filter; PLD {_fmt(dataset['epsilon_total_pld'])}) at "
+                f"δ = {dataset['delta']:.3g}{resume}, over privacy.epsilon_budget = {_fmt(dataset['epsilon_budget'])} "
+                f"(already spent: {_fmt(dataset['epsilon_spent_rdp'])}; this run alone: "
+                f"{_fmt(ledger['epsilon_total_pld'])}); nothing was run or written. The budget is the dataset's, "
+                f"across output folders and configurations: see dpbert ledger --dataset {dataset['dataset_id']}.")
     return (f"planned ε = {_fmt(ledger['epsilon_total_pld'])} (δ = {ledger['delta']:.3g}){resume} exceeds "
             f"privacy.epsilon_budget = {_fmt(ledger['epsilon_budget'])}; nothing was run or written. "
             f"Raise vocab.sigma or training.noise_multiplier, or lower training.steps.")

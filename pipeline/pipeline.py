@@ -25,6 +25,12 @@ def fingerprint_state_root(pipeline_root: str) -> str:
     return os.path.join(pipeline_root, STATE_ROOT)
 
 
+def _ledger_target(config: Config) -> str:
+    from dpbert.ledger import ledger_target_json
+
+    return ledger_target_json(config)
+
+
 def ingest_component(config: Config, pipeline_root: Optional[str] = None):
     """The DAG's first component, CorpusIngest, for ``config``.
 
@@ -86,6 +92,7 @@ def create_components(config: Config, pipeline_root: Optional[str] = None) -> Li
         # Where the public checkpoint is (vocab.source public / public+dp).
         model_config=section_to_json(config.model, ("init", "init_dir")),
         code_version=_core_version("components.vocabulary"),
+        ledger_target=_ledger_target(config),  # the dataset's privacy ledger (dpbert.ledger)
     )
     trainer_args = dict(
         tuples=tuples,

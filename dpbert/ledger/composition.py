@@ -24,7 +24,9 @@ an order α whose composed ρ(α) is within B(α) = budget − log1p(−1/α) + 
 filter over a set of orders that halts only when EVERY order is over its budget, which is
 (budget, δ_c)-DP (Lécuyer 2021, "Practical privacy filters and odometers with Rényi DP", Thm. 1).
 The PLD total is shown beside it (tighter, but PLD composition of a fixed sequence does not cover
-adaptively chosen ones with a data-independent stop; it is informative only).
+adaptively chosen ones); it decides only for the first run on a dataset while that run is all the
+ledger holds (``dataset.within``: a run whose configuration fixed its mechanisms in advance is a
+non-adaptive composition).
 
 One privacy unit per dataset (tuple or patient, the first entry's): an event of the other unit is
 refused (``UnitMismatch``), not converted by group privacy — a patient holds up to k tuples and the

@@ -98,22 +98,57 @@ def _entry_mechanism(records: Sequence[Mapping[str, Any]], mechanism: str) -> st
     return mechanism
 
 
+def one_planned_run(entries: Iterable[Mapping[str, Any]]) -> bool:
+    """Every composed entry is part of ONE run: one ``plan_key`` (the vocabulary's configuration,
+    ``target.LedgerTarget.vocab_key``) and pipeline root, at most one vocabulary and one training
+    chain (a resumed chain is one entry). Not checked: that the training's configuration was fixed
+    before the vocabulary ran (a first trainer that failed before reserving, then a new training
+    configuration on the cached vocabulary, passes as one run)."""
+    charged = [e for e in entries if _compose.composed(e)]
+    keys = {(e.get("plan_key"), str(e.get("pipeline_root"))) for e in charged}
+    vocabs = [e for e in charged if e.get("stage") == "vocab"]
+    chains = {e.get("chain") or e.get("id") for e in charged if e.get("stage") == "train"}
+    return len(keys) == 1 and None not in next(iter(keys)) and len(vocabs) <= 1 and len(chains) <= 1
+
+
+def within(entries: List[Mapping[str, Any]], budget: Optional[float], delta: float,
+           pld: bool = False) -> Dict[str, Any]:
+    """The filter's verdict on ``entries`` (``totals`` with ``"within_budget"`` and ``"rule"``).
+
+    RDP filter: the RDP total ≤ budget (``composition``). One exception, for the first run on a
+    dataset: when every entry is part of one run whose configuration fixed all its mechanisms before
+    any ran (``one_planned_run``), that run is a NON-adaptive composition and its PLD total is a
+    valid bound, checked instead (as the per-run ledger does). It cannot be followed by anything
+    while its RDP total exceeds the budget: the next entry of any other run goes through the RDP
+    rule over everything, so either the whole sequence is one PLD-accounted run or it is an RDP
+    filter from its start (which route applies depends on public parameters only).
+    ``pld``: the PLD total also when the RDP rule decides (shown beside it)."""
+    totals = _compose.compose(entries, delta, pld=pld)  # inside a CAS: the RDP total only
+    if budget is None or totals["epsilon_rdp"] <= budget:
+        return {**totals, "within_budget": True, "rule": "rdp_filter"}
+    if one_planned_run(entries):
+        totals = _compose.compose(entries, delta)
+        return {**totals, "within_budget": bool(totals["epsilon_pld"] <= budget), "rule": "one_planned_run_pld"}
+    return {**_compose.compose(entries, delta), "within_budget": False, "rule": "rdp_filter"}
+
+
 def check_within(doc: Mapping[str, Any], budget: Optional[float], dataset_id: str, mechanism: str,
                  delta: float) -> Dict[str, Any]:
-    """``compose`` of the ledger's entries; BudgetRefused when its RDP total exceeds ``budget``."""
-    totals = _compose.compose(entries_of(doc), delta, pld=False)  # inside the CAS: the filter's RDP only
-    if budget is not None and not totals["epsilon_rdp"] <= budget:
-        raise BudgetRefused(dataset_id, _compose.compose(entries_of(doc), delta), budget, mechanism)
+    """``within`` over the ledger's entries; BudgetRefused when over ``budget``."""
+    totals = within(entries_of(doc), budget, delta)
+    if not totals["within_budget"]:
+        raise BudgetRefused(dataset_id, totals, budget, mechanism)
     return totals
 
 
 def reserve(ledger_uri: str, dataset_id: str, run_id: str, pipeline_root: str, mechanism: str,
             records: Iterable, unit: str, *, delta: float, budget: Optional[float] = None,
             chain: Optional[str] = None, config_key: Optional[str] = None, resume_key: Optional[str] = None,
-            entry_id: Optional[str] = None) -> Reservation:
+            plan_key: Optional[str] = None, entry_id: Optional[str] = None) -> Reservation:
     """Write a ``reserved`` entry for ``records`` (event records or ledger forms) before the
     mechanism reads the data, if the composed RDP ε of every entry plus this one is ≤ ``budget``
     (None: record only). ``chain``: replace this chain's own entry (module docstring).
+    ``plan_key``: the run's vocabulary configuration (``one_planned_run``).
     Raises BudgetRefused (nothing written), UnitMismatch, ValueError for a bad record."""
     if unit not in _compose.UNITS:
         raise ValueError(f"unit must be one of {', '.join(_compose.UNITS)}, got {unit!r}")
@@ -139,7 +174,7 @@ def reserve(ledger_uri: str, dataset_id: str, run_id: str, pipeline_root: str, m
         entry.update({"stage": planned[0]["stage"] if planned else None, "run_id": run_id,
                       "pipeline_root": str(pipeline_root), "updated": _now(), "status": "reserved", "unit": unit,
                       "planned": planned, "epsilon_budget": budget, "config_key": config_key,
-                      "resume_key": resume_key, "reservation": new_id})
+                      "resume_key": resume_key, "plan_key": plan_key, "reservation": new_id})
         doc["entries"][entry["id"]] = entry
         doc["unit"] = doc.get("unit") or unit
         doc["delta"] = doc.get("delta") or delta

@@ -32,7 +32,9 @@ class LedgerTarget:
     epsilon_budget: Optional[float] = None
     location: Optional[str] = None
     #: The vocabulary's configuration (a hash of public parameters): a re-run that TFX will answer
-    #: from its cache is recognised by it (``pipeline.guard``).
+    #: from its cache is recognised by it (``pipeline.guard``), and a vocabulary and the training
+    #: on it are one run by it (``dataset.one_planned_run``). Not the training's configuration: it
+    #: is a parameter of the vocabulary component, and a new learning rate must not re-run it.
     vocab_key: Optional[str] = None
 
     def uri(self) -> str:
@@ -103,7 +105,7 @@ def reserve_event(target: LedgerTarget, mechanism: str, records: Iterable, outpu
     where = run_of(output_uri)
     return _dataset.reserve(target.uri(), target.dataset_id, where["run_id"], where["pipeline_root"], mechanism,
                             list(records), target.unit, delta=target.delta, budget=target.epsilon_budget,
-                            chain=chain, config_key=config_key, resume_key=resume_key)
+                            chain=chain, config_key=config_key, resume_key=resume_key, plan_key=target.vocab_key)
 
 
 def finalize_event(reservation: _dataset.Reservation, records: Iterable) -> Dict[str, Any]:
@@ -138,3 +140,19 @@ def finalize_training(reservation: _dataset.Reservation, steps_executed: int,
             else:
                 executed_records.append(record)
     return _dataset.finalize(reservation, executed_records)
+
+
+def reserve_vocabulary(ledger_target, record: Mapping[str, Any], vocabulary_dir: str):
+    """The vocabulary stage, before its Beam job reads the tuples: reserve ``record`` (the DP
+    histogram's, or a non-private one: listed). ``ledger_target``: a LedgerTarget, its JSON, or
+    empty (no dataset identity: nothing charged, None returned)."""
+    target = ledger_target if isinstance(ledger_target, LedgerTarget) else LedgerTarget.from_json(ledger_target or "")
+    if target is None:
+        return None
+    return reserve_event(target, record["mechanism"], [record], vocabulary_dir, config_key=target.vocab_key)
+
+
+def finalize_vocabulary(reservation, record: Mapping[str, Any]):
+    """After the vocabulary is written: the histogram ran as reserved."""
+    if reservation is not None:
+        finalize_event(reservation, [record])

@@ -58,7 +58,7 @@ def public_vocabulary(vocabulary_dir: str, vocab_config: VocabConfig, privacy_co
 
 def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_config: VocabConfig,
                   privacy_config: PrivacyConfig, tuple_words: Optional[int] = None,
-                  checkpoint_dir: Optional[str] = None) -> StageResult:
+                  checkpoint_dir: Optional[str] = None, ledger_target=None) -> StageResult:
     """Count each distinct word once per tuple, add N(0, σ²), keep counts ≥ C, learn WordPiece
     (``vocab.source: dp``) or append the released words to the public vocabulary (``public+dp``);
     ``public``: :func:`public_vocabulary` (the tuples are not read).
@@ -67,6 +67,9 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
     ``BeamComponentParameter``). ``tuple_words``: N recorded on the tuples (must equal
     ``privacy.tuple_words``; None = not recorded). ``checkpoint_dir``: the public checkpoint
     (``model.init_dir``; None = ``$DPBERT_MINILM_DIR`` or the installed package).
+    ``ledger_target``: the dataset ledger (``dpbert.ledger.LedgerTarget`` or its JSON; empty = none):
+    the histogram is reserved there before the tuples are read (``BudgetRefused`` over the
+    dataset's budget) and finalized once the vocabulary is written.
     """
     if vocab_config.source == "public":
         return public_vocabulary(vocabulary_dir, vocab_config, privacy_config, checkpoint_dir)
@@ -101,6 +104,9 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
         log.info("vocabulary: σ = %g, C = %.1f, ε = %.4g at δ = %.3g", vocab_cfg.sigma, report["threshold"],
                  report["epsilon"], report["delta"])
 
+    from dpbert.ledger import target as ledger
+
+    reservation = ledger.reserve_vocabulary(ledger_target, record, vocabulary_dir)  # before the tuples are read
     run_histogram_job(beam_pipeline, tuples_dir, histogram_path,
                       sigma=None if report is None else vocab_cfg.sigma,
                       threshold=None if report is None else report["threshold"],
@@ -127,6 +133,7 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
         public.write_token_sources(sources, vocabulary_dir)
     with open(os.path.join(vocabulary_dir, DP_EVENT_FILE), "w", encoding="utf-8") as f:
         f.write(events.to_json(record))
+    ledger.finalize_vocabulary(reservation, record)
 
     props = {
         "vocab_size": tokenizer.get_vocab_size(),
