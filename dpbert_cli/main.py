@@ -235,15 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_audit_parser(sub)
 
+    from dpbert_cli.ledger import add_ledger_parser  # the dataset privacy ledger (dpbert.ledger)
+
+    add_ledger_parser(sub)
+
     from dpbert_cli.export import add_export_parser  # the Hugging Face BertForMaskedLM layout
 
     add_export_parser(sub)
     return parser
 
-
-    from dpbert_cli.ledger import add_ledger_parser  # the dataset privacy ledger (dpbert.ledger)
-
-    add_ledger_parser(sub)
 
 def _stdout_closed() -> int:
     """stdout's reader went away (``dpbert report | head``): end quietly, as Unix tools do.
