@@ -141,14 +141,28 @@ BOOLEAN_PROPERTIES = frozenset({PRIVATE, NON_PRIVATE, WITHIN_BUDGET})
 # --------------------------------------------------------------------------- file names
 RUN_CONFIG_FILE = "run_config.json"
 TRAIN_RESULT_FILE = "train_result.json"
-DP_LEDGER_FILE = "dp_ledger.json"
+# Three ledgers, named apart: the training chain's write-ahead count of DP steps executed is the
+# STEP LOG (``dpbert.model.engine.chain``); the accountant's ε composition is the PRIVACY LEDGER
+# (``dpbert.privacy.accountant.ledger``, the PrivacyReport); the per-dataset record of what was
+# charged against one dataset is the DATASET LEDGER.
+STEP_LOG_FILE = "dp_steps.json"
+#: The step log's name in state directories written before it was renamed: read when present
+#: (so they resume), migrated into ``STEP_LOG_FILE`` by the next run.
+STEP_LOG_LEGACY_FILE = "dp_ledger.json"
+DATASET_LEDGER_FILE = "dataset_ledger.json"
+#: The training chain's lease lock, shuffle-stream key, checkpoints and DP count (private).
+STATE_LOCK_FILE = ".lock"
+SHUFFLE_KEY_FILE = "shuffle_key.json"
+CHECKPOINTS_DIR = "checkpoints"
+DP_COUNT_FILE = "dp_count.json"
+SAVED_MODEL_DIR = "saved_model"
 #: Written into the trainer's (private) state directory when the privacy budget refused a step:
 #: the ε already charged by the chain (``dpbert.stages.pretrain``), read by the local runner.
 BUDGET_REFUSAL_FILE = "budget_refusal.json"
 #: The trainer state directory's records that, with its write-ahead ledger, give the ε the chain has
-#: spent after any stop (``dpbert.stages.pretrain.chain_charged``).
+#: spent after any stop (``dpbert.model.engine.charges.chain_charged``).
 CHARGE_BASIS_FILE = "charge_basis.json"
-#: The trainer state directory's configuration key (``dpbert.stages.pretrain.resume_key``): the
+#: The trainer state directory's configuration key (``dpbert.model.engine.charges.resume_key``): the
 #: budget guard finds the chains a run would resume by it before the DAG starts.
 RESUME_KEY_FILE = "resume_key.json"
 DP_EVENTS_FILE = "dp_events.json"

@@ -182,8 +182,8 @@ class ShuffleSampler:
 
     The stream is perm_0 ‖ perm_1 ‖ …, perm_e = a permutation of the n rows drawn from
     (``key``, e); window w takes positions [w·B, (w+1)·B) of it (a batch may straddle two epochs).
-    A batch is a function of (key, w) only. The trainer passes w = the write-ahead ledger's count
-    of steps EXECUTED before this one (``dpbert.model.train``), not the optimizer's step: a run
+    A batch is a function of (key, w) only. The trainer passes w = the write-ahead step log's count
+    of steps EXECUTED before this one (``dpbert.model.engine.loop``), not the optimizer's step: a run
     resumed from a checkpoint at step c after executing e > c steps replays steps c…e−1 on NEW
     windows e, e+1, …, so over the whole chain every example takes part ceil(executed·B/n) times
     at most (+1 when batches straddle), what the accountant charges. (Indexing by the

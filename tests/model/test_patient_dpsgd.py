@@ -12,7 +12,7 @@ import pytest
 from dpbert.config import ModelConfig, TrainingConfig
 from dpbert.model import sampling
 from dpbert.model.noise_check import noise_check
-from dpbert.model.train import SimulatedCrash, train_mlm
+from dpbert.model.train import CrashAfter, SimulatedCrash, train_mlm
 from dpbert.privacy.plan import plan_training
 
 from .conftest import SPECIALS, repetitive_corpus
@@ -103,14 +103,14 @@ def _patient_run(out, steps=5, stop_after=None, resume=True):
     plan = plan_training(tc, 16, unit="patient", max_contributions=2)
     return train_mlm(ids, SPECIALS, 40, ModelConfig(preset="tiny", max_seq_length=16), tc, out, plan=plan,
                      resume=resume, progress=False, export_saved_model=False, patient_keys=keys,
-                     stop_after_steps=stop_after)
+                     hooks=[CrashAfter(stop_after)] if stop_after is not None else ())
 
 
 def test_patient_run_resumed_after_a_crash_charges_every_step(tmp_path):
     out = tmp_path / "state"
     with pytest.raises(SimulatedCrash):
         _patient_run(out, stop_after=3)  # checkpoint at step 2; step 3 ran and is lost
-    ledger = json.loads((out / "dp_ledger.json").read_text())
+    ledger = json.loads((out / "dp_steps.json").read_text())
     assert ledger["steps_executed"] == 3
     assert json.loads((out / "run_config.json").read_text())["unit"] == "patient"
     result = _patient_run(out)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dpbert.config import ModelConfig, TrainingConfig
-from dpbert.model.train import SimulatedCrash, load_models, train_mlm
+from dpbert.model.train import CrashAfter, SimulatedCrash, load_models, train_mlm
 from dpbert.privacy.plan import plan_training
 
 from .conftest import SPECIALS
@@ -23,8 +23,8 @@ def _train(corpus, out, resume=True, **overrides):
     params.update(overrides)
     tc = TrainingConfig(**params)
     plan = plan_training(tc, planned_n) if planned_n is not None else None
-    return train_mlm(corpus, SPECIALS, VOCAB, MODEL, tc, out, plan=plan,
-                     resume=resume, progress=False, export_saved_model=False, stop_after_steps=stop)
+    return train_mlm(corpus, SPECIALS, VOCAB, MODEL, tc, out, plan=plan, resume=resume, progress=False,
+                     export_saved_model=False, hooks=[CrashAfter(stop)] if stop is not None else ())
 
 
 def _first_last(losses, k=5):
@@ -71,14 +71,14 @@ def test_dp_training_learns_with_small_noise_and_records(corpus, tmp_path):
     assert not np.allclose(sizes, 0)  # exact batch sizes are never released
     assert result.clip_norm == 1.0 and result.clipping_path == "ghost" and 0.0 <= result.clipped_fraction <= 1.0
     assert result.steps_taken_total == result.model_step == 40
-    assert json.loads((tmp_path / "dp_ledger.json").read_text())["steps_executed"] == 40
+    assert json.loads((tmp_path / "dp_steps.json").read_text())["steps_executed"] == 40
 
 
 def test_resume_after_crash_keeps_every_step(corpus, tmp_path):
     kwargs = dict(steps=8, checkpoint_every=3, accumulation_steps=2)
     with pytest.raises(SimulatedCrash):
         _train(corpus, tmp_path, stop_after_steps=5, **kwargs)  # checkpoint at 3; steps 4, 5 lost
-    assert json.loads((tmp_path / "dp_ledger.json").read_text())["steps_executed"] == 5
+    assert json.loads((tmp_path / "dp_steps.json").read_text())["steps_executed"] == 5
     result = _train(corpus, tmp_path, **kwargs)
     assert result.resumed_from_step == 3 and result.steps_this_run == 5
     assert result.model_step == 8  # the model took the planned number of steps
@@ -111,7 +111,7 @@ def test_a_second_run_into_a_held_state_directory_is_refused_before_any_step(cor
     with state_lock(tmp_path):
         with pytest.raises(StateDirectoryBusy, match="another training run is using"):
             _train(corpus, tmp_path, steps=2)
-    assert not (tmp_path / "dp_ledger.json").exists()  # nothing read, nothing run
+    assert not (tmp_path / "dp_steps.json").exists()  # nothing read, nothing run
 
 
 def test_two_runs_started_at_once_never_under_charge(corpus, tmp_path):
@@ -134,6 +134,6 @@ def test_two_runs_started_at_once_never_under_charge(corpus, tmp_path):
     for t in threads:
         t.join()
     executed = sum(r.steps_this_run for r in results)
-    ledger = json.loads((tmp_path / "dp_ledger.json").read_text())["steps_executed"]
+    ledger = json.loads((tmp_path / "dp_steps.json").read_text())["steps_executed"]
     assert executed >= 6 and ledger == executed, (executed, ledger, errors)
     assert all(type(e).__name__ == "StateDirectoryBusy" for e in errors)

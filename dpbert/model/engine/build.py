@@ -1,0 +1,411 @@
+"""``build_training``: the composed objects of one training run — strategy, plan, models, trainable
+selection, optimizer, DP-SGD stepper, batch source, chain, integrity checks and loop — so that the
+trainer (``train_mlm``), the white-box audit, the noise check and the benchmarks build the SAME
+loop, each with its own extra hooks. ``finish`` saves the released model and returns the
+``TrainResult``.
+
+The chief (rank 0) takes the chain's lease before it reads anything of the state directory and
+holds it until :meth:`Training.close` (``with build_training(...) as training``); a caller that
+locked first (the trainer stage, which plans under the lock) passes its ``held_lock``.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import math
+import secrets
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+from dpbert import schema, storage
+from dpbert.model import bert as bert_lib
+from dpbert.model import dpsgd, integrity, sampling
+from dpbert.model import trainable as trainable_lib
+from dpbert.model.engine import hooks as hooks_lib
+from dpbert.model.engine.chain import HeldStateLock, TrainingChain, _norm, state_lock
+from dpbert.model.engine.devices import make_strategy
+from dpbert.model.engine.loop import TrainLoop
+from dpbert.model.engine.mlm import make_mlm_functions, make_optimizer, mask_token_id_of
+from dpbert.model.engine.result import TrainResult
+from dpbert.model.engine.source import BatchSource, SamplerFactory, SamplerSpec, default_sampler
+from dpbert.privacy import diagnostics
+from dpbert.privacy.plan import TrainingPlan, plan_training
+
+log = logging.getLogger("dpbert.model.train")
+
+
+@dataclasses.dataclass
+class Inputs:
+    """The validated training rows: ``token_ids`` ``[n, max_seq_length]`` int32, their record ids,
+    each row's patient (patient unit) and the special token ids."""
+
+    token_ids: np.ndarray
+    example_ids: np.ndarray
+    mask_id: int
+    specials: list
+    patient_keys: Optional[Sequence[str]] = None
+
+
+def validate_inputs(token_ids, special_token_ids, vocab_size: int, model_config, example_ids=None,
+                    mask_token_id: Optional[int] = None, patient_keys=None) -> Inputs:
+    """Clear errors naming the parameter before anything is read or written."""
+    token_ids = np.asarray(token_ids)
+    if token_ids.ndim != 2 or not np.issubdtype(token_ids.dtype, np.integer):
+        raise ValueError(f"token_ids must be an integer array [n, L], got {token_ids.dtype} {token_ids.shape}")
+    n, length = token_ids.shape
+    if n < 1:
+        raise ValueError("token_ids is empty")
+    if length > model_config.max_seq_length:
+        raise ValueError(f"sequences of length {length} exceed model.max_seq_length {model_config.max_seq_length}")
+    if length < model_config.max_seq_length:
+        token_ids = np.pad(token_ids, [(0, 0), (0, model_config.max_seq_length - length)])
+    token_ids = token_ids.astype(np.int32)
+    example_ids = np.arange(n, dtype=np.int64) if example_ids is None else np.asarray(example_ids)
+    if example_ids.shape != (n,):
+        raise ValueError(f"example_ids must have shape ({n},), got {example_ids.shape}")
+    if token_ids.max() >= vocab_size or token_ids.min() < 0:
+        raise ValueError(f"token ids must be in [0, {vocab_size})")
+    mask_id = mask_token_id_of(special_token_ids, mask_token_id)
+    specials = sorted(set(int(v) for v in (special_token_ids.values() if isinstance(special_token_ids, Mapping)
+                                            else special_token_ids)) | {mask_id, 0})
+    return Inputs(token_ids, example_ids, mask_id, specials, patient_keys)
+
+
+@dataclasses.dataclass
+class Training:
+    """What ``build_training`` composed. ``loop.run()`` trains; :func:`finish` saves and reports;
+    :meth:`close` releases the chain's lease (when this build took it)."""
+
+    tc: Any
+    plan: TrainingPlan
+    inputs: Inputs
+    strategy: Any
+    spec: bert_lib.BertSpec
+    models: bert_lib.BertModels
+    selection: Any
+    optimizer: Any
+    stepper: dpsgd.DPSGDTrainStep
+    chain: TrainingChain
+    source: BatchSource
+    checks: integrity.RunChecks
+    loop: TrainLoop
+    noise_mode: str
+    gradient_sigma: float
+    accounted_sigma: float
+    release_diagnostics: bool
+    export_saved_model: bool
+    started: float
+    stack: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
+
+    @property
+    def chief(self) -> bool:
+        return self.chain.chief
+
+    def close(self):
+        self.stack.close()
+
+    def __enter__(self) -> "Training":
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _lock(stack: contextlib.ExitStack, output_dir, held_lock: Optional[HeldStateLock]) -> Optional[HeldStateLock]:
+    if held_lock is None:
+        return stack.enter_context(state_lock(output_dir))
+    if not (held_lock.held and held_lock.uri == _norm(output_dir)):
+        raise ValueError(f"held_lock is not a held lock of {output_dir}")
+    return held_lock
+
+
+def _check_plan(plan: Optional[TrainingPlan], tc, n: int) -> TrainingPlan:
+    if plan is None:
+        return plan_training(tc, tc.dataset_size if tc.dataset_size is not None else n)
+    if (plan.sampling, plan.batch_size, plan.replicas, plan.accumulation_steps) != \
+            (tc.sampling, tc.batch_size, tc.replicas, tc.accumulation_steps):
+        raise ValueError(f"the plan {plan.to_dict()} was not made from this training configuration")
+    return plan
+
+
+def _model_spec(model_config, tc, vocab_size: int, vocab_tokens, public_checkpoint_dir):
+    if model_config.init != "minilm":
+        return bert_lib.spec_from_config(model_config, vocab_size, tc.mask_probability)
+    from dpbert.model import init_public
+
+    if vocab_tokens is None:
+        raise ValueError("model.init=minilm needs vocab_tokens (the new vocabulary's token strings)")
+    return init_public.spec_for_public(model_config, vocab_size, tc.mask_probability, public_checkpoint_dir)
+
+
+def _run_config(spec, tc, plan: TrainingPlan, inputs: Inputs, model_config, noise_mode: str, names, lora_spec):
+    """The privacy-relevant parameters a resume must not change."""
+    run_config = {
+        "spec": spec.to_dict(), "batch_size": tc.batch_size, "sampling": tc.sampling,
+        "q": plan.sampling_probability, "noise_multiplier": 0.0 if tc.non_private else tc.noise_multiplier,
+        "clip_norm": tc.clip_norm, "non_private": tc.non_private, "noise_mode": noise_mode,
+        "mask_probability": tc.mask_probability, "specials": inputs.specials, "mask_token_id": inputs.mask_id,
+        "init": model_config.init,
+        # The accounted σ depends on the diagnostics: a resume must not change them.
+        "diagnostics": dataclasses.asdict(diagnostics.config_of(tc)),
+    }
+    if getattr(plan, "unit", "tuple") == "patient":  # only then: a tuple-level state directory resumes as before
+        run_config.update(unit="patient", max_contributions=plan.max_contributions)
+    if names != ["all"]:  # only then: an existing state directory resumes as before
+        run_config["trainable"] = {"sets": names, "lora_rank": None if lora_spec is None else lora_spec.rank,
+                                   "lora_alpha": None if lora_spec is None else lora_spec.alpha}
+    return run_config
+
+
+def _build_models(spec, tc, model_config, strategy, vocab_tokens, public_checkpoint_dir, initial_weights,
+                  names, lora_spec, new_token_ids, steps: int):
+    """(models, selection, optimizer) in the strategy's scope."""
+    with strategy.scope():
+        models = bert_lib.build_bert(spec, seed=tc.seed)
+        if initial_weights is not None:
+            models.mlm.set_weights(initial_weights)
+            log.info("initialised from the given (public) weights")
+        elif model_config.init == "minilm":
+            from dpbert.model import init_public
+
+            init_stats = init_public.init_from_checkpoint(models, vocab_tokens, public_checkpoint_dir, tc.seed)
+            log.info("initialised from the public checkpoint: %s", init_stats)
+        if lora_spec is not None:  # adapters (B = 0) on the start above, which becomes the frozen base
+            models = bert_lib.add_lora(models, lora_spec, seed=tc.seed)
+        selection = trainable_lib.select(models, names, new_token_ids)
+        optimizer = make_optimizer(tc, steps)
+    log.info("training.trainable %s: %d trained parameters of %d", ",".join(names), selection.size,
+             bert_lib.count_parameters(spec))
+    return models, selection, optimizer
+
+
+def _sampler_spec(inputs: Inputs, plan: TrainingPlan, tc, groups, chain: TrainingChain, workers: int,
+                  rank: int, start_step: int) -> SamplerSpec:
+    """Seeds and keys: secret (OS entropy), fresh for every process; a test noise seed fixes them."""
+    seed = None if tc.noise_seed is None else [int(tc.noise_seed), start_step] + ([workers, rank] if workers > 1 else [])
+    ids = groups.ids if groups is not None else inputs.example_ids
+    # Worker w holds the units whose own id hashes to w (module docstring of sampling.py).
+    shard = None if workers == 1 else np.nonzero(sampling.shard_of(ids, workers) == rank)[0]
+    if groups is not None:
+        return SamplerSpec("patient", len(groups), plan.sampling_probability, tc.batch_size, ids, seed, shard,
+                           groups, plan.max_contributions,
+                           choice_key=secrets.randbits(63) if tc.noise_seed is None else int(tc.noise_seed) * 104729 + 3)
+    if tc.sampling == "poisson":
+        return SamplerSpec("poisson", len(ids), plan.sampling_probability, tc.batch_size, ids, seed, shard)
+    return SamplerSpec("shuffle", len(ids), plan.sampling_probability, tc.batch_size, ids,
+                       shuffle_key=chain.shuffle_key(tc.noise_seed))
+
+
+def _patient_groups(plan: TrainingPlan, patient_keys, n: int):
+    if getattr(plan, "unit", "tuple") != "patient":
+        return None
+    if patient_keys is None or len(patient_keys) != n:
+        raise ValueError(f"a patient-unit plan needs patient_keys for each of the {n} rows")
+    return sampling.group_rows(patient_keys)
+
+
+def _stepper(models, optimizer, selection, spec, inputs: Inputs, tc, plan: TrainingPlan, strategy, noise_mode: str,
+             audit_probe: Optional[Callable[[Any], dpsgd.AuditProbe]] = None):
+    """(DPSGDTrainStep, mask_fn, diagnostics config, whether DP diagnostics are released)."""
+    diag = diagnostics.config_of(tc)
+    release = diag.enabled and not tc.non_private
+    k = plan.max_contributions if getattr(plan, "unit", "tuple") == "patient" else 1
+    dp_config = dpsgd.DPSGDConfig(
+        clip_norm=tc.clip_norm, noise_multiplier=tc.noise_multiplier, expected_batch_size=plan.expected_batch_size,
+        non_private=tc.non_private, noise_mode=noise_mode, noise_seed=tc.noise_seed, replicas=plan.replicas,
+        accumulation_steps=plan.accumulation_steps, loss_bound=diag.loss_bound if release else None, group_size=k)
+    mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, inputs.specials, inputs.mask_id,
+                                                                  tc.mask_probability)
+    stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn, loss_fn=loss_fn,
+                                   metrics_fn=metrics_fn, strategy=strategy,
+                                   noise_probe=None if tc.non_private else integrity.make_noise_probe(
+                                       selection.pieces, seed=tc.noise_seed), selection=selection,
+                                   audit_probe=None if audit_probe is None else audit_probe(selection))
+    return stepper, mask_fn, diag, release
+
+
+def _restore(checkpoint: tf.train.Checkpoint, chain: TrainingChain, stepper, optimizer, resume: bool):
+    """(the chief's CheckpointManager or None, the step restored, whether a checkpoint was found)."""
+    if stepper.workers > 1:
+        stepper.sync_step(0)  # the chief's set-up of the state directory (discard, run_config) is done
+    latest = tf.train.latest_checkpoint(chain.checkpoint_dir) if resume else None
+    manager = tf.train.CheckpointManager(checkpoint, chain.checkpoint_dir, max_to_keep=3) if chain.chief else None
+    if not latest:
+        return manager, 0, False
+    checkpoint.restore(latest).assert_existing_objects_matched()
+    start_step = int(stepper.dp_step.numpy())
+    if int(optimizer.iterations.numpy()) != start_step:
+        raise RuntimeError("checkpoint's optimizer step and DP step disagree")
+    log.info("resumed from %s at step %d", latest, start_step)
+    return manager, start_step, True
+
+
+def _standard_hooks(tc, plan, stepper, optimizer, checkpoint, manager, chain, start_step: int, found: bool,
+                    diag, release: bool, gradient_sigma: float, progress: bool, patient_unit: bool):
+    diag_rng = np.random.default_rng(None if tc.noise_seed is None else [int(tc.noise_seed), 0xD1A6, start_step])
+    built = [hooks_lib.ReleaseDiagnostics(release, tc.non_private, gradient_sigma, plan.expected_batch_size, diag,
+                                          diag_rng, patient_unit),
+             hooks_lib.TensorBoard(chain.tensorboard_dir if chain.chief else None, optimizer.dpbert_schedule)]
+    if progress and chain.chief:
+        step_std = diagnostics.step_noise_stds(diagnostics.noise_stds(gradient_sigma, diag),
+                                               plan.expected_batch_size).get("loss") if release else None
+        built.append(hooks_lib.ProgressHook("DP-SGD" if not tc.non_private else "SGD (non-private)",
+                                            "exact (private)" if tc.non_private else "DP estimate", step_std))
+    return built + [hooks_lib.IntegrityHook(),
+                    hooks_lib.CheckpointHook(checkpoint, manager, tc.checkpoint_every, start_step if found else None)]
+
+
+def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int], Sequence[int]],
+                   vocab_size: int, model_config, training_config, output_dir,
+                   plan: Optional[TrainingPlan] = None, resume: bool = True, progress: bool = True, *,
+                   mask_token_id: Optional[int] = None, noise_mode: str = "once", export_saved_model: bool = True,
+                   strategy: Optional[tf.distribute.Strategy] = None, vocab_tokens: Optional[Sequence[str]] = None,
+                   public_checkpoint_dir=None, example_ids: Optional[np.ndarray] = None,
+                   initial_weights: Optional[list] = None, patient_keys: Optional[Sequence[str]] = None,
+                   charge_limit: Optional[Callable[[float, int], int]] = None,
+                   held_lock: Optional[HeldStateLock] = None, new_token_ids: Optional[Sequence[int]] = None,
+                   hooks: Sequence[hooks_lib.Hook] = (),
+                   sampler_factory: SamplerFactory = default_sampler,
+                   audit_probe: Optional[Callable[[Any], dpsgd.AuditProbe]] = None) -> Training:
+    """Compose one training run (arguments: ``dpbert.model.train.train_mlm``). ``hooks`` run after
+    the built-in ones; ``sampler_factory(SamplerSpec) -> sampler`` (tests inject e.g. PRF coins);
+    ``audit_probe(selection) -> dpsgd.AuditProbe``: the white-box audit's probe on a trained piece
+    (``dpbert.evaluate.whitebox``)."""
+    started, tc = time.time(), training_config
+    names = trainable_lib.validate_names(list(getattr(tc, "trainable", ["all"])))
+    lora_spec = bert_lib.LoRASpec(int(tc.lora_rank), float(tc.lora_alpha)) if trainable_lib.needs_lora(names) else None
+    if "new_tokens" in names and new_token_ids is None:
+        raise ValueError("training.trainable new_tokens needs a public or public+dp vocabulary (its "
+                         "token_sources.json says which token ids the DP vocabulary appended)")
+    inputs = validate_inputs(token_ids, special_token_ids, vocab_size, model_config, example_ids, mask_token_id,
+                             patient_keys)
+    # The strategy first: MultiWorkerMirroredStrategy must exist before TensorFlow runs an op.
+    strategy = strategy or make_strategy(tc.strategy, tc.replicas)
+    workers, rank = dpsgd.worker_layout(strategy)
+    if workers > 1 and tc.sampling != "poisson":
+        raise ValueError("training.sampling must be poisson with several worker processes")
+    plan = _check_plan(plan, tc, inputs.token_ids.shape[0])
+    groups = _patient_groups(plan, patient_keys, inputs.token_ids.shape[0])
+    stack = contextlib.ExitStack()
+    try:
+        lease = _lock(stack, output_dir, held_lock) if rank == 0 else None  # only the chief writes the chain
+        chain = TrainingChain(str(output_dir), chief=rank == 0)
+        spec = _model_spec(model_config, tc, vocab_size, vocab_tokens, public_checkpoint_dir)
+        chain.prepare(_run_config(spec, tc, plan, inputs, model_config, noise_mode, names, lora_spec), resume)
+        if tc.noise_seed is None:
+            # Dropout draws its masks per batch SLOT from TensorFlow's global RNG. Keyed by a public
+            # seed (another stage may have called set_random_seed in this process) that would be the
+            # slot-keyed-mask bug again; from secret entropy the masks are i.i.d. across slots and
+            # independent of the data, so adding/removing one example leaves the others' mask
+            # distribution unchanged. The initialisation keeps its own explicit seeds (training.seed).
+            tf.random.set_seed(secrets.randbits(31))
+        models, selection, optimizer = _build_models(spec, tc, model_config, strategy, vocab_tokens,
+                                                     public_checkpoint_dir, initial_weights, names, lora_spec,
+                                                     new_token_ids, plan.steps)
+        stepper, mask_fn, diag, release = _stepper(models, optimizer, selection, spec, inputs, tc, plan, strategy,
+                                                   noise_mode, audit_probe)
+        gradient_sigma = stepper.config.effective_noise_multiplier
+        # What the accountant must charge per step: the gradient and the released diagnostics together.
+        accounted = diagnostics.effective_noise_multiplier(gradient_sigma, diag) if release else gradient_sigma
+        checkpoint = tf.train.Checkpoint(model=models.mlm, optimizer=optimizer, dp_step=stepper.dp_step)
+        manager, start_step, found = _restore(checkpoint, chain, stepper, optimizer, resume)
+        step_log = chain.step_log(start_step, None if tc.non_private else accounted)
+        step_limit = None
+        if chain.chief and charge_limit is not None and not tc.non_private:
+            # Asked with what this chain will have charged when the run completes (earlier runs'
+            # executed steps, lost ones included, plus the steps from the checkpoint to the plan's end).
+            step_limit = int(charge_limit(accounted, step_log.count + plan.steps - start_step))
+        sampler = sampler_factory(_sampler_spec(inputs, plan, tc, groups, chain, workers, rank, start_step))
+        source = BatchSource(sampler, mask_fn, inputs.token_ids, inputs.example_ids,
+                             secrets.randbits(64) if tc.noise_seed is None else int(tc.noise_seed) * 7919 + 17,
+                             plan.micro_batch, groups, plan.max_contributions if groups is not None else 1)
+        # Run-time integrity checks (sampler vs the plan's q over the EXACT n, brute-force clipping, noise).
+        checks = integrity.RunChecks(stepper, sampling_mode=tc.sampling, units=source.units,
+                                     q=plan.sampling_probability, batch_size=tc.batch_size,
+                                     every=tc.integrity_check_every, seed=tc.noise_seed,
+                                     output_dir=chain.uri if chain.chief else None)
+        _log_plan(plan, tc, groups is not None, start_step)
+        loop = TrainLoop(source, stepper, step_log, checks,
+                         _standard_hooks(tc, plan, stepper, optimizer, checkpoint, manager, chain, start_step, found,
+                                         diag, release, gradient_sigma, progress, groups is not None) + list(hooks),
+                         start_step=start_step, steps_planned=plan.steps, step_limit=step_limit,
+                         accounted_sigma=accounted, lock_check=None if lease is None else lease.check)
+        return Training(tc, plan, inputs, strategy, spec, models, selection, optimizer, stepper, chain, source, checks,
+                        loop, noise_mode, gradient_sigma, accounted, release, export_saved_model, started, stack)
+    except BaseException:
+        stack.close()
+        raise
+
+
+def _log_plan(plan: TrainingPlan, tc, patient_unit: bool, start_step: int):
+    # The planned n only: the exact number of rows is a private count and never goes to a log line.
+    log.info("train_mlm: planned n=%d %s, %s sampling q=%.6g, E[batch]=%.2f, P=%d, T=%d, m=%d, "
+             "sigma=%s, C=%s, non_private=%s, steps %d→%d", plan.dataset_size,
+             f"patients (<= {plan.max_contributions} tuples each, user-level)" if patient_unit else "tuples",
+             tc.sampling, plan.sampling_probability, plan.expected_batch_size, plan.replicas,
+             plan.accumulation_steps, plan.micro_batch, tc.noise_multiplier, tc.clip_norm, tc.non_private,
+             start_step, plan.steps)
+
+
+def save_model(models: bert_lib.BertModels, uri: str):
+    """``model_config.json`` and the Keras weights (TF format) of ``models`` (already merged), as
+    ``bert_lib.load_bert`` reads them, on any storage TensorFlow writes to."""
+    storage.write_text(storage.join(uri, bert_lib.MODEL_CONFIG_FILE), models.spec.to_json())
+    models.mlm.save_weights(storage.join(uri, bert_lib.WEIGHTS_PREFIX))
+
+
+def digest(weights) -> str:
+    h = hashlib.sha256()
+    for w in weights:
+        h.update(np.ascontiguousarray(w).tobytes())
+    return h.hexdigest()
+
+
+def finish(training: Training) -> TrainResult:
+    """After ``training.loop.run()``: save the released model (LoRA merged; chief only), and the
+    ``TrainResult`` (written, chief only, as the PRIVATE ``train_result.json``)."""
+    loop, chain, tc, plan, stepper = training.loop, training.chain, training.tc, training.plan, training.stepper
+    record = loop.record
+    released_models = bert_lib.merge_lora(training.models)  # a plain BERT: adapters folded into the kernels
+    saved_model_dir = None
+    if chain.chief:
+        save_model(released_models, chain.model_dir)
+        if training.export_saved_model:
+            saved_model_dir = chain.path(schema.SAVED_MODEL_DIR)
+            released_models.encoder.save(saved_model_dir, include_optimizer=False, save_format="tf")
+    noise_std = diagnostics.noise_stds(training.gradient_sigma, diagnostics.config_of(tc)) \
+        if training.release_diagnostics else {}
+    # The steps the event must agree with: the chief's step log as stored (a non-chief: its count).
+    observed = integrity.observe(loop.source.sampler, stepper, chain.step_log_path if chain.chief else None,
+                                 noise_std, steps_executed=None if chain.chief else loop.step_log.count)
+    losses = record.losses
+    result = TrainResult(
+        steps_taken_total=loop.step_log.count, steps_this_run=loop.steps_this_run,
+        model_step=int(stepper.dp_step.numpy()), resumed_from_step=loop.start_step, steps_planned=plan.steps,
+        losses=losses, final_mlm_loss=float(np.mean(losses[-min(len(losses), 5):])) if losses else float("nan"),
+        final_mlm_accuracy=record.last_accuracy,
+        clipped_fraction=record.clipped_total / record.examples_total if record.examples_total else 0.0,
+        sampling_mode=tc.sampling, sampling_rate=plan.sampling_probability,
+        expected_batch_size=plan.expected_batch_size, logical_batch=tc.batch_size, replicas=plan.replicas,
+        accumulation=plan.accumulation_steps, micro_batch=plan.micro_batch,
+        noise_multiplier=0.0 if tc.non_private else tc.noise_multiplier,
+        effective_noise_multiplier=0.0 if tc.non_private else training.accounted_sigma,
+        gradient_noise_multiplier=training.gradient_sigma, released_diagnostics=record.released,
+        exact_diagnostic_sums=record.exact_sums, diagnostics_noise_std=noise_std, noise_mode=training.noise_mode,
+        clip_norm=tc.clip_norm, non_private=tc.non_private,
+        epsilon=math.inf if tc.non_private else None, delta=None if tc.non_private else tc.delta,
+        dataset_size=int(training.inputs.token_ids.shape[0]), planned_dataset_size=plan.dataset_size,
+        clipping_path=stepper.clipping_path, strategy=dpsgd.strategy_name(training.strategy),
+        seconds=time.time() - training.started, model_dir=chain.model_dir, checkpoint_dir=chain.checkpoint_dir,
+        saved_model_dir=saved_model_dir, tensorboard_dir=chain.tensorboard_dir, ledger_path=chain.step_log_path,
+        integrity_checks=loop.integrity_results, observed=observed,
+        trainable=dict(training.selection.describe(), total_parameters=bert_lib.count_parameters(training.spec)),
+        workers=stepper.workers, worker_rank=stepper.worker_index,
+        parameter_digest=digest(released_models.mlm.get_weights()))
+    chain.write_json(schema.TRAIN_RESULT_FILE, result.to_dict())
+    return result

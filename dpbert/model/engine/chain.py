@@ -1,0 +1,342 @@
+"""The training chain: one PRIVATE state directory that every run of a chain (first run, resumes
+after a crash or preemption) trains in. Every read and write goes through ``dpbert.storage``, so
+the directory may be local, ``gs://…`` or ``ram://…``::
+
+    .lock               the lease lock (``storage.LeaseLock``): one run at a time
+    dp_steps.json       the STEP LOG: DP steps EXECUTED in this chain, written BEFORE each step runs
+    run_config.json     the privacy-relevant parameters; a resume with different ones is refused
+    shuffle_key.json    the secret key of the shuffle stream (shuffle sampling only)
+    checkpoints/        tf.train.CheckpointManager: model, optimizer (its step counter), dp_step
+    model/, saved_model/, tensorboard/, train_result.json, integrity_checks.json
+    resume_key.json, charge_basis.json, dp_count.json, budget_refusal.json (the trainer stage)
+
+Three ledgers, named apart: the chain's write-ahead count is the **step log**
+(``schema.STEP_LOG_FILE``; a state directory written before it was named so keeps its
+``schema.STEP_LOG_LEGACY_FILE``, read when present so it resumes); the accountant's ε composition
+is the **privacy ledger** (``dpbert.privacy.accountant.ledger``); the per-dataset record is the
+**dataset ledger** (``schema.DATASET_LEDGER_FILE``).
+
+Step counting across crashes: the checkpoint holds the optimizer's ``iterations`` and ``dp_step``,
+so a resumed run continues at the checkpoint's step and stops at the planned total. Steps executed
+after the last checkpoint and lost in a crash were still computed on private data; the step log
+counts them (``TrainResult.steps_taken_total``, what the accountant charges, is its count).
+
+The lock is a lease object, not ``flock``: it works on object stores, and a crashed holder's lease
+expires after ``LOCK_TTL_S`` so the next run takes the chain over. Two runs started into one
+output used to share one checkpoint directory and one step log (10 steps ran, 5 charged); with the
+lock the second is refused (:class:`StateDirectoryBusy`) before it reads anything, so every
+executed step is in the step log of the run that executed it. Only the CHIEF of a multi-worker run
+locks and writes here.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import secrets
+from pathlib import Path
+from typing import List, Optional
+
+from dpbert import schema, storage
+
+log = logging.getLogger("dpbert.model.train")
+
+#: Where the trainer stage keeps its chains, under the pipeline root.
+STATE_ROOT = "_trainer_state"
+#: Marks the trainers' state root as operator-only: nothing under it is ever released.
+PRIVATE_MARKER = "PRIVATE-operator-only.txt"
+#: A crashed holder's lease expires after this; a live run renews it every third of it.
+LOCK_TTL_S = 120.0
+#: Files of the state directory copied into the model artifact (``train_result.json`` is NOT: it
+#: holds the exact, un-noised training curves).
+RECORD_FILES = (schema.STEP_LOG_FILE, schema.RUN_CONFIG_FILE)
+
+
+class StateDirectoryBusy(RuntimeError):
+    """Another training run holds the state directory (its checkpoints and step log)."""
+
+
+def _norm(uri) -> str:
+    """One spelling per directory, so a held lock is recognised whatever path form names it."""
+    return str(uri).rstrip("/") if storage.is_remote(uri) else str(Path(uri).resolve())
+
+
+class HeldStateLock:
+    """What ``state_lock`` yields: proof that this caller holds a state directory's lease, passed
+    on to ``train_mlm(held_lock=...)`` by a caller (the trainer stage) that locks before it plans."""
+
+    def __init__(self, uri, lease: storage.LeaseLock):
+        self.uri, self.lease = _norm(uri), lease
+
+    @property
+    def held(self) -> bool:
+        return self.lease.held
+
+    def check(self):
+        """Raise ``storage.LockLost`` when the lease was taken over (it expired under us)."""
+        self.lease.check()
+
+
+@contextlib.contextmanager
+def state_lock(uri, ttl_s: float = LOCK_TTL_S, clock=None):
+    """Exclusive lease on a trainer state directory for the whole run, renewed in the background.
+    Not re-entrant (a second ``state_lock`` of the same directory is refused even in this process):
+    hand the held lock to ``train_mlm`` instead."""
+    store = storage.storage_for(str(uri))
+    store.makedirs(str(uri))
+    kwargs = {} if clock is None else {"clock": clock}
+    lease = storage.LeaseLock(storage.join(str(uri), schema.STATE_LOCK_FILE), ttl_s=ttl_s, **kwargs)
+    try:
+        lease.acquire()
+    except storage.LockHeld:
+        raise StateDirectoryBusy(
+            f"another training run is using {uri} (its checkpoints and DP step log); wait for it to "
+            f"finish, or train into another output directory") from None
+    try:
+        yield HeldStateLock(uri, lease.keep_alive())
+    finally:
+        lease.release()
+
+
+# --------------------------------------------------------------------------- the step log
+class StepLog:
+    """The write-ahead count of DP steps executed in a chain. The chief reads it (the step log, or
+    a legacy ``dp_ledger.json``), raises it to the checkpoint's step, records the σ every step is
+    charged at, and rewrites it BEFORE each step (:meth:`charge`); a non-chief only counts."""
+
+    def __init__(self, state: Optional[str], start_step: int, accounted_sigma: Optional[float] = None):
+        # state None: a non-chief worker (the chief's step log is the record).
+        self.uri = None if state is None else storage.join(state, schema.STEP_LOG_FILE)
+        if state is None:
+            self.data = {"steps_executed": int(start_step)}
+            return
+        self.data = read_step_log(state) or {"steps_executed": 0}
+        self.data["steps_executed"] = max(int(self.data.get("steps_executed", 0)), int(start_step))
+        if accounted_sigma is not None:
+            # The σ every executed step is charged at (a resume with another σ is refused), so the
+            # ε a chain has spent can be read off its state directory after any stop.
+            self.data["noise_multiplier_accounted"] = float(accounted_sigma)
+        self._write()
+        _drop_legacy(state)
+
+    @property
+    def count(self) -> int:
+        return int(self.data["steps_executed"])
+
+    def charge(self):
+        """Count one more step, written before the step runs: a step that starts is charged."""
+        self.data["steps_executed"] = self.count + 1
+        self._write()
+
+    def read(self) -> dict:
+        """The step log as stored (the chief's), else this process's count."""
+        return storage.read_json(self.uri) if self.uri is not None else dict(self.data)
+
+    def _write(self):
+        if self.uri is not None:
+            storage.write_json(self.uri, self.data)
+
+
+def step_log_file(state: str) -> Optional[str]:
+    """The URI of the chain's step log, or of its legacy ``dp_ledger.json``; None when neither exists."""
+    for name in (schema.STEP_LOG_FILE, schema.STEP_LOG_LEGACY_FILE):
+        uri = storage.join(state, name)
+        if storage.storage_for(uri).exists(uri):
+            return uri
+    return None
+
+
+def read_step_log(state: str) -> Optional[dict]:
+    """The chain's step log (or its legacy file); None when neither exists."""
+    uri = step_log_file(state)
+    return None if uri is None else storage.read_json(uri, default=None)
+
+
+def _drop_legacy(state: str):
+    legacy = storage.join(state, schema.STEP_LOG_LEGACY_FILE)
+    store = storage.storage_for(legacy)
+    if store.exists(legacy):  # migrated into the step log just written
+        store.delete(legacy)
+
+
+# --------------------------------------------------------------------------- the chain
+@dataclasses.dataclass
+class TrainingChain:
+    """The paths and records of one state directory; ``chief``: writes (rank 0) or only reads."""
+
+    uri: str
+    chief: bool = True
+
+    def path(self, *parts: str) -> str:
+        return storage.join(self.uri, *parts)
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.path(schema.CHECKPOINTS_DIR)
+
+    @property
+    def tensorboard_dir(self) -> str:
+        return self.path(schema.TENSORBOARD_DIR)
+
+    @property
+    def model_dir(self) -> str:
+        return self.path(schema.MODEL_DIR)
+
+    @property
+    def step_log_path(self) -> str:
+        return self.path(schema.STEP_LOG_FILE)
+
+    def prepare(self, run_config: dict, resume: bool):
+        """Refuse a resume with other parameters (every worker); the chief first creates the
+        directory and discards the chain when ``resume`` is False (its step count kept as
+        history), then records ``run_config``."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        if self.chief:
+            storage.storage_for(self.uri).makedirs(self.uri)
+            if not resume:
+                self.discard()
+        previous = storage.read_json(self.path(schema.RUN_CONFIG_FILE), default=None)
+        current = json.loads(json.dumps(run_config))
+        if resume and previous is not None and tf.train.latest_checkpoint(self.checkpoint_dir) and previous != current:
+            diff = sorted(k for k in set(current) | set(previous) if previous.get(k) != current.get(k))
+            raise ValueError(f"cannot resume {self.uri}: parameters changed ({', '.join(diff)}); "
+                             f"use a new output_dir or resume=False")
+        self.write_json(schema.RUN_CONFIG_FILE, current)
+
+    def discard(self):
+        """A new chain in the same directory: checkpoints and shuffle stream gone, step count 0,
+        earlier chains' counts kept under ``history``."""
+        store = storage.storage_for(self.uri)
+        old = read_step_log(self.uri)
+        if old is None and not store.exists(self.checkpoint_dir):
+            return
+        log.warning("resume=False: discarding checkpoints in %s (previous chain executed %s DP steps)",
+                    self.checkpoint_dir, (old or {}).get("steps_executed"))
+        store.rmtree(self.checkpoint_dir)
+        if store.exists(self.path(schema.SHUFFLE_KEY_FILE)):
+            store.delete(self.path(schema.SHUFFLE_KEY_FILE))
+        history = (old or {}).get("history", []) + ([{"steps_executed": old["steps_executed"]}] if old else [])
+        storage.write_json(self.step_log_path, {"steps_executed": 0, "history": history})
+        _drop_legacy(self.uri)
+
+    def shuffle_key(self, test_seed: Optional[int]) -> int:
+        """The secret key of the shuffle stream, kept here so a resume continues its permutations
+        (``sampling.ShuffleSampler``). Created once (``if_generation_match=0``)."""
+        path = self.path(schema.SHUFFLE_KEY_FILE)
+        stored = storage.read_json(path, default=None)
+        if stored is not None:
+            return int(stored["key"])
+        key = secrets.randbits(63) if test_seed is None else int(test_seed)
+        if self.chief:
+            storage.write_json(path, {"key": key}, if_generation_match=0)
+        return key
+
+    def step_log(self, start_step: int, accounted_sigma: Optional[float]) -> StepLog:
+        return StepLog(self.uri if self.chief else None, start_step, accounted_sigma)
+
+    def write_json(self, name: str, data):
+        if self.chief:
+            storage.write_json(self.path(name), data)
+
+
+# --------------------------------------------------------------------------- the trainer stage's chains
+def state_dir(pipeline_root: str, key_material: str) -> str:
+    """``<pipeline_root>/_trainer_state/<sha256(key_material)[:20]>``."""
+    key = hashlib.sha256(key_material.encode()).hexdigest()[:20]
+    return storage.join(pipeline_root, STATE_ROOT, key)
+
+
+def write_resume_key(state: str, key: str, non_private: bool):
+    storage.write_json(storage.join(state, schema.RESUME_KEY_FILE), {"key": key, "non_private": bool(non_private)})
+
+
+def _checkpoint_step(state: str) -> int:
+    """The newest checkpoint's step from tf.train.CheckpointManager's index (no TensorFlow)."""
+    try:
+        index = storage.read_text(storage.join(state, schema.CHECKPOINTS_DIR, "checkpoint"))
+    except FileNotFoundError:
+        return 0
+    match = re.search(r'^model_checkpoint_path:\s*"[^"]*-(\d+)"', index, re.M)
+    return int(match.group(1)) if match else 0
+
+
+def chain_state(state: str) -> Optional[dict]:
+    """What a trainer state directory has done, from its files alone (no TensorFlow):
+    ``{"state", "key", "non_private", "steps_executed", "checkpoint_step", "step_log"}`` — the step
+    log's count (every step ever started, lost ones included), the step of the newest checkpoint
+    (where a re-run resumes; 0 without one) and the step log's URI. None when ``state`` holds no
+    step log."""
+    log_uri = step_log_file(state)
+    try:
+        executed = int(storage.read_json(log_uri)["steps_executed"])
+    except (OSError, KeyError, ValueError, TypeError, AttributeError):  # none (log_uri None), or unreadable
+        return None
+    try:
+        stored = storage.read_json(storage.join(state, schema.RESUME_KEY_FILE), default=None) or {}
+        key, non_private = stored.get("key"), (bool(stored["non_private"]) if "non_private" in stored else None)
+    except (ValueError, AttributeError):
+        key, non_private = None, None
+    if non_private is None:
+        try:
+            config = storage.read_json(storage.join(state, schema.RUN_CONFIG_FILE), default=None) or {}
+            non_private = bool(config.get("non_private"))
+        except (ValueError, AttributeError):
+            non_private = False
+    return {"state": state, "key": key, "non_private": non_private, "steps_executed": executed,
+            "checkpoint_step": _checkpoint_step(state), "step_log": log_uri}
+
+
+def chains(pipeline_root: str) -> List[dict]:
+    """:func:`chain_state` of every trainer state directory under ``pipeline_root``."""
+    root = storage.join(pipeline_root, STATE_ROOT)
+    store = storage.storage_for(root)
+    if not store.isdir(root):
+        return []
+    found = (chain_state(storage.join(root, name)) for name in store.listdir(root)
+             if store.isdir(storage.join(root, name)))
+    return [c for c in found if c is not None]
+
+
+def mark_state_root_private(pipeline_root: str):
+    marker = storage.join(pipeline_root, STATE_ROOT, PRIVATE_MARKER)
+    if not storage.storage_for(marker).exists(marker):
+        storage.write_text(marker, (
+            "Operator-only: trainer state computed on private data without noise (checkpoints, exact\n"
+            "training curves, the write-ahead DP step log, sampling keys). Never release anything here;\n"
+            "`dpbert release` writes the released set (dpbert/release.py).\n"))
+
+
+def copy_artifact_files(state: str, vocabulary_dir: str, model_dir: str, *tokenizer_files: str):
+    """The artifact holds a copy of the model and its records; the state directory keeps the step
+    log for later resumes. The tokenizer files go to ``<model_dir>/tokenizer``."""
+    copy_tree(storage.join(state, schema.MODEL_DIR), storage.join(model_dir, schema.MODEL_DIR))
+    for name in RECORD_FILES:
+        if storage.storage_for(state).exists(storage.join(state, name)):
+            copy_file(storage.join(state, name), storage.join(model_dir, name))
+    if storage.storage_for(state).isdir(storage.join(state, schema.TENSORBOARD_DIR)):
+        copy_tree(storage.join(state, schema.TENSORBOARD_DIR), storage.join(model_dir, schema.TENSORBOARD_DIR))
+    for name in tokenizer_files:
+        copy_file(storage.join(vocabulary_dir, name), storage.join(model_dir, schema.TOKENIZER_DIR, name))
+
+
+def copy_file(source: str, target: str):
+    storage.storage_for(target).write_bytes(target, storage.storage_for(source).read_bytes(source))
+
+
+def copy_tree(source: str, target: str):
+    """Every file under ``source`` to the same relative path under ``target`` (merging), across
+    backends (state on ``ram://`` or ``gs://``, the artifact elsewhere)."""
+    store = storage.storage_for(source)
+    if type(store) is type(storage.storage_for(target)):  # pylint: disable=unidiomatic-typecheck
+        store.copytree(source, target)
+        return
+    for name in store.listdir(source):
+        child = storage.join(source, name)
+        if store.isdir(child):
+            copy_tree(child, storage.join(target, name))
+        else:
+            copy_file(child, storage.join(target, name))
