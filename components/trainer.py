@@ -43,7 +43,6 @@ def MLMPretrainer(
         pipeline_root=pipeline_root_of(model.uri),
         canaries_dir=None if canaries is None else canaries.uri,
         non_private=bool(non_private),
-        stop_after_steps=crash_after_steps_from_env(),
         # The vocabulary's DP record: the trainer refuses any step the budget does not cover.
         vocab_event=get_property(vocabulary, schema.DP_EVENT))
     set_properties(model, {**result.properties, "code_version": code_version})

@@ -29,8 +29,6 @@ from pipeline.pipeline import create_pipeline, output_paths
 
 log = logging.getLogger("dpbert")
 
-_LEDGER_FILE = schema.DP_LEDGER_FILE
-
 
 class RunInterrupted(Exception):
     """The run was stopped by SIGINT/SIGTERM; the run is marked cancelled in ML Metadata.
@@ -90,7 +88,7 @@ class RunRefused(Exception):
 
 def budget_refusal(pipeline_root: str, since: float) -> Optional[Dict[str, Any]]:
     """The trainer's ``schema.BUDGET_REFUSAL_FILE`` written at or after ``since``, or None."""
-    from dpbert.stages.pretrain import STATE_ROOT
+    from dpbert.model.engine.chain import STATE_ROOT
 
     for path in glob.glob(os.path.join(pipeline_root, STATE_ROOT, "*", schema.BUDGET_REFUSAL_FILE)):
         try:
@@ -107,12 +105,12 @@ def trainer_progress(pipeline_root: str, since: float) -> Optional[Dict[str, Any
     ``<pipeline_root>/_trainer_state`` written at or after ``since`` (seconds since the epoch).
 
     ``{"steps_executed", "checkpoint_step", "non_private"}`` or None when no trainer ran."""
-    from dpbert.stages.pretrain import chains
+    from dpbert.model.engine.chain import chains
 
     newest, newest_mtime = None, since
     for chain in chains(pipeline_root):
         try:
-            mtime = os.path.getmtime(os.path.join(chain["state"], _LEDGER_FILE))
+            mtime = os.path.getmtime(chain["step_log"])  # the chain's step log (or its legacy file)
         except OSError:
             continue
         if mtime >= newest_mtime:
@@ -130,7 +128,8 @@ def record_charged(pipeline_root: str, metadata_path: str, started: float,
     (``dpbert.metadata.mark_charged``; with ``refusal``, marked refused over the budget). Returns
     what was recorded, or None (no DP trainer ran in this run)."""
     from dpbert.metadata import mark_charged
-    from dpbert.stages.pretrain import chain_charged, chains
+    from dpbert.model.engine.chain import chains
+    from dpbert.model.engine.charges import chain_charged
 
     since_ms = int(started * 1000)
     if refusal is not None:
@@ -140,7 +139,7 @@ def record_charged(pipeline_root: str, metadata_path: str, started: float,
         for chain in chains(pipeline_root):
             if chain["non_private"]:
                 continue
-            mtime = os.path.getmtime(os.path.join(chain["state"], _LEDGER_FILE))
+            mtime = os.path.getmtime(chain["step_log"])
             if mtime >= started and (newest is None or mtime > newest[0]):
                 newest = (mtime, chain)
         charged = chain_charged(newest[1]["state"]) if newest else None

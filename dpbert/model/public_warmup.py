@@ -173,3 +173,42 @@ def public_start(spec, tokenizer, vocab_tokens: Sequence[str], *, steps: int, se
 
 
 __all__ = ["SOURCE", "SCOPES", "public_text_path", "public_sentences", "public_rows", "warm_up", "public_start"]
+
+
+def public_start_weights(mc, tc, tokenizer, vocabulary_dir: str):
+    """(initial MLM weights, properties, checkpoint directory) of the public start for
+    ``model.init: minilm`` (the trainer stage and the NER evaluation); reads the public checkpoint,
+    the released vocabulary and the shipped public text — nothing private. A public / public+dp
+    vocabulary must come from the same checkpoint (its ``token_sources.json`` sha256 is checked)."""
+    from os import environ
+
+    from dpbert import schema
+    from dpbert.model import init_public
+    from dpbert.resources import checkpoint
+    from dpbert.vocab import public
+
+    directory = checkpoint.checkpoint_dir(mc.init_dir)
+    sources = public.read_token_sources(vocabulary_dir)
+    if sources is not None and sources.get("public_checkpoint_vocab_sha256") != \
+            public.file_sha256(directory / "vocab.txt"):
+        raise ValueError(f"the {sources.get('source')} vocabulary was built from another public checkpoint than "
+                         f"model.init_dir ({directory}): use the same checkpoint for both")
+    spec = init_public.spec_for_public(mc, tokenizer.get_vocab_size(), tc.mask_probability, directory)
+    vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
+    weights, record = public_start(
+        spec, tokenizer, vocab_tokens, steps=mc.public_warmup_steps, seed=tc.seed, checkpoint_dir=directory,
+        batch_size=mc.public_warmup_batch_size, learning_rate=mc.public_warmup_learning_rate,
+        mask_probability=tc.mask_probability)
+    warm = record["warmup"]
+    properties = {
+        schema.PUBLIC_INIT: f"{checkpoint.PACKAGE}=={checkpoint.PACKAGE_VERSION}" if mc.init_dir is None
+        and environ.get(checkpoint.ENV_DIR) is None else str(directory),
+        schema.PUBLIC_LAYERS: spec.num_layers,
+        schema.PUBLIC_WARMUP_STEPS: mc.public_warmup_steps,
+        schema.PUBLIC_WARMUP_SOURCE: warm["source"] if mc.public_warmup_steps else None,
+        "public_warmup_loss_first": warm.get("loss_first"),
+        "public_warmup_loss_last": warm.get("loss_last"),
+        "public_rows_copied": record["init"]["rows_exact"] + record["init"]["rows_lowercased"],
+        "public_rows_piece_mean": record["init"]["rows_piece_mean"],
+    }
+    return weights, properties, directory

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Union
 
 from dpbert import schema
 from dpbert.config import PrivacyConfig
+from dpbert.privacy.composition import ledger_delta
 from dpbert.stages.result import StageResult
 
 log = logging.getLogger("dpbert.accountant")
@@ -38,13 +39,6 @@ def _records(value: Union[str, bytes, Any]):
     from dpbert.privacy import events
 
     return events.from_json(value) if isinstance(value, (str, bytes)) else value
-
-
-def ledger_delta(vocab_record, training_delta: float) -> float:
-    """δ of the composed ledger: δ_V of a DP histogram vocabulary (0 otherwise) + δ_T."""
-    vocab_record = vocab_record or {}
-    delta_vocab = vocab_record.get("delta", 0.0) if vocab_record.get("mechanism") == "dp_histogram" else 0.0
-    return delta_vocab + training_delta
 
 
 def account(report_dir: str, vocab_event, train_events, training_delta: float, privacy_config: PrivacyConfig,

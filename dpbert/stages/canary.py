@@ -3,7 +3,7 @@ CanaryExposure's stage (after), with the one-run audit.
 
 :func:`generate_canaries` draws the canaries from the DP vocabulary with the OS CSPRNG and writes
 them, with a secret insertion seed, to a PRIVATE directory (never printed, logged or served). The
-trainers read it (:func:`apply_canaries`) and insert the same canaries at the same places (the
+trainers read it (``dpbert.evaluate.canary_insertion.apply_canaries``) and insert the same canaries at the same places (the
 seed), so the DP and the non-private model see the same canaried data. :func:`exposure_report`
 computes exposure per group and the one-run audit's ε lower bound, and reports a failure if that
 lower bound exceeds the accountant's ε.
@@ -24,6 +24,9 @@ from typing import Dict, List, Optional
 
 from dpbert import schema
 from dpbert.config import CanaryConfig
+# Insertion lives below the stages (the trainer stage reads it); re-exported for this stage's callers.
+from dpbert.evaluate.canary_insertion import (AUDIT_FILE, CANARIES_FILE, SEED_FILE,  # noqa: F401
+                                              apply_canaries, load_canaries)
 from dpbert.stages.result import StageResult
 
 log = logging.getLogger("dpbert.canary")
@@ -33,9 +36,6 @@ CARRIER_SEED = 20240611
 CARRIER_PATIENTS = 10
 CONTEXTS_PER_CANARY = 16
 MAX_REFERENCE = 5000
-CANARIES_FILE = "canaries.json"
-AUDIT_FILE = "audit_canaries.json"
-SEED_FILE = "insertion_seed.json"
 EXPOSURE_FILE = "exposure.json"
 AUDIT_FIELDS = ("epsilon_lower_bound", "r", "v", "m", "k_plus", "k_minus", "beta_total")
 
@@ -77,47 +77,6 @@ def generate_canaries(vocabulary_dir: str, canaries_dir: str, config: CanaryConf
     return StageResult(properties={
         schema.PRIVATE: 1, "num_canaries": len(canary_set), "groups": [str(o) for o in occurrences],
         "num_audit_canaries": num_audit})
-
-
-def load_canaries(canaries_dir: str):
-    """(CanarySet, audit CanarySet or None, insertion seed) from a CanaryList directory."""
-    from dpbert.evaluate.canary import CanarySet
-
-    canary_set = CanarySet.load(os.path.join(canaries_dir, CANARIES_FILE))
-    audit_path = os.path.join(canaries_dir, AUDIT_FILE)
-    audit = CanarySet.load(audit_path) if os.path.exists(audit_path) else None
-    with open(os.path.join(canaries_dir, SEED_FILE), encoding="utf-8") as f:
-        seed = json.load(f)["insertion_seed"]
-    return canary_set, audit, seed
-
-
-# --------------------------------------------------------------------------- the trainers
-def apply_canaries(token_ids, row_ids, canaries_dir: str, max_seq_length: int, rows_planned: int):
-    """Insert the canaries into the training examples and append the included audit canaries as
-    examples of their own (one privacy unit each).
-
-    Insertion is decided row by row from (the secret insertion key, the row's own record id)
-    (``dpbert.evaluate.canary.insert_canaries``): the same rows get the same canaries in every
-    trainer, and adding or removing a row changes no other row's canaries. ``rows_planned``: the
-    plan's public (or DP-counted) n, so a group of c occurrences is inserted with probability
-    c / n per row. Returns (token ids, record ids, insertion counts per canary id) — the counts
-    are operator-only (they are Binomial draws over the private rows).
-    """
-    import numpy as np
-
-    from dpbert.data.tuples import record_id
-    from dpbert.evaluate.canary import canary_examples, insert_canaries
-
-    canary_set, audit, key = load_canaries(canaries_dir)
-    token_ids, counts = insert_canaries(token_ids, canary_set, key, row_ids=row_ids, rows_planned=rows_planned)
-    row_ids = np.asarray(row_ids, dtype=np.int64)
-    if audit is not None:
-        included = [c for c in audit.canaries if c.included]
-        if included:
-            extra, _ = canary_examples(included, max_seq_length)
-            token_ids = np.concatenate([token_ids, extra.astype(token_ids.dtype)])
-            row_ids = np.concatenate([row_ids, [record_id(f"audit-canary/{c.canary_id}") for c in included]])
-    return token_ids, row_ids, {str(c.canary_id): int(k) for c, k in zip(canary_set.canaries, counts)}
 
 
 # --------------------------------------------------------------------------- CanaryExposure

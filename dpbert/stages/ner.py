@@ -14,7 +14,7 @@ lexicon entries. The dev split of early stopping is carved from each task's TRAI
 (``ner.dev_fraction``), never from the test split.
 
 The ``public`` row is rebuilt exactly as the DP trainer builds its start
-(``dpbert.stages.pretrain.public_start_weights``: the checkpoint's first ``model.public_layers``
+(``dpbert.model.public_warmup.public_start_weights``: the checkpoint's first ``model.public_layers``
 layers, the run's vocabulary, ``model.public_warmup_steps`` of MLM warm-up on the shipped public
 text with ``training.seed``): it reads no private artifact. With ``model.init: random`` the public
 start IS the ``random`` row, so there is no ``public`` row and the gains are measured from
@@ -126,7 +126,7 @@ def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_wor
     mlm = {"random": mlm_builder(None, spec, seed=cfg.seed)}
     public_record = None
     if model_config is not None and model_config.init == "minilm":
-        from dpbert.stages.pretrain import public_start_weights
+        from dpbert.model.public_warmup import public_start_weights
 
         tc = training_config or TrainingConfig()
         weights, public_record, _ = public_start_weights(model_config, tc, tokenizer, tokenizer_dir)

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from dpbert import schema
 from tests.tiny import CLASSIC, set_args
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +48,7 @@ def _run(out, budget, crash_after=None):
 
 
 def _ledger_steps(out):
-    (path,) = (out / "pipeline_root" / "_trainer_state").glob("*/dp_ledger.json")
+    (path,) = (out / "pipeline_root" / "_trainer_state").glob(f"*/{schema.STEP_LOG_FILE}")
     return json.loads(path.read_text())["steps_executed"]
 
 

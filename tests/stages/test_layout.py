@@ -56,3 +56,12 @@ def test_logic_lines_counts_code_only(tmp_path):
     sample.write_text('"""doc"""\nimport os\n\n@decorator\ndef f(\n    a,\n):\n    """doc\n    more"""\n'
                       '    # comment\n    return a\n', encoding="utf-8")
     assert logic_lines(sample) == 1
+
+
+@pytest.mark.parametrize("path", STAGES, ids=lambda p: p.name)
+def test_no_stage_imports_another_stage(path):
+    """Stages sit side by side: what two stages share lives below them (``dpbert.model``,
+    ``dpbert.evaluate``, ``dpbert.privacy``); only the shared result type is allowed."""
+    own = f"dpbert.stages.{path.stem}"
+    others = [m for m in _imports(path) if m.startswith("dpbert.stages") and m not in (own, "dpbert.stages.result")]
+    assert not others, f"{path.name} imports another stage: {others}"

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dpbert import schema
+from dpbert import schema, storage
 from dpbert.config import MembershipConfig, PrivacyConfig
 from dpbert.stages import pretrain as stage
 
@@ -71,13 +71,14 @@ def test_artifact_files_properties_and_dp_event(tmp_path, tuples_dir, vocabulary
     tc = tiny_training_config(steps=2)
     result, model_dir = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc)
     for name in (schema.MODEL_DIR, schema.TOKENIZER_DIR, schema.DP_EVENTS_FILE, schema.RUN_CONFIG_FILE,
-                 schema.DP_LEDGER_FILE):
+                 schema.STEP_LOG_FILE):
         assert (model_dir / name).exists(), name
     # The exact training curves stay in the private state directory.
     assert not (model_dir / schema.TRAIN_RESULT_FILE).exists()
     assert (tmp_path / "root" / stage.STATE_ROOT / stage.PRIVATE_MARKER).exists()
     assert not (model_dir / schema.CANARY_COUNTS_FILE).exists()
-    assert sorted(os.listdir(model_dir / schema.TOKENIZER_DIR)) == ["tokenizer.json", "vocab.txt"]
+    tokenizer_dir = str(model_dir / schema.TOKENIZER_DIR)  # listed as the storage layer sees it
+    assert storage.storage_for(tokenizer_dir).listdir(tokenizer_dir) == ["tokenizer.json", "vocab.txt"]
     props = result.properties
     n = len(raw_tuples)
     # Without training.dataset_size the plan's n is a DP count (charged), never the exact n.
@@ -133,7 +134,7 @@ def test_a_crashed_run_resumes_from_the_state_directory(tmp_path, tuples_dir, vo
     monkeypatch.setenv(stage.CRASH_AFTER_STEPS_ENV, "1")
     assert stage.crash_after_steps_from_env() == 1
     with pytest.raises(SimulatedCrash):
-        _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, name="1", stop_after_steps=stage.crash_after_steps_from_env())
+        _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, name="1")  # the env var adds a CrashAfter hook
     monkeypatch.delenv(stage.CRASH_AFTER_STEPS_ENV)
     assert stage.crash_after_steps_from_env() is None
     # A new execution (another output directory) of the same inputs finds the same state.

@@ -32,14 +32,14 @@ def _epsilon(tc, steps, n):
 def test_a_resume_never_executes_a_step_the_budget_does_not_cover(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
     """Budget = ε of 4 steps (the plan); a crash after 3 steps with no checkpoint; the resume would
     run 4 more (7 in the chain): it runs 1, is refused before the 5th, and records ε of 4."""
-    from dpbert.model.train import SimulatedCrash
+    from dpbert.model.train import CrashAfter, SimulatedCrash
 
     n = len(raw_tuples)
     tc = tiny_training_config(steps=4, checkpoint_every=50, dataset_size=n, dp_diagnostics=False)
     budget = _epsilon(tc, 4, n) * (1 + 1e-9)
     pc = PrivacyConfig(tuple_words=24, epsilon_budget=budget)
     with pytest.raises(SimulatedCrash):
-        _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, pc, name="1", stop_after_steps=3)
+        _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, pc, name="1", hooks=[CrashAfter(3)])
     # What `dpbert run` records on the crashed run: the ε its chain already spent (3 steps).
     (crashed,) = stage.chains(str(tmp_path / "root"))
     charged = stage.chain_charged(crashed["state"])
@@ -62,16 +62,14 @@ def test_a_resume_never_executes_a_step_the_budget_does_not_cover(tmp_path, tupl
 def test_a_run_refused_by_the_state_lock_draws_no_dp_count(tmp_path, tuples_dir, vocabulary_dir):
     """Two runs into one state directory: the one refused by the lock must not draw (or overwrite)
     the DP count — it used to draw it before the lock, logging and charging a second count."""
-    import fcntl
-
+    from dpbert import storage
     from dpbert.model.train import StateDirectoryBusy
 
     tc = tiny_training_config(steps=1)  # no dataset_size: the plan is over a DP count
     state = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, name="1").state_dir
     count_file = os.path.join(state, stage.DP_COUNT_FILE)
     os.remove(count_file)  # as if the run holding the lock had not drawn yet
-    with open(os.path.join(state, ".lock"), "a+") as other_run:  # another process's lock
-        fcntl.flock(other_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with storage.LeaseLock(os.path.join(state, schema.STATE_LOCK_FILE), owner="another-run"):  # its live lease
         with pytest.raises(StateDirectoryBusy):
             _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, name="2")
     assert not os.path.exists(count_file)
@@ -90,11 +88,12 @@ def test_shuffle_resume_charges_the_windows_it_replays(tmp_path):
     [0–5] then [5, 6] on resume: with windows indexed by the ledger, no row takes part more than
     E = ceil(8·4/20) = 2 times (it was 3 for 4 rows with the checkpoint's step)."""
     from dpbert.config import ModelConfig, TrainingConfig
+    from dpbert.model import sampling
     from dpbert.model import train as train_lib
     from dpbert.privacy import events
 
     seen = []
-    real_sample = train_lib.sampling.ShuffleSampler.sample
+    real_sample = sampling.ShuffleSampler.sample
 
     def spy(self, step):
         rows = real_sample(self, step)
@@ -111,13 +110,13 @@ def test_shuffle_resume_charges_the_windows_it_replays(tmp_path):
     specials = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
     out = tmp_path / "state"
     try:
-        train_lib.sampling.ShuffleSampler.sample = spy
+        sampling.ShuffleSampler.sample = spy
         with pytest.raises(train_lib.SimulatedCrash):
             train_lib.train_mlm(token_ids, specials, 64, mc, tc, out, progress=False, export_saved_model=False,
-                                stop_after_steps=6)
+                                hooks=[train_lib.CrashAfter(6)])
         result = train_lib.train_mlm(token_ids, specials, 64, mc, tc, out, progress=False, export_saved_model=False)
     finally:
-        train_lib.sampling.ShuffleSampler.sample = real_sample
+        sampling.ShuffleSampler.sample = real_sample
     assert result.steps_taken_total == 8 and len(seen) == 8
     counts = np.bincount(np.concatenate(seen), minlength=n)
     occurrences, straddling = events.shuffle_participations(8, B / n)
