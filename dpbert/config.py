@@ -253,6 +253,11 @@ class TrainingConfig:
     #: default | mirrored (P devices of one process) | multi_worker (MultiWorkerMirroredStrategy over the
     #: cluster in $TF_CONFIG; Poisson sampling only) | tpu.
     strategy: str = "default"
+    #: W worker processes of the trainer step, one MultiWorkerMirroredStrategy cluster of W ×
+    #: replicas replicas (replicas = devices per worker: 1 on a CPU, its GPUs with strategy
+    #: mirrored). ``dpbert run`` starts them on this machine (loopback TF_CONFIG); a compiled
+    #: Vertex AI spec runs them as a custom job (the ``vertex`` section). Poisson sampling only.
+    workers: int = 1
     learning_rate: float = 1e-3
     warmup_steps: int = 10
     weight_decay: float = 0.01
@@ -332,6 +337,16 @@ class TrainingConfig:
         _check(self.strategy != "multi_worker" or self.sampling == "poisson", f"{prefix}.sampling",
                "must be poisson with training.strategy multi_worker (each worker flips its own units' "
                "coins; a shuffled fixed-size batch would need one permutation across workers)", self.sampling)
+        _check(self.workers >= 1, f"{prefix}.workers", "must be >= 1", self.workers)
+        _check(self.workers == 1 or self.strategy in ("default", "mirrored"), f"{prefix}.strategy",
+               f"must be default or mirrored with {prefix}.workers > 1 (the workers are one "
+               f"MultiWorkerMirroredStrategy cluster of their own)", self.strategy)
+        _check(self.workers == 1 or self.sampling == "poisson", f"{prefix}.sampling",
+               f"must be poisson with {prefix}.workers > 1 (each worker flips its own units' coins)", self.sampling)
+        _check(self.batch_size % (self.workers * self.replicas * self.accumulation_steps) == 0,
+               f"{prefix}.batch_size", f"must be divisible by {prefix}.workers × {prefix}.replicas × "
+               f"{prefix}.accumulation_steps = {self.workers * self.replicas * self.accumulation_steps}",
+               self.batch_size)
         _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
         _check(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0", self.warmup_steps)
         _check(0 < self.mask_probability < 1, f"{prefix}.mask_probability", "must be in (0, 1)",
@@ -545,6 +560,33 @@ class BeamConfig:
 
 
 @dataclasses.dataclass
+class VertexConfig:
+    """The Vertex AI custom job a compiled trainer step runs with ``training.workers`` > 1
+    (``kubeflow.custom_job``): worker pools chief × 1 + worker × (W − 1), each on this machine type."""
+
+    #: Google Cloud project and region of the custom job (required to compile with workers > 1).
+    project: Optional[str] = None
+    region: str = "us-central1"
+    machine_type: str = "n1-standard-8"
+    #: e.g. NVIDIA_TESLA_T4, NVIDIA_L4 (then training.replicas = accelerator_count, strategy mirrored).
+    accelerator_type: Optional[str] = None
+    accelerator_count: int = 0
+    #: The service account the replicas run as (default: the project's Vertex AI custom code agent).
+    service_account: Optional[str] = None
+
+    def validate(self, prefix: str):
+        _check(self.project is None or bool(re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", self.project)),
+               f"{prefix}.project", "must be a Google Cloud project id", self.project)
+        _check(bool(re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", self.region or "")), f"{prefix}.region",
+               "must be a Vertex AI region such as us-central1", self.region)
+        _check(bool(self.machine_type), f"{prefix}.machine_type", "must be set (e.g. n1-standard-8)",
+               self.machine_type)
+        _check(self.accelerator_count >= 0, f"{prefix}.accelerator_count", "must be >= 0", self.accelerator_count)
+        _check((self.accelerator_type is None) == (self.accelerator_count == 0), f"{prefix}.accelerator_count",
+               f"must be >= 1 with {prefix}.accelerator_type and 0 without", self.accelerator_count)
+
+
+@dataclasses.dataclass
 class PipelineConfig:
     name: str = "dpbert"
     #: Where artifacts (pipeline_root) and the ML Metadata sqlite store go.
@@ -570,6 +612,7 @@ class Config:
     local_privacy: LocalPrivacyConfig = dataclasses.field(default_factory=LocalPrivacyConfig)
     beam: BeamConfig = dataclasses.field(default_factory=BeamConfig)
     pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+    vertex: VertexConfig = dataclasses.field(default_factory=VertexConfig)
 
     def validate(self) -> "Config":
         for f in dataclasses.fields(self):

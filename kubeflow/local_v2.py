@@ -9,6 +9,11 @@ kubeflow_v2_run_executor ...``) in a fresh process, from a directory outside the
 What differs from Vertex AI: the artifact URIs are local paths instead of ``gs://``, the process
 runs in this environment instead of the image, and no ML Metadata/caching is involved.
 
+A trainer task that carries a custom job (``training.workers`` > 1, ``kubeflow.custom_job``) runs
+it here too: ``DPBERT_CUSTOM_JOB_CLIENT=local`` makes its step start the job's replicas as local
+processes, each with the ``CLUSTER_SPEC`` and ``TF_CONFIG`` Vertex AI gives it (workerpool0 is
+the ``chief``), instead of submitting it.
+
     python -m kubeflow.local_v2 pipeline.json /tmp/rehearsal [--tasks CorpusIngest]
 """
 from __future__ import annotations
@@ -115,13 +120,24 @@ def run_task(spec: dict, task_name: str, root_dir: str, upstream: Dict[str, Dict
     invocation = executor_input(spec, task_name, root_dir, upstream)
     os.makedirs(os.path.dirname(invocation["outputs"]["outputFile"]), exist_ok=True)
     command = container_command(spec, task_name, invocation)
+    from kubeflow.custom_job import CLIENT_ENV
+
     if in_process:
-        _run_in_process(command)
+        previous = os.environ.get(CLIENT_ENV)
+        os.environ[CLIENT_ENV] = "local"
+        try:
+            _run_in_process(command)
+        finally:
+            if previous is None:
+                os.environ.pop(CLIENT_ENV, None)
+            else:
+                os.environ[CLIENT_ENV] = previous
     else:
         workdir = os.path.join(os.path.abspath(root_dir), ".cwd")
         os.makedirs(workdir, exist_ok=True)
         run_env = dict(os.environ if env is None else env)
         run_env.setdefault("TF_USE_LEGACY_KERAS", "1")
+        run_env[CLIENT_ENV] = "local"  # a custom job's replicas run here (the rehearsal)
         result = subprocess.run(command, cwd=workdir, env=run_env, capture_output=True, text=True,
                                 timeout=timeout)
         if result.returncode != 0:

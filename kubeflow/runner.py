@@ -39,6 +39,9 @@ def validate_for_vertex(config: Config, pipeline_root: str) -> None:
     if not (pipeline_root or "").startswith("gs://") or len(pipeline_root.rstrip("/")) <= len("gs://"):
         raise ConfigError(f"--pipeline-root must be a Cloud Storage URI gs://BUCKET/ROOT for Vertex AI, "
                           f"got {pipeline_root!r}")
+    if config.training.workers > 1 and not config.vertex.project:
+        raise ConfigError("vertex.project must be set with training.workers > 1: the trainer step runs a "
+                          "Vertex AI custom job in that project (and vertex.region, default us-central1)")
     path = config.corpus.path
     if path is not None:
         if path.startswith("gs://"):
@@ -76,6 +79,7 @@ def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
                           fingerprint_corpus=False)
     if resources:
         apply_resources(dag, resources)
+    attach_custom_job(dag, config, image)
     output = os.path.abspath(output)
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
         config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
@@ -89,6 +93,27 @@ def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
         _write_spec(spec, output)
     check_spec_importable(spec)
     return output
+
+
+#: The trainer components (``pipeline.pipeline.create_components``): their steps submit the custom job.
+TRAINER_IDS = ("MLMPretrainer", "MLMPretrainerNonPrivate")
+
+
+def attach_custom_job(dag, config: Config, image: str) -> Optional[dict]:
+    """With ``training.workers`` > 1, give each trainer component the Vertex AI CustomJob template
+    (``kubeflow.custom_job.build_custom_job``) as its ``custom_job`` parameter: its step then runs
+    the training as a custom job of W replicas. Returns the template (None with one worker)."""
+    if config.training.workers < 2:
+        return None
+    import json
+
+    from kubeflow.custom_job import build_custom_job
+
+    template = build_custom_job(config, image)
+    for component in dag.components:
+        if component.id in TRAINER_IDS:
+            component.exec_properties["custom_job"] = json.dumps(template, sort_keys=True)
+    return template
 
 
 #: The task that reads the corpus (``pipeline.pipeline.ingest_component``).

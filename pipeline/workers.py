@@ -1,0 +1,299 @@
+"""The trainer stage on ``training.workers`` = W worker processes.
+
+Every process runs the SAME stage code on the same artifact URIs, so the sharding by unit, the
+plan and the state directory are derived identically in each; ``TF_CONFIG`` gives its rank (the
+chief is rank 0). The chief runs ``dpbert.stages.pretrain.pretrain`` itself — lock, plan, DP count,
+training, the model artifact — and writes the artifact's properties to ``Invocation.result_uri``.
+A worker of rank > 0 must neither lock nor write the state directory: it reads the same rows
+with the stage's own helpers, waits for the chief's records of this chain (its resume key, and
+its DP count when there is no public n) and trains in the chief's state directory with
+``train_mlm`` (non-chief: no lock, no writes; checkpoints restored from the chief's).
+
+    python -m pipeline.workers '<Invocation JSON>'      (one process; TF_CONFIG set)
+
+``run_local_workers`` (``dpbert run``) starts the W processes on loopback and supervises them
+(``dpbert.model.engine.workers.supervise``): the first to exit non-zero stops the others and the
+stage fails with one line naming it and the last step the chief's step log charged. A compiled
+Vertex AI spec runs the same command in every replica of a custom job (``kubeflow.custom_job``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from typing import Optional
+
+from dpbert import schema, storage
+
+log = logging.getLogger("dpbert.trainer")
+
+MODULE = "pipeline.workers"
+#: How long a non-chief waits for the chief's records of the chain (it fails after that: a state
+#: directory it cannot find is never trained in blind).
+WAIT_FOR_CHIEF_S = 900.0
+
+
+@dataclasses.dataclass
+class Invocation:
+    """What each worker process is given: the trainer's inputs (artifact URIs and configuration
+    sections as the component got them) and where the chief writes its result."""
+
+    tuples_dir: str
+    vocabulary_dir: str
+    model_dir: str
+    model_config: str
+    training_config: str
+    privacy_config: str
+    membership_config: str
+    pipeline_root: str
+    result_uri: str
+    canaries_dir: Optional[str] = None
+    non_private: bool = False
+    vocab_event: Optional[str] = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Invocation":
+        data = json.loads(text)
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown invocation field(s) {unknown}")
+        return cls(**data)
+
+    def sections(self):
+        """(model, training as every process trains it, privacy, membership) configuration."""
+        from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig, section_from_json
+        from dpbert.model.engine.workers import process_config
+
+        tc = process_config(section_from_json(TrainingConfig, self.training_config))
+        if self.non_private:
+            tc = dataclasses.replace(tc, non_private=True)
+        return (section_from_json(ModelConfig, self.model_config), tc,
+                section_from_json(PrivacyConfig, self.privacy_config),
+                section_from_json(MembershipConfig, self.membership_config))
+
+    @property
+    def workers(self) -> int:
+        return int(json.loads(self.training_config).get("workers", 1))
+
+
+def stage_state_dir(inv: Invocation) -> str:
+    """The chain ``dpbert.stages.pretrain.pretrain`` trains in for these inputs (the same key
+    material). The chief checks it against the one ``pretrain`` returned (:func:`_run_chief`), and
+    a non-chief trains only once the chief's resume key is there, so a drift fails, never trains
+    elsewhere."""
+    from dpbert.model.engine.chain import state_dir
+
+    mc, tc, pc, membership = inv.sections()
+    return state_dir(inv.pipeline_root, json.dumps(
+        [inv.tuples_dir, inv.vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
+         dataclasses.asdict(membership), int(tc.non_private), inv.canaries_dir], sort_keys=True))
+
+
+def _wait_for(uri: str, what: str, timeout: float = WAIT_FOR_CHIEF_S):
+    deadline = time.monotonic() + timeout
+    store = storage.storage_for(uri)
+    while not store.exists(uri):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the chief wrote no {what} ({uri}) within {timeout:g} s")
+        time.sleep(0.5)
+
+
+def error_uri(inv: Invocation, rank: int) -> str:
+    """Where rank ``rank`` records what it failed with: the chief in its result, the others beside it."""
+    return inv.result_uri if rank == 0 else f"{inv.result_uri}.rank{rank}"
+
+
+def _record_failure(inv: Invocation, rank: int, err: BaseException):
+    storage.write_json(error_uri(inv, rank), {"error": {
+        "type": f"{type(err).__module__}.{type(err).__qualname__}", "message": str(err)}})
+
+
+def _run_chief(inv: Invocation):
+    """``pretrain`` as the component calls it; the properties go to ``result_uri``. A failure is
+    recorded there too (its type and message), so the supervisor raises what the chief raised."""
+    from dpbert.stages.pretrain import pretrain
+
+    mc, tc, pc, membership = inv.sections()
+    try:
+        result = pretrain(inv.tuples_dir, inv.vocabulary_dir, inv.model_dir, model_config=mc, training_config=tc,
+                          privacy_config=pc, membership_config=membership, pipeline_root=inv.pipeline_root,
+                          canaries_dir=inv.canaries_dir, non_private=inv.non_private, vocab_event=inv.vocab_event)
+        if result.state_dir != stage_state_dir(inv):
+            raise RuntimeError(f"pipeline.workers.stage_state_dir is out of date: the stage trained in "
+                               f"{result.state_dir}, the other workers looked for {stage_state_dir(inv)}")
+    except BaseException as err:
+        _record_failure(inv, 0, err)
+        raise
+    storage.write_json(inv.result_uri, {"properties": result.properties, "workers": result.train.workers,
+                                        "state_dir": result.state_dir})
+
+
+def _run_other(inv: Invocation):
+    """A worker of rank > 0: the stage's rows, plan and public start, then ``train_mlm`` in the
+    chief's state directory without its lock (``build_training`` writes nothing from rank > 0)."""
+    from dpbert.model.train import train_mlm
+    from dpbert.stages import pretrain as stage
+    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer
+
+    mc, tc, pc, membership = inv.sections()
+    state = stage_state_dir(inv)
+    tokenizer = load_tokenizer(inv.vocabulary_dir)
+    rows = stage._read_rows(tokenizer, inv.tuples_dir, membership, mc, pc.unit == "patient")  # noqa: SLF001
+    _wait_for(storage.join(state, schema.RESUME_KEY_FILE), "resume key of this chain")
+    if (tc.dataset_patients if pc.unit == "patient" else tc.dataset_size) is None:
+        # The chief draws the DP count once, under its lock; this worker plans with the same n̂.
+        _wait_for(storage.join(state, schema.DP_COUNT_FILE), "DP count of this chain")
+    plan, _ = stage.plan_for(tc, membership, rows.units, state, privacy=pc)
+    if inv.canaries_dir is not None:
+        stage._insert_canaries(rows, inv.canaries_dir, plan, mc.max_seq_length)  # noqa: SLF001
+    initial_weights, checkpoint = None, None
+    if mc.init == "minilm":
+        initial_weights, _, checkpoint = stage.public_start_weights(mc, tc, tokenizer, inv.vocabulary_dir)
+    vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())] \
+        if mc.init == "minilm" else None
+    train_mlm(rows.token_ids, {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS},
+              tokenizer.get_vocab_size(), mc, tc, state, plan=plan, resume=True, progress=False,
+              vocab_tokens=vocab_tokens, export_saved_model=False, example_ids=rows.row_ids,
+              public_checkpoint_dir=checkpoint, initial_weights=initial_weights, patient_keys=rows.patient_keys,
+              new_token_ids=stage._new_token_ids(inv.vocabulary_dir))  # noqa: SLF001
+
+
+def run_worker(inv: Invocation) -> None:
+    """One process of the cluster in ``$TF_CONFIG``: the strategy before TensorFlow runs any op
+    (the stage reads its tuples with TensorFlow), then the chief's or another worker's part."""
+    from dpbert.model.engine.workers import tf_config_rank
+
+    if not os.environ.get("TF_CONFIG"):
+        raise ValueError("a trainer worker process needs its TF_CONFIG (the cluster and its rank)")
+    from dpbert.model.engine.devices import multi_worker_strategy
+
+    _, tc, _, _ = inv.sections()
+    multi_worker_strategy(tc.replicas)  # configures the collectives; the stage builds its own on the same cluster
+    rank = tf_config_rank(os.environ["TF_CONFIG"])
+    if rank == 0:
+        _run_chief(inv)
+        return
+    from dpbert.model.engine.loop import BudgetExhausted
+
+    try:
+        _run_other(inv)
+    except BudgetExhausted:
+        return  # the chief's refusal, recorded by the chief, is the run's verdict
+    except BaseException as err:
+        _record_failure(inv, rank, err)
+        raise
+
+
+# --------------------------------------------------------------------------- the supervising side
+class TrainerWorkerLost(RuntimeError):
+    """A worker process of the trainer stage failed; the others were stopped (one line)."""
+
+
+def raise_recorded(result: Optional[dict]):
+    """Re-raise what the chief recorded it failed with, when its type can be rebuilt from its
+    message (the run's exit code depends on it: a budget refusal, an integrity check)."""
+    error = (result or {}).get("error")
+    if not error:
+        return
+    module, _, name = error["type"].rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        rebuilt = cls(error["message"])
+    except Exception:  # pylint: disable=broad-except  (a type that takes other arguments)
+        rebuilt = None
+    if isinstance(rebuilt, Exception):
+        raise rebuilt
+    raise TrainerWorkerLost(f"the chief failed: {error['type']}: {error['message']}")
+
+
+def lost_message(inv: Invocation, err) -> str:
+    """One line: which worker, how it ended, the last step the chief's step log charged."""
+    from dpbert.model.engine.chain import read_step_log
+
+    state = stage_state_dir(inv)
+    charged = (read_step_log(state) or {}).get("steps_executed")
+    charged_text = "no step charged" if not charged else f"the step log charged {charged} step(s)"
+    return (f"trainer {err}; {charged_text} ({storage.join(state, schema.STEP_LOG_FILE)}); the other workers "
+            f"were stopped: re-run to resume from the last checkpoint (every executed step stays charged)")
+
+
+def worker_command(inv: Invocation):
+    """``python -m pipeline.workers INVOCATION`` from any working directory (``sys.path[0]`` is
+    the folder holding this checkout's packages, not the current one)."""
+    from dpbert.model.noise_check import module_command
+
+    return module_command(MODULE, inv.to_json())
+
+
+def run_local_workers(inv: Invocation, timeout: Optional[float] = None) -> dict:
+    """Start the W processes on loopback, supervise them, return the chief's result
+    (``{"properties", "workers", "state_dir"}``). Raises what the chief raised, else
+    :class:`TrainerWorkerLost` naming the first worker that failed."""
+    from dpbert.model.engine.workers import WorkerFailed, loopback_tf_configs, supervise, worker_envs
+
+    configs = loopback_tf_configs(inv.workers)
+    command = worker_command(inv)
+    try:
+        supervise([command] * inv.workers, worker_envs(dict(os.environ), configs), timeout=timeout)
+    except WorkerFailed as err:
+        if err.rank is not None:
+            raise_recorded(storage.read_json(error_uri(inv, err.rank), default=None))
+        if err.stderr_tail:
+            log.error("trainer worker %s's last output:\n%s", err.rank, err.stderr_tail)
+        raise TrainerWorkerLost(lost_message(inv, err)) from None
+    result = storage.read_json(inv.result_uri)
+    raise_recorded(result)
+    return result
+
+
+def result_uri_for(pipeline_root: str) -> str:
+    """A fresh place for one execution's result, in the trainers' private state root."""
+    import uuid
+
+    from dpbert.model.engine.chain import STATE_ROOT
+
+    return storage.join(pipeline_root, STATE_ROOT, "_worker_results", f"{uuid.uuid4().hex}.json")
+
+
+def train_on_workers(tuples_dir: str, vocabulary_dir: str, model_dir: str, model_config: str, training_config: str,
+                     privacy_config: str, membership_config: str, *, pipeline_root: str,
+                     canaries_dir: Optional[str] = None, non_private: bool = False, vocab_event=None,
+                     custom_job: str = "") -> dict:
+    """The trainer component's multi-worker path: the chief's result (``{"properties", "workers",
+    "state_dir"}``) from W local processes, or from the Vertex AI custom job ``custom_job`` (a
+    CustomJob template, ``kubeflow.custom_job.build_custom_job``) when given."""
+    from dpbert.model.engine.chain import mark_state_root_private
+
+    if isinstance(vocab_event, (dict, list)):
+        vocab_event = json.dumps(vocab_event)
+    mark_state_root_private(pipeline_root)
+    inv = Invocation(tuples_dir, vocabulary_dir, model_dir, model_config, training_config, privacy_config,
+                     membership_config, pipeline_root, result_uri_for(pipeline_root), canaries_dir,
+                     bool(non_private), vocab_event)
+    if custom_job:
+        from kubeflow.custom_job import run_custom_job
+
+        return run_custom_job(custom_job, inv)
+    return run_local_workers(inv)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(f"usage: python -m {MODULE} '<invocation JSON>'", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("dpbert.model.train").setLevel(logging.INFO)
+    run_worker(Invocation.from_json(argv[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
