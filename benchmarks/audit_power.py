@@ -3,16 +3,17 @@
     TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python benchmarks/audit_power.py \\
         [--quick] [--seeds 1] [--json out.json]
 
-Honest runs (the real DP-SGD step, no fault injection) of the tiny audit model (1 layer, H = 16,
-V = 1024, L = 16; probe = the word embedding, d' = 16384) on 160 rows of the embedded synthetic
+Honest runs (the shipped training loop, ``build_training``; no fault injection) of the tiny audit
+model (1 layer, H = 16, V = 1024, L = 16, ``training.trainable: [all]``; probe = the largest
+trained piece, the word embedding, d' = 16384) on 160 rows of the embedded synthetic
 corpus, B = 16 (q = 0.1), T = 60 steps, C = 1, δ = 1e-5, 95 % confidence. σ is calibrated with
 the PLD accountant for a claimed ε_T ≈ 2, 4, 8 (the accountant's ε of the same (σ, q, T, δ) is
 the upper bound reported). For each claimed ε and m ∈ {10³, 10⁴} it prints the lower bound, the
 ratio lower / claimed, and the reachable maximum (every guess right).
 
-Cost: the audit (build, trace, T steps with canaries, canary sums, scores, bound) against the
-SAME training without canaries (same model, rows, q, T, σ; a plain ``DPSGDTrainStep``), both
-timed end to end in this process, and the canary work alone (sums + projections, no training)
+Cost: the audit (build, trace, T steps with the canary units enrolled, canary sums, scores,
+bound) against the SAME loop without canaries (``build_training`` with the same model, rows, q, T,
+σ), both timed end to end in this process, and the canary work alone (sums + projections, no training)
 at T = 450 steps (the demo's) and m = 10⁴, the part that grows with m·d'·T.
 ``--quick``: m = 10³ only and no T = 450 row. Prints a table, then one JSON document.
 """
@@ -34,36 +35,34 @@ ROWS, BATCH, STEPS, DELTA, CLIP = 160, 16, 60, 1e-5, 1.0
 TARGETS = (2.0, 4.0, 8.0)
 
 
-def plain_training_seconds(ids, spec, sigma: float, seed: int = 0) -> dict:
-    """The same DP-SGD run as the audit, without the probe and canaries."""
-    import numpy as np
+def tiny_configs(sigma: float):
+    """(ModelConfig, TrainingConfig) of the audited tiny run."""
+    from dpbert.config import ModelConfig, TrainingConfig
 
-    from dpbert.config import TrainingConfig
-    from dpbert.model import bert as bert_lib
-    from dpbert.model import dpsgd, sampling
-    from dpbert.model import train as train_lib
-    from dpbert.privacy.plan import plan_training
-    from dpbert.evaluate.whitebox import MASK_ID, SPECIAL_IDS
-
-    t0 = time.perf_counter()
+    mc = ModelConfig(preset="custom", hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                     max_seq_length=16, dropout=0.0)
     tc = TrainingConfig(batch_size=BATCH, steps=STEPS, noise_multiplier=sigma, clip_norm=CLIP, delta=DELTA,
-                        learning_rate=1e-3, warmup_steps=0)
-    plan = plan_training(tc, ids.shape[0])
-    models = bert_lib.build_bert(spec, seed=0)
-    config = dpsgd.DPSGDConfig(clip_norm=CLIP, noise_multiplier=sigma, expected_batch_size=plan.expected_batch_size,
-                               noise_seed=seed)
-    mask_fn, prepare_fn, loss_fn, metrics_fn = train_lib.make_mlm_functions(
-        spec, list(SPECIAL_IDS), MASK_ID, tc.mask_probability)
-    stepper = dpsgd.DPSGDTrainStep(models.mlm, train_lib.make_optimizer(tc, plan.steps), config,
-                                   prepare_fn=prepare_fn, loss_fn=loss_fn, metrics_fn=metrics_fn)
-    sampler = sampling.PoissonSampler(ids.shape[0], plan.sampling_probability, seed=seed)
-    example_ids = np.arange(ids.shape[0], dtype=np.int64)
-    t1 = time.perf_counter()
-    for step in range(plan.steps):
-        rounds = train_lib.mlm_rounds(mask_fn, ids.astype(np.int32), example_ids, sampler.sample(step), seed,
-                                      step, plan.micro_batch, plan.replicas)
-        stepper.run_step(rounds)
+                        learning_rate=1e-3, warmup_steps=0, dataset_size=ROWS, dp_diagnostics=False)
+    return mc, tc
+
+
+def plain_training_seconds(ids, vocab: int, sigma: float) -> dict:
+    """The same loop as the audit (``build_training``), without the probe and the canary units."""
+    import secrets
+
+    from dpbert import storage
+    from dpbert.evaluate.whitebox import MASK_ID, SPECIAL_IDS
+    from dpbert.model.engine.build import build_training
+
+    mc, tc = tiny_configs(sigma)
+    uri = f"ram://dpbert-audit-power/{secrets.token_hex(6)}"
+    t0 = time.perf_counter()
+    with build_training(ids, list(SPECIAL_IDS), vocab, mc, tc, uri, resume=False, progress=False,
+                        mask_token_id=MASK_ID, export_saved_model=False) as training:
+        t1 = time.perf_counter()
+        training.loop.run()
     end = time.perf_counter()
+    storage.storage_for(uri).rmtree(uri)
     return {"total": end - t0, "train": end - t1}
 
 
@@ -98,7 +97,6 @@ def main(argv=None) -> int:
 
     ids, vocab = wb.demo_token_rows()
     ids = ids[:ROWS]
-    spec = wb.demo_spec(vocab, ids.shape[1])
     q = BATCH / ROWS
     sizes = (1000,) if args.quick else (1000, 10_000)
     rows = []
@@ -106,8 +104,9 @@ def main(argv=None) -> int:
         sigma = noise_multiplier_for_target(target, q, STEPS, DELTA, accountant="pld", tol=1e-3)
         for m in sizes:
             for seed in range(args.seeds):
-                res = wb.whitebox_audit(ids, spec, batch_size=BATCH, steps=STEPS, noise_multiplier=sigma,
-                                        clip_norm=CLIP, delta=DELTA, canaries=m, seed=1000 + seed)
+                mc, tc = tiny_configs(sigma)
+                res = wb.whitebox_audit(ids, list(wb.SPECIAL_IDS), vocab, mc, tc, mask_token_id=wb.MASK_ID,
+                                        public=True, canaries=m, seed=1000 + seed)
                 row = {k: res[k] for k in ("epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_bound",
                                            "canaries", "confidence", "steps", "q", "sigma_claimed", "k_plus",
                                            "k_minus", "accuracy", "seconds")}
@@ -121,12 +120,11 @@ def main(argv=None) -> int:
     # Cost: the audit at claimed ε ≈ 4 and the largest m vs the same training without canaries.
     sigma4 = rows[len(sizes) * args.seeds]["sigma_claimed"]
     audit_cost = [r for r in rows if r["target"] == 4.0 and r["canaries"] == sizes[-1]][0]["seconds"]
-    plain = plain_training_seconds(ids, spec, sigma4)
+    plain = plain_training_seconds(ids, vocab, sigma4)
     cost = {"canaries": sizes[-1], "audit_seconds": audit_cost, "plain_training_seconds": plain,
             "ratio_total": audit_cost["total"] / plain["total"]}
-    print(f"cost at m = {sizes[-1]}: audit {audit_cost['total']:.1f}s (train loop {audit_cost['train']:.1f}s, "
-          f"canaries {audit_cost['canaries']:.1f}s, scores {audit_cost['score']:.1f}s, bound "
-          f"{audit_cost['bound']:.1f}s) vs training without canaries {plain['total']:.1f}s (loop "
+    print(f"cost at m = {sizes[-1]}: audit {audit_cost['total']:.1f}s (train loop with the canary units "
+          f"{audit_cost['train']:.1f}s) vs the loop without canaries {plain['total']:.1f}s (loop "
           f"{plain['train']:.1f}s): ×{cost['ratio_total']:.2f}", flush=True)
     if not args.quick:
         cost["canary_work_demo_steps"] = canary_overhead_seconds(10_000, 450)
@@ -140,7 +138,7 @@ def main(argv=None) -> int:
         print(f"| {r['epsilon_upper_bound']:.2f} | {r['sigma_claimed']:.3f} | {r['canaries']} | "
               f"{r['epsilon_lower_bound']:.3f} | {r['ratio']:.3f} | {r['max_reachable_lower_bound']:.2f} |")
     document = {"setting": {"rows": ROWS, "batch_size": BATCH, "q": q, "steps": STEPS, "delta": DELTA,
-                            "clip_norm": CLIP, "model": spec.to_dict()},
+                            "clip_norm": CLIP, "model": tiny_configs(1.0)[0].__dict__},
                 "runs": rows, "cost": cost}
     text = json.dumps(document, indent=2)
     print(text)
