@@ -1,9 +1,11 @@
 """PrivacyAuditor: the white-box one-run audit of the configured DP-SGD training (optional).
 
-Adapter over ``dpbert.stages.audit.run_audit``: the configured training re-run through the real
-step code on the embedded PUBLIC corpus, tokenized with the run's DP vocabulary, with m gradient
-canaries; records the ε lower bound, its power and its positive control next to the
-accountant's ε, and fails the run (after recording) when the lower bound exceeds it.
+Adapter over ``dpbert.stages.audit.run_audit``: the configured training re-run through the
+trainer's own loop (``build_training``: the configured unit, sampler, trainable set and plan) on
+the embedded PUBLIC corpus, tokenized with the run's DP vocabulary, with m gradient canaries
+enrolled as extra units of the run's sampler; records the ε lower bound, its power and its
+positive control (public rows: the same run's sums before the noise) next to the accountant's ε,
+and fails the run (after recording) when the lower bound exceeds it.
 """
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component

@@ -26,6 +26,9 @@ def add_audit_parser(sub):
                    help=f"m, gradient canaries (default {DEFAULT_CANARIES})")
     p.add_argument("--trials", type=int, default=DEFAULT_VOCAB_TRIALS,
                    help=f"--vocabulary: runs on each neighbouring histogram (default {DEFAULT_VOCAB_TRIALS})")
+    p.add_argument("--positive-control", action="store_true",
+                   help="also score the same run's sums read BEFORE the noise (must exceed the claimed ε); not "
+                        "private: refused on a user's corpus")
     p.add_argument("--confidence", type=float, default=0.95, help="1 − β of the bound (default 0.95)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_audit)
@@ -46,7 +49,8 @@ def cmd_audit(args) -> int:
     else:
         if args.canaries < 2:
             raise ValueError(f"--canaries must be >= 2, got {args.canaries}")
-        result = audit.audit_training(config, canaries=args.canaries, beta=beta)
+        result = audit.audit_training(config, canaries=args.canaries, beta=beta,
+                                      positive_control=args.positive_control, progress=not args.json)
         failed = not result["consistent"]
     if args.json:
         print_json(result)
@@ -86,15 +90,20 @@ def _summary(r, vocabulary: bool) -> str:
             f"{'flagged' if r['positive_control_flagged'] else 'NOT flagged'}, "
             f"δ ≥ {_fmt(r['positive_control_delta_lower_bound'])}"])
     lines = [
-        f"white-box one-run audit ({r['canaries']} gradient canaries, {r['steps']} steps, q = {r['q']:.4g}, "
-        f"{r['confidence']:.0%}, δ = {r['delta']:.3g}, {r['corpus']}):",
+        f"white-box one-run audit of the configured loop ({r['canaries']} gradient canaries, each one "
+        f"{r['audited_unit']} of the run's sampler, k = {r['max_contributions']}, {r['steps']} steps, "
+        f"q = {r['q']:.4g}, {r['confidence']:.0%}, δ = {r['delta']:.3g}, {r['corpus']}):",
+        f"  trainable {','.join(r['trainable'])}: canaries on {r['probe_variable']} (d' = {r['canary_dims']})",
         f"  ε ≥ {r['epsilon_lower_bound']:.3f} (audit)   ε ≤ {r['epsilon_upper_bound']:.3f} (accountant) — "
         f"{'consistent' if r['consistent'] else 'AUDIT REFUTES THE ACCOUNTANT'}",
         f"  power: {r['max_reachable_lower_bound']:.3f} with every guess right "
-        f"({'can' if r['max_reachable_lower_bound'] > r['epsilon_upper_bound'] else 'CANNOT'} refute this ε)",
-        f"  positive control (the same run's sums before the noise): ε ≥ {r['positive_control_lower_bound']:.3f} "
-        f"({'detected' if r['positive_control_exceeds_upper_bound'] else 'NOT detected'})",
-        f"  {r['seconds']['total']:.0f} s"]
+        f"({'can' if r['max_reachable_lower_bound'] > r['epsilon_upper_bound'] else 'CANNOT'} refute this ε)"]
+    if "positive_control_lower_bound" in r:
+        lines.append(f"  positive control (the same run's sums before the noise): ε ≥ "
+                     f"{r['positive_control_lower_bound']:.3f} "
+                     f"({'detected' if r['positive_control_exceeds_upper_bound'] else 'NOT detected'})")
+    lines.append(f"  {r['seconds']['total']:.0f} s")
     if r.get("private"):
-        lines.append("  private: computed on the configured corpus (operator-only)")
+        lines.append("  private: computed on the configured corpus (operator-only); the audited run is a DP "
+                     "release on it (dp_event)")
     return "\n".join(lines)

@@ -344,7 +344,8 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
 
     Returns epsilon_lower_bound, epsilon_upper_bound (accountant, gradient σ, same q/T/δ),
     max_reachable_lower_bound, consistent, the audited unit and k, the trainable set, the probe
-    piece, the guesses, ``dp_event`` and ``dp_release``, seconds; with ``positive_control`` the
+    piece, the guesses, ``dp_event`` (chargeable — ``dp_event_chargeable`` — unless the rows are
+    public) and ``dp_release``, seconds; with ``positive_control`` the
     ``positive_control_*`` keys; with ``return_arrays`` the per-step arrays (private counts)."""
     from dpbert.privacy.accountant import dpsgd_epsilon
     from dpbert.privacy.plan import plan_training
@@ -399,7 +400,8 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
         k_plus=int(result["k_plus"]), k_minus=int(result["k_minus"]), guesses=int(result["r"]),
         correct=int(result["v"]), accuracy=float(result["accuracy"]), canaries_included=included,
         canary_participations=float(probe.participation.sum() / max(1, included)),
-        dp_event=event, dp_release=AUDIT_RELEASE_NOTE, public_rows=bool(public), **info)
+        dp_event=event, dp_event_chargeable=not public, dp_release=AUDIT_RELEASE_NOTE, public_rows=bool(public),
+        **info)
     if positive_control:
         control_scores, control = _score(cans, probe.noiseless, q, sigma, grid, beta, delta)
         out.update(positive_control="the same run's sums read before the noise draw (noise off)",

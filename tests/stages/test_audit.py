@@ -25,28 +25,41 @@ def tiny_config(*extra):
 
 
 def test_audit_of_the_configured_training_on_the_embedded_corpus_is_public():
-    res = audit.audit_training(tiny_config(), canaries=400, seed=5)
-    assert CLI_KEYS <= set(res) and res["private"] == 0 and "embedded" in res["corpus"]
+    res = audit.audit_training(tiny_config(), canaries=256, seed=5)
+    assert CLI_KEYS - {"positive_control_lower_bound"} <= set(res) and res["private"] == 0 and "embedded" in res["corpus"]
     # the plan of the configured run: q = B / (n·(1 − holdout)) with the public n = 200
-    assert res["q"] == pytest.approx(8 / 140) and res["steps"] == 8 and res["canaries"] == 400
+    assert res["q"] == pytest.approx(8 / 140) and res["steps"] == 8 and res["canaries"] == 256
     assert res["consistent"] and 0 <= res["epsilon_lower_bound"] <= res["epsilon_upper_bound"]
-    assert res["max_reachable_lower_bound"] == pytest.approx(max_reachable_lower_bound(400, 0.05, 1e-5, whitebox_k_grid(400)))
+    assert res["max_reachable_lower_bound"] == pytest.approx(max_reachable_lower_bound(256, 0.05, 1e-5,
+                                                                                       whitebox_k_grid(256)))
+    # no positive control unless asked; what is not the configured run is said
+    assert "positive_control_lower_bound" not in res and any("vocabulary" in d for d in res["differs"])
 
 
-def test_a_per_patient_claim_is_audited_at_the_patient_rate():
+def test_a_per_patient_claim_is_audited_on_the_patient_loop_with_its_trainable_set():
     res = audit.audit_training(tiny_config("privacy.unit=patient", "privacy.max_tuples_per_patient=4",
-                                           "training.dataset_patients=100"), canaries=64, seed=6)
+                                           "training.dataset_patients=100", "training.trainable=[bias,head]"),
+                               canaries=64, seed=6, positive_control=True)
     assert res["unit"] == "patient" and res["q"] == pytest.approx(8 / 70) and res["dataset_size"] == 70
+    assert res["audited_unit"] == "patient" and res["max_contributions"] == 4
+    assert res["trainable"] == ["bias", "head"] and res["probe_variable"].startswith("mlm_")
+    assert res["dp_event"]["sampling_unit"] == "patient" and res["dp_event"]["origin"] == "audit"
+    assert "positive_control_lower_bound" in res
 
 
-def test_audit_of_a_user_corpus_is_operator_only(tmp_path):
+def test_audit_of_a_user_corpus_is_operator_only_and_refuses_the_positive_control(tmp_path):
     corpus = tmp_path / "notes.jsonl"
     corpus.write_text("".join(json.dumps({"patient_id": f"p{i}", "text": "fever cough rash " * 60}) + "\n"
                               for i in range(12)))
-    rows, specials, vocab, private = audit.audit_rows(tiny_config(f"corpus.path={corpus}"))
-    assert private and rows.shape[1] == 32 and specials.mask < vocab
+    user = (f"corpus.path={corpus}", "privacy.epsilon_budget=null")
+    rows = audit.audit_rows(tiny_config(*user))
+    assert rows.private and rows.token_ids.shape[1] == 32 and rows.specials.mask < rows.vocab_size
+    assert len(rows.patient_keys) == rows.token_ids.shape[0] and set(rows.patient_keys) <= {f"p{i}" for i in range(12)}
     # the DAG component's rows ignore the configured path: the embedded public corpus
-    assert not audit.audit_rows(tiny_config(f"corpus.path={corpus}"), public_only=True)[3]
+    assert not audit.audit_rows(tiny_config(*user), public_only=True).private
+    # the noise-off control is not private: refused on a user's corpus, before any training
+    with pytest.raises(ValueError, match="not private"):
+        audit.audit_training(tiny_config(*user), canaries=16, positive_control=True)
 
 
 def test_no_claim_to_audit_is_refused():
@@ -73,7 +86,7 @@ def test_cli_refuses_too_few_canaries_before_auditing(capsys):
 
 @pytest.mark.slow  # a real audit in a subprocess (31 s on 2 busy cores) for little more than the in-process ones
 def test_cli_contract_real_entry_point():
-    args = [sys.executable, "-m", "dpbert_cli", "audit", "--json", "--canaries", "300"]
+    args = [sys.executable, "-m", "dpbert_cli", "audit", "--json", "--canaries", "300", "--positive-control"]
     for o in TINY:
         args += ["--set", o]
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
@@ -83,3 +96,4 @@ def test_cli_contract_real_entry_point():
     assert CLI_KEYS <= set(res) and res["canaries"] == 300 and res["confidence"] == pytest.approx(0.95)
     assert res["epsilon_lower_bound"] <= res["epsilon_upper_bound"]
     assert res["consistent"] is True and res["private"] == 0  # exit 0 means consistent; the embedded corpus
+    assert res["audited_unit"] == "tuple" and res["trainable"] == ["all"] and "dp_event" in res
