@@ -17,8 +17,9 @@ guesses right: the excluded canaries' scores spread by the cross-talk); with ort
 canaries it exceeds it (README, "Privacy audits"). Sums and projections are one fast
 Walsh–Hadamard transform per step (``fwht``): O(T·d' log d') instead of O(T·m·d'), nothing of
 size m·d' in memory. Canary i is included with probability ½ (``one_run_audit.draw_inclusion``)
-and, when included, Poisson-sampled with the run's q independently at every step, like a real
-example; ``canary_sum_t = Σ_{i included, sampled at t} c_i``.
+and, when included, is a unit of its own of the audited run's sampler (the harness enrols it), so
+it is Poisson-sampled with the run's q independently at every step, like a real unit;
+``canary_sum_t = Σ_{i included, sampled at t} c_i``.
 
 Score (white-box, the log-likelihood ratio): with y_{i,t} = ⟨g̃_t, c_i⟩/C² (≈ N(1, σ²) if canary
 i was in step t's batch, N(0, σ²) if not, up to cross-talk),
