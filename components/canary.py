@@ -23,12 +23,15 @@ def CanaryGen(
     canary_config: Parameter[str],
     training_config: Parameter[str],
     code_version: Parameter[str],
+    public_rows: Parameter[int] = 0,
 ):
     from dpbert.stages.canary import generate_canaries
 
-    # The occurrence groups come from the PUBLIC training.dataset_size, never the tuples' exact count.
+    # The occurrence groups come from the PUBLIC number of training rows (``public_rows``:
+    # ``dpbert.stages.canary.canary_rows``; 0 = training.dataset_size), never the tuples' exact count.
+    rows = public_rows or section_from_json(TrainingConfig, training_config).dataset_size
     result = generate_canaries(vocabulary.uri, canaries.uri, section_from_json(CanaryConfig, canary_config),
-                               public_rows=section_from_json(TrainingConfig, training_config).dataset_size)
+                               public_rows=rows)
     set_properties(canaries, {**result.properties, "code_version": code_version})
 
 

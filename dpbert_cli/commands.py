@@ -65,6 +65,7 @@ def cmd_run(args) -> int:
     config = load(args)
     from pipeline import guard
 
+    guard.prechecks(config)  # the vocabulary threshold and the canaries against the declared sizes
     planned = guard.check_budget(config)
     if planned is not None and not planned["within_budget"]:
         print(guard.over_budget_message(planned), file=sys.stderr)
@@ -126,8 +127,8 @@ def privacy_verdict(err: BaseException):
     for any other failure. The verdicts' messages name checks and ε values, never raw text."""
     from dpbert.privacy.one_run_audit import AuditInconsistencyError
     from dpbert.privacy.event_check import IntegrityCheckFailed
-    from dpbert.stages.accountant import BudgetExceededError
     from dpbert.ledger import BudgetRefused
+    from dpbert.stages.accountant import BudgetExceededError
 
     for cause in _causes(err):
         if isinstance(cause, (BudgetExceededError, BudgetRefused)):  # BudgetRefused: the dataset ledger
@@ -292,47 +293,264 @@ def cmd_privacy_noise_check(args) -> int:
 
 
 def cmd_budget(args) -> int:
+    """The planned ε per unit (vocabulary, DP count, training, whole run) against the budget
+    (exit 3 when the whole run is over it), and before anything trains: whether the vocabulary
+    threshold can be passed at the declared size, the canaries fit it, the declared sizes against
+    ``--corpus`` (operator-only: an exact count), an estimate of the training time here, and the
+    dataset's remaining budget (``guard.remaining_budget``). ``--target-epsilon``: the σ instead."""
     from dpbert.privacy.accountant import planned_ledger
     from pipeline import guard
 
     config = load(args)
-    guard.training_plan(config, dataset_size=args.examples)  # a usable public n, else exit 2 naming it
+    plan = guard.training_plan(config, dataset_size=args.examples)  # a usable public n, else exit 2 naming it
     n = guard.public_dataset_size(config, args.examples)
     # No public n configured (n only from --examples): the trainer plans from a DP count of its
     # units and charges it, so the planned ledger charges it too.
     dp_count = guard.public_dataset_size(config) is None and not config.training.non_private
     if args.target_epsilon is not None:
-        return _target_noise_multiplier(config, n, dp_count, args.target_epsilon, args.json)
+        return _target_noise_multiplier(config, n, dp_count, args.target_epsilon, args.json,
+                                        getattr(args, "target", "whole") or "whole")
     planned = planned_ledger(config, n, dp_count=dp_count)
+    checks = budget_checks(config, planned, plan, getattr(args, "check_corpus", None))
     if args.json:
-        print_json({k: v for k, v in planned.items() if k not in ("vocab_event", "train_events")})
+        print_json({**{k: v for k, v in planned.items() if k not in ("vocab_event", "train_events")}, **checks})
     else:
         print(guard.planned_statement(planned))
         if dp_count:
             print(f"  (no public n configured: the run plans from a DP count, σ_c = "
                   f"{config.training.count_noise_multiplier:g}, charged in ε_train)")
+        print("\n".join(budget_check_lines(checks)))
     return exit_codes.OK if planned["within_budget"] else exit_codes.OVER_BUDGET
 
 
-def _target_noise_multiplier(config, n: int, dp_count: bool, target_epsilon: float, as_json: bool) -> int:
-    """The ``training.noise_multiplier`` σ whose PLANNED ledger records ε_T ≤ ``target_epsilon``:
-    ε_T is the ledger's ``epsilon_train`` (PLD at δ_T = training.delta) — the DP-SGD steps at σ_eff
-    (gradient + DP diagnostics) and the DP count when the run draws one; the vocabulary is in the
-    whole run's ε, printed next to it. The printed numbers are ``planned_ledger`` at the printed σ."""
+def epsilon_parts(planned: dict) -> dict:
+    """The planned ε per privacy unit by part: ``vocabulary`` (ε_V), ``count`` (the DP count alone,
+    at δ_T; 0 with a public n), ``training`` (ε_T: DP-SGD and the count composed), ``whole``
+    (everything composed, PLD at the total δ)."""
+    from dpbert.privacy.accountant import ledger
+
+    counts = [r for r in planned.get("train_events") or [] if r.get("mechanism") == "dp_count"]
+    count = ledger(None, counts, planned["delta_train"])["epsilon_train"] if counts else 0.0
+    return {"unit": planned.get("unit") or "tuple", "vocabulary": planned["epsilon_vocab"], "count": count,
+            "training": planned["epsilon_train"], "whole": planned["epsilon_total_pld"], "delta": planned["delta"]}
+
+
+def budget_checks(config, planned: dict, plan, corpus_path: Optional[str] = None) -> dict:
+    """What ``dpbert budget`` says before anything trains (see :func:`cmd_budget`)."""
+    from dpbert.stages.canary import canary_rows, occurrences_problem, planned_occurrences
+    from pipeline import guard
+
+    out = {"epsilon_parts": epsilon_parts(planned), "vocabulary_threshold": guard.vocabulary_threshold(config),
+           "canary_problem": occurrences_problem(config),
+           "canary_occurrences": planned_occurrences(config.canary, canary_rows(config))
+           if config.canary.enabled else None,
+           "remaining_budget": guard.remaining_budget(config),
+           "training_time_estimate": training_time_estimate(config, plan)}
+    if corpus_path:
+        out["corpus_sizes"] = corpus_sizes(config, corpus_path)
+    return out
+
+
+def budget_check_lines(checks: dict) -> list:
+    parts = checks["epsilon_parts"]
+    lines = [f"planned ε per {parts['unit']}: vocabulary {parts['vocabulary']:.4g}, count {parts['count']:.4g}, "
+             f"training {parts['training']:.4g}, whole run {parts['whole']:.4g} (PLD, δ = {parts['delta']:.3g})"]
+    vocabulary = checks["vocabulary_threshold"]
+    lines.append("vocabulary: " + ("no DP vocabulary (vocab.source = public, or the non-private baseline)"
+                                   if vocabulary is None else vocabulary["message"]))
+    if checks.get("canary_occurrences") is not None:
+        lines.append(f"canaries: occurrence groups {checks['canary_occurrences']}"
+                     + (f" — REFUSED by dpbert run: {checks['canary_problem']}" if checks.get("canary_problem") else ""))
+    sizes = checks.get("corpus_sizes")
+    if sizes is None:
+        lines.append("corpus: not read (give --corpus PATH to check the declared public sizes against it)")
+    else:
+        lines.append(f"corpus: {sizes['message']} (operator-only: exact count)")
+    estimate = checks.get("training_time_estimate")
+    if estimate is not None:
+        lines.append(f"training time on this machine: ≈ {_duration(estimate['seconds'])} for {estimate['steps']} steps "
+                     f"(an ESTIMATE: {estimate['how']})")
+    remaining = checks.get("remaining_budget")
+    lines.append("remaining budget of this dataset: " + ("unknown (no dataset ledger)" if remaining is None
+                                                          else f"ε {remaining:.4g}"))
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def corpus_sizes(config, path: str) -> dict:
+    """OPERATOR-ONLY: the corpus at ``path`` (read with the configured format, glob and encoding)
+    counted exactly — patients and tuples — against the declared public size. Printed by ``dpbert
+    budget --corpus`` on the operator's terminal, never logged or written."""
+    import dataclasses
+
+    from dpbert.data.corpus import PartitionStats, iter_tuples
+
+    corpus = dataclasses.replace(config.corpus, path=path)
+    stats = PartitionStats()
+    for _ in iter_tuples(corpus, config.privacy.tuple_words, stats):
+        pass
+    patient = config.privacy.unit == "patient"
+    field = "training.dataset_patients" if patient else "training.dataset_size"
+    declared = config.training.dataset_patients if patient else config.training.dataset_size
+    actual = stats.patients if patient else stats.tuples
+    unit = "patients" if patient else "tuples"
+    out = {"patients": stats.patients, "tuples": stats.tuples, "declared": declared, "field": field}
+    if not declared:
+        out["match"], text = None, f"{field} not declared"
+    else:
+        from dpbert.report import PUBLIC_SIZE_FACTOR, significant
+
+        ratio = actual / declared
+        out["match"] = 1 / PUBLIC_SIZE_FACTOR <= ratio <= PUBLIC_SIZE_FACTOR
+        text = (f"{'matches' if out['match'] else 'does NOT match'} {field} = {declared:,} "
+                f"({significant(ratio)}× the declared {unit})")
+    out["message"] = f"{stats.patients:,} patients, {stats.tuples:,} tuples in {path}: {text}"
+    return out
+
+
+def training_time_estimate(config, plan) -> Optional[dict]:
+    """An ESTIMATE of the DP-SGD training time on this machine: steps × (FLOPs of one step ÷ the
+    matmul rate measured here with a tiny numpy timing). FLOPs of a step ≈ 6 × tokens × (encoder
+    weights + the MLM head's on the masked positions) (forward + backward); tokens = B (× k tuples
+    per patient) × max_seq_length. Public warm-up steps added. Checked against the demo's note
+    (a 2-layer MiniLM-width DP step over 64 tuples of 32 tokens ≈ 2 s on 2 cores): within ±3×.
+    None when the model's sizes are unknown here."""
+    import time
+
+    import numpy as np
+
+    sizes = _model_sizes(config)
+    if sizes is None:
+        return None
+    h, layers, inter, vocab = sizes
+    mc, tc = config.model, config.training
+    per_unit = plan.max_contributions if config.privacy.unit == "patient" else 1
+    tokens = plan.batch_size * per_unit * mc.max_seq_length
+    encoder = layers * (4 * h * h + 2 * h * inter)
+    head = 0.15 * vocab * h  # the MLM head's output layer on the masked positions
+    flops = 6 * tokens * (encoder + head)
+    warmup = 6 * mc.public_warmup_steps * mc.public_warmup_batch_size * mc.max_seq_length * (encoder + head)
+    a = np.ones((512, 512), dtype=np.float32)
+    a @ a  # warm the BLAS threads
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    rate = 10 * 2 * 512 ** 3 / max(time.perf_counter() - start, 1e-9)
+    seconds = (plan.steps * flops + warmup) / rate
+    return {"seconds": seconds, "steps": plan.steps, "matmul_gflops": rate / 1e9,
+            "how": f"{plan.steps} steps × ≈ {flops / 1e9:.3g} GFLOP each at this machine's measured "
+                   f"{rate / 1e9:.0f} GFLOP/s matmul rate; ±3×"}
+
+
+def _model_sizes(config):
+    """(hidden, layers, intermediate, vocabulary) of the configured model, from the public
+    checkpoint's config.json (model.init = minilm) or the preset table; None when unavailable."""
+    mc = config.model
+    try:
+        if mc.init == "minilm":  # the checkpoint's config.json (no TensorFlow import)
+            from dpbert import schema
+            from dpbert.resources.checkpoint import checkpoint_dir
+
+            s = schema.loads((checkpoint_dir(mc.init_dir) / "config.json").read_text(encoding="utf-8"))
+            layers = mc.public_layers or s["num_hidden_layers"]
+            vocab = s["vocab_size"] + (config.vocab.max_new_tokens if config.vocab.source == "public+dp" else 0)
+            return s["hidden_size"], layers, s["intermediate_size"], vocab
+        from dpbert.model.bert import PRESETS
+
+        s = dict(PRESETS.get(mc.preset, {}))
+        for name in ("hidden_size", "num_layers", "intermediate_size"):
+            if getattr(mc, name) is not None:
+                s[name] = getattr(mc, name)
+        return s["hidden_size"], s["num_layers"], s["intermediate_size"], config.vocab.size
+    except (OSError, KeyError, ValueError, ImportError):
+        return None
+
+
+def noise_multiplier_for_whole_target(config, target_epsilon: float, n: int, dp_count: bool,
+                                      rtol: float = 2e-3) -> float:
+    """The smallest ``training.noise_multiplier`` σ (within relative ``rtol``) whose planned ledger
+    records a WHOLE-run ε (``epsilon_total_pld``: vocabulary, DP count and training composed) ≤
+    ``target_epsilon``. The whole-run ε decreases with σ towards what the vocabulary (and the DP
+    count) spend alone: a target at or below that is a ``ValueError`` naming their parameters.
+    Search: bracket by doubling / halving from the configured σ, then regula falsi (Illinois) on
+    log ε(log σ), keeping the upper end (it meets the target); each step is one planned ledger."""
+    import dataclasses
+    import math
+
+    from dpbert.privacy import accountant
+
+    cache = {}
+
+    def gap(sigma: float) -> float:  # log(whole ε / target): ≤ 0 meets the target
+        if sigma not in cache:
+            configured = dataclasses.replace(config, training=dataclasses.replace(config.training,
+                                                                                noise_multiplier=sigma))
+            whole = accountant.planned_ledger(configured, n, dp_count=dp_count)["epsilon_total_pld"]
+            cache[sigma] = math.log(whole / target_epsilon)
+        return cache[sigma]
+
+    if gap(1e3) >= 0:  # ε_T ≈ 0 at σ = 1000 (a larger σ underflows the RDP accountant)
+        raise ValueError(f"the whole-run ε cannot reach {target_epsilon:g}: the vocabulary"
+                         f"{' and the DP count' if dp_count else ''} alone spend ε = "
+                         f"{target_epsilon * math.exp(gap(1e3)):.4g} (raise vocab.sigma"
+                         f"{', training.count_noise_multiplier' if dp_count else ''}, or target the training "
+                         f"alone with --target training)")
+    lo = hi = max(float(config.training.noise_multiplier), 1e-2)
+    while gap(hi) > 0:
+        lo, hi = hi, hi * 2
+    while gap(lo) <= 0:
+        lo, hi = lo / 2, lo
+    a, b, fa, fb, side = math.log(lo), math.log(hi), gap(lo), gap(hi), 0  # fa > 0 ≥ fb
+    while b - a > math.log1p(rtol):
+        x = (a * fb - b * fa) / (fb - fa)
+        x = min(max(x, a + 1e-3 * (b - a)), b - 1e-3 * (b - a))
+        fx = gap(math.exp(x))
+        if fx <= 0:
+            b, fb = x, fx
+            fa = fa / 2 if side == -1 else fa  # Illinois: the end kept twice has its value halved
+            side = -1
+        else:
+            a, fa = x, fx
+            fb = fb / 2 if side == 1 else fb
+            side = 1
+    hi = math.exp(b)
+    rounded = math.ceil(hi * 1e4) / 1e4
+    return rounded if gap(rounded) <= 0 else hi
+
+
+def _target_noise_multiplier(config, n: int, dp_count: bool, target_epsilon: float, as_json: bool,
+                             target: str = "whole") -> int:
+    """The ``training.noise_multiplier`` σ whose PLANNED ledger records ε ≤ ``target_epsilon``:
+    ``target`` whole — the whole run's ε (``epsilon_total_pld``: vocabulary + DP count + training,
+    :func:`noise_multiplier_for_whole_target`); training — ε_T, the ledger's ``epsilon_train`` (PLD
+    at δ_T = training.delta: the DP-SGD steps at σ_eff, gradient + DP diagnostics, and the DP count
+    when the run draws one). The printed numbers are ``planned_ledger`` at the printed σ; exit 3
+    when that whole run is over ``privacy.epsilon_budget``."""
     import dataclasses
 
     from dpbert.privacy import accountant
 
-    sigma = accountant.noise_multiplier_for_planned_target(config, target_epsilon, n, dp_count=dp_count)
+    if target == "whole":
+        sigma = noise_multiplier_for_whole_target(config, target_epsilon, n, dp_count)
+    else:
+        sigma = accountant.noise_multiplier_for_planned_target(config, target_epsilon, n, dp_count=dp_count)
     configured = dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=sigma))
     planned = accountant.planned_ledger(configured, n, dp_count=dp_count)
     train = [r for r in planned["train_events"] if r.get("mechanism") == "dp_sgd"][0]
-    out = {"target": "epsilon_train", "target_epsilon": target_epsilon, "noise_multiplier": sigma,
+    key = "epsilon_total_pld" if target == "whole" else "epsilon_train"
+    out = {"target": key, "target_epsilon": target_epsilon, "noise_multiplier": sigma,
            "effective_noise_multiplier": train["noise_multiplier"],
            "sampling_probability": planned["sampling_probability"], "steps": planned["steps"],
            "delta": planned["delta_train"], "sampling": planned["sampling"],
            "dataset_size": planned["dataset_size"], "dataset_size_source": planned["dataset_size_source"],
-           "epsilon_pld": planned["epsilon_train"], "epsilon_train": planned["epsilon_train"],
+           "epsilon_pld": planned[key], "epsilon_train": planned["epsilon_train"],
            "epsilon_train_rdp": planned["epsilon_train_rdp"], "epsilon_vocab": planned["epsilon_vocab"],
            "epsilon_total_pld": planned["epsilon_total_pld"], "delta_total": planned["delta"],
            "epsilon_budget": planned["epsilon_budget"], "within_budget": planned["within_budget"]}
@@ -341,10 +559,13 @@ def _target_noise_multiplier(config, n: int, dp_count: bool, target_epsilon: flo
     else:
         count = (f" + the DP count (σ_c = {config.training.count_noise_multiplier:g})" if dp_count else "")
         diagnostics = " with its DP diagnostics" if getattr(config.training, "dp_diagnostics", True) else ""
-        print(f"training.noise_multiplier σ = {sigma:.4f}: the planned ledger records ε_T = "
-              f"{planned['epsilon_train']:.6g} ≤ {target_epsilon:g} (PLD at δ_T = {planned['delta_train']:.3g}; "
-              f"DP-SGD at σ_eff = {train['noise_multiplier']:.4f}{diagnostics}{count}; "
-              f"q = {planned['sampling_probability']:.4g}, {planned['steps']} steps, {planned['sampling']} sampling)")
+        aim = ("the whole run's ε (vocabulary + count + training)" if target == "whole" else "ε_T (training)")
+        print(f"training.noise_multiplier σ = {sigma:.4f} meets {aim} ≤ {target_epsilon:g}: the planned ledger records "
+              f"ε_T = {planned['epsilon_train']:.6g} (PLD at δ_T = {planned['delta_train']:.3g}; DP-SGD at "
+              f"σ_eff = {train['noise_multiplier']:.4f}{diagnostics}{count}; q = {planned['sampling_probability']:.4g}, "
+              f"{planned['steps']} steps, {planned['sampling']} sampling)")
+        budget = planned["epsilon_budget"]
         print(f"whole run (vocabulary included): ε = {planned['epsilon_total_pld']:.4g} (PLD) at δ = "
-              f"{planned['delta']:.3g}")
-    return exit_codes.OK
+              f"{planned['delta']:.3g}" + ("" if budget is None else
+                                          f"; budget {budget:g}: {'within' if planned['within_budget'] else 'OVER BUDGET'}"))
+    return exit_codes.OK if planned["within_budget"] else exit_codes.OVER_BUDGET

@@ -215,7 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "(dataset_patients). budget reads no corpus: with neither it "
                                                 "exits 2")
     p.add_argument("--target-epsilon", type=float, help="print the training noise multiplier that meets "
-                                                        "this ε_T instead")
+                                                        "this ε instead (see --target)")
+    p.add_argument("--target", choices=("whole", "training"), default="whole",
+                   help="what --target-epsilon bounds: the whole run's ε (vocabulary + count + training; "
+                        "default) or ε_T (training only)")
+    p.add_argument("--corpus", dest="check_corpus", metavar="PATH",
+                   help="also count this corpus (exactly: operator-only) and say whether the declared public "
+                        "sizes match it; without it budget reads no corpus")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.cmd_budget)
 

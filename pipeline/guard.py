@@ -32,6 +32,74 @@ def preflight_corpus(config: Config):
     validate_corpus(config.corpus, config.privacy.unit)
 
 
+def vocabulary_threshold(config: Config) -> Optional[dict]:
+    """Whether the DP vocabulary's threshold C can be passed at the DECLARED public size, before
+    anything runs; None when no DP vocabulary is built (``vocab.source: public``, or the
+    non-private baseline, which has no threshold).
+
+    Derivation: the histogram counts each word once per tuple, each patient contributing at most
+    k = ``privacy.max_tuples_per_patient`` tuples (k = 1 and n tuples for ``privacy.unit: tuple``),
+    so no word's exact count exceeds the number of tuples, m = n·k (n: ``training.dataset_patients``
+    or ``training.dataset_size``; the vocabulary reads every patient, held-out ones included). The
+    released count is that count + N(0, σ²) and is kept when ≥ C: the word most likely to pass —
+    one in every tuple of every patient — passes with probability Φ((m − C)/σ). When even its
+    EXPECTED noisy count m is below C (probability < ½, and the same for every other word, whose
+    count is smaller), the run would end with no word kept. Returns ``{"threshold", "max_count",
+    "passable" (m ≥ C; None without a public size), "probability", "size", "message"}``."""
+    from scipy.stats import norm
+
+    from dpbert.privacy.histogram import histogram_report
+
+    vc, pc = config.vocab, config.privacy
+    if vc.source == "public" or vc.non_private:
+        return None
+    patient = pc.unit == "patient"
+    k = pc.max_tuples_per_patient if patient else 1
+    threshold = float(histogram_report(vc.sigma, vc.delta, pc.tuple_words, vc.threshold_mode, k,
+                                       unit=pc.unit)["threshold"])
+    n = public_dataset_size(config)
+    size = (f"training.dataset_patients = {n} × privacy.max_tuples_per_patient = {k}" if patient
+            else f"training.dataset_size = {n}")
+    out = {"threshold": threshold, "max_count": None, "passable": None, "probability": None, "size": None,
+           "message": f"vocabulary threshold C = {threshold:.1f}: no public size declared to check it against"}
+    if n is None:
+        return out
+    m = n * k
+    out.update(max_count=m, passable=m >= threshold, probability=float(norm.cdf((m - threshold) / vc.sigma)),
+               size=size)
+    if m >= threshold:
+        out["message"] = (f"vocabulary threshold C = {threshold:.1f} can be passed: a word in every tuple is "
+                          f"counted up to {m:,} times ({size})")
+    else:
+        out["message"] = (f"no word can pass the vocabulary threshold C = {threshold:.1f} (vocab.sigma = {vc.sigma:g}, "
+                          f"vocab.delta = {vc.delta:g}, vocab.threshold_mode = {vc.threshold_mode}): a word in every "
+                          f"tuple of every patient is counted at most {m:,} times ({size}), so the DP vocabulary would "
+                          f"be empty. Lower vocab.sigma, use vocab.source = public, or a larger corpus")
+    return out
+
+
+def prechecks(config: Config) -> None:
+    """The configuration against its declared public sizes, before any component runs or anything
+    is written (``ConfigError``, exit 2, naming the keys): the DP vocabulary's threshold can be
+    passed (:func:`vocabulary_threshold`), the canary groups fit the declared training rows
+    (``dpbert.stages.canary.occurrences_problem``)."""
+    from dpbert.stages.canary import occurrences_problem
+
+    vocabulary = vocabulary_threshold(config)
+    if vocabulary is not None and vocabulary["passable"] is False:
+        raise ConfigError(vocabulary["message"])
+    problem = occurrences_problem(config)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def remaining_budget(config: Config) -> Optional[float]:
+    """The ε the dataset has left to spend (``privacy.epsilon_budget`` minus what its ledger has
+    already charged), for ``dpbert budget``. The dataset ledger is not wired in yet: None (unknown)."""
+    del config
+    return None
+
+
 def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> Optional[int]:
     """The public n to plan with: ``dataset_size`` if given, else ``training.dataset_size``
     (``training.dataset_patients`` for the patient unit), else None (never a count of the private
@@ -121,9 +189,9 @@ def check_budget(config: Config) -> Optional[dict]:
     budget is refused before anything runs. The trainer enforces the same bound step by step."""
     if config.training.strategy == "multi_worker" and not os.environ.get("TF_CONFIG"):
         # Before anything is written, not at the trainer step: the local DAG starts no workers.
-        raise ConfigError("training.strategy = multi_worker needs the cluster in $TF_CONFIG (Vertex AI custom "
-                          "jobs and Kubeflow's TFJob set it, one process per worker; README 'Scaling out'); "
-                          "`dpbert run` starts no workers: use training.strategy = mirrored on one machine")
+        raise ConfigError("training.strategy = multi_worker joins a cluster given in $TF_CONFIG, and there is "
+                          "none; to have the trainer start W worker processes itself, set training.workers = W "
+                          "and leave training.strategy default (docs/scaling-out.md)")
     preflight_corpus(config)
     if public_dataset_size(config) is None:
         return None

@@ -66,6 +66,7 @@ def create_components(config: Config, pipeline_root: Optional[str] = None) -> Li
     ``ingest_component``)."""
     from components.accountant import PrivacyAccountant
     from components.canary import CanaryExposure, CanaryGen
+    from dpbert.stages.canary import canary_rows
     from components.membership import MembershipInference
     from components.ner import NerEvaluator
     from components.trainer import MLMPretrainer
@@ -112,6 +113,7 @@ def create_components(config: Config, pipeline_root: Optional[str] = None) -> Li
             canary_config=section_to_json(config.canary),
             training_config=section_to_json(config.training),
             code_version=_core_version("components.canary"),
+            public_rows=canary_rows(config) or 0,
         )
         trainer_args["canaries"] = canaries.outputs["canaries"]
     trainer = MLMPretrainer(**trainer_args).with_id("MLMPretrainer")

@@ -45,21 +45,75 @@ AUDIT_FIELDS = ("epsilon_lower_bound", "r", "v", "m", "k_plus", "k_minus", "beta
 DEFAULT_OCCURRENCES = (1, 10, 100)
 
 
+def canary_rows(config) -> Optional[int]:
+    """The PUBLIC number of training rows the trainer inserts the canaries into (the trainer's
+    ``rows_planned``: a group of c occurrences is inserted with probability c / rows per row): the
+    plan's trained-on n — ``training.dataset_size`` tuples, or ``training.dataset_patients`` ×
+    ``privacy.max_tuples_per_patient`` for the patient unit — after the membership holdout. None
+    without a public n (the trainer then plans from a DP count). Never a count of the corpus."""
+    from dpbert.privacy.plan import plan_for_config
+
+    patient = config.privacy.unit == "patient"
+    n = config.training.dataset_patients if patient else config.training.dataset_size
+    if not n:
+        return None
+    try:
+        plan = plan_for_config(config, int(n))
+    except ValueError:  # a plan the guard refuses with its own message
+        return None
+    return plan.dataset_size * (plan.max_contributions if patient else 1)
+
+
+def planned_occurrences(config: CanaryConfig, public_rows: Optional[int]) -> List[int]:
+    """The occurrence groups: ``canary.occurrences``, else 1, 10, 100, … up to
+    ``canary.max_occurrence_fraction`` of the ``public_rows`` (:func:`canary_rows`: scaled to the
+    corpus's declared size), else ``DEFAULT_OCCURRENCES``."""
+    from dpbert.evaluate.canary import occurrence_groups
+
+    if config.occurrences:
+        return list(config.occurrences)
+    if public_rows:
+        return occurrence_groups(int(public_rows), max_fraction=config.max_occurrence_fraction)
+    return list(DEFAULT_OCCURRENCES)
+
+
+def occurrences_problem(config) -> Optional[str]:
+    """Why the configured canaries cannot be inserted as planned into a corpus of the declared
+    public size (a group expecting more occurrences than ``canary.max_occurrence_fraction`` of the
+    training rows), naming the configuration keys; None when they can, or canaries are off."""
+    if not config.canary.enabled:
+        return None
+    rows = canary_rows(config)
+    if rows is None:
+        return None
+    cap = max(1, int(config.canary.max_occurrence_fraction * rows))
+    groups = planned_occurrences(config.canary, rows)
+    if max(groups) <= cap:
+        return None
+    unit = (f"training.dataset_patients = {config.training.dataset_patients} × privacy.max_tuples_per_patient "
+            f"= {config.privacy.max_tuples_per_patient}" if config.privacy.unit == "patient"
+            else f"training.dataset_size = {config.training.dataset_size}")
+    return (f"canary.occurrences = {groups} expects up to {max(groups):,} occurrences of a canary, but the "
+            f"declared corpus has about {rows:,} training rows ({unit}, after the membership holdout) and "
+            f"canary.max_occurrence_fraction = {config.canary.max_occurrence_fraction:g} allows at most {cap:,}: "
+            f"lower canary.occurrences (or leave it empty: groups scaled to the declared size), or set "
+            f"canary.enabled = false")
+
+
 def generate_canaries(vocabulary_dir: str, canaries_dir: str, config: CanaryConfig,
                       public_rows: Optional[int] = None) -> StageResult:
     """Write the canaries, the audit canaries and a secret insertion key into ``canaries_dir``.
-    ``public_rows``: a PUBLIC n (``training.dataset_size``), which bounds the occurrence groups when
-    ``canary.occurrences`` is empty; without one, ``DEFAULT_OCCURRENCES``. Never the exact count."""
-    from dpbert.evaluate.canary import candidate_ids, make_audit_canaries, make_canary_set, occurrence_groups
+    ``public_rows``: the PUBLIC number of training rows (:func:`canary_rows`), which bounds the
+    occurrence groups when ``canary.occurrences`` is empty (:func:`planned_occurrences`); without
+    one, ``DEFAULT_OCCURRENCES``. Never the exact count."""
+    from dpbert.evaluate.canary import candidate_ids, make_audit_canaries, make_canary_set
     from dpbert.vocab.wordpiece import VOCAB_FILE
 
     vocab_path = os.path.join(vocabulary_dir, VOCAB_FILE)
     candidates = candidate_ids(vocab_path)
     with open(vocab_path, encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)
-    occurrences = list(config.occurrences) or (
-        occurrence_groups(int(public_rows), max_fraction=config.max_occurrence_fraction) if public_rows
-        else list(DEFAULT_OCCURRENCES))
+    occurrences = planned_occurrences(config, public_rows)
     canary_set = make_canary_set(candidates, vocab_size, occurrences=occurrences,
                                  canaries_per_group=config.canaries_per_group)
     os.makedirs(canaries_dir, exist_ok=True)

@@ -84,7 +84,8 @@ def test_run_over_budget_exits_3_and_writes_nothing(tmp_path, capsys):
 
 
 def test_budget_planner_meets_the_target(capsys):
-    code, data, _ = run_json(capsys, ["budget", "--config", DEFAULTS, "--target-epsilon", "3", "--examples", "60000",
+    code, data, _ = run_json(capsys, ["budget", "--config", DEFAULTS, "--target-epsilon", "3", "--target", "training",
+                                      "--examples", "60000",
                                       "--set", "training.batch_size=256", "--set", "training.steps=2000",
                                       "--set", "training.delta=1e-5", "--json"])
     assert code == 0
@@ -124,7 +125,7 @@ def test_budget_target_epsilon_is_the_epsilon_the_planned_ledger_records(capsys)
 
     sets = ["training.batch_size=100", "training.steps=10", "training.delta=1e-5"]
     argv = ["budget", "--config", DEFAULTS, "--examples", "1000", *[a for s in sets for a in ("--set", s)], "--json"]
-    code, data, _ = run_json(capsys, argv[:1] + ["--target-epsilon", "0.5"] + argv[1:])
+    code, data, _ = run_json(capsys, argv[:1] + ["--target-epsilon", "0.5", "--target", "training"] + argv[1:])
     assert code == 0 and data["target"] == "epsilon_train" and data["dataset_size_source"] == "dp_count"
     sigma = data["noise_multiplier"]
     assert data["epsilon_train"] <= 0.5 and data["epsilon_pld"] == data["epsilon_train"]
@@ -139,6 +140,6 @@ def test_budget_target_epsilon_is_the_epsilon_the_planned_ledger_records(capsys)
     assert over["epsilon_train"] > 0.5
     assert [r["mechanism"] for r in over["train_events"]] == ["dp_count", "dp_sgd"]
     # a target the DP count alone exceeds: exit 2 naming the count's parameter
-    code, _, err = run_json(capsys, argv[:1] + ["--target-epsilon", "0.5"] + argv[1:]
+    code, _, err = run_json(capsys, argv[:1] + ["--target-epsilon", "0.5", "--target", "training"] + argv[1:]
                             + ["--set", "training.count_noise_multiplier=0.5"])
     assert code == 2 and "DP count alone" in err and "training.count_noise_multiplier" in err

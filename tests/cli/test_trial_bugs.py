@@ -262,3 +262,83 @@ def test_vocabulary_audit_says_it_tests_a_one_tuple_neighbour_next_to_the_per_pa
     text = " ".join(result.stdout.split())
     assert f"claimed (ε, δ) = ({one:.3g}, 1e-06) for a neighbour of one tuple (D′ = D + one tuple of N words)" in text
     assert f"the ledger's ε_V = {per_patient:.3g} is per patient" in text and "one-tuple neighbour" in text
+
+
+# ------------------------------------------------------------------ budget and run before anything trains
+def _json(result):
+    return json.loads(result.stdout)
+
+
+SMALL = ("--set", "training.dataset_patients=120", "--set", "training.batch_size=16")
+
+
+def test_target_epsilon_targets_the_whole_run_and_budget_exits_3_over_the_budget(in_process):
+    """11. `budget --target-epsilon 0.5` with a budget of 3 printed a whole-run ε of 3.433 and exit 0."""
+    training = in_process("budget", "--target-epsilon", "0.5", "--target", "training",
+                          "--set", "privacy.epsilon_budget=3", "--json")
+    data = _json(training)
+    assert training.returncode == exit_codes.OVER_BUDGET and data["target"] == "epsilon_train"
+    assert data["epsilon_train"] <= 0.5 < 3 < data["epsilon_total_pld"] and data["within_budget"] is False
+    # the default target is the whole run: the vocabulary alone spends more than 0.5 here
+    assert_user_error(in_process("budget", "--target-epsilon", "0.5"), exit_codes.BAD_INPUT, "vocab.sigma",
+                      "--target training")
+    whole = in_process("budget", "--target-epsilon", "4", "--set", "training.steps=10", "--json")
+    data = _json(whole)
+    assert whole.returncode == exit_codes.OK and data["target"] == "epsilon_total_pld"
+    assert 3.9 < data["epsilon_total_pld"] <= 4 and data["epsilon_pld"] == data["epsilon_total_pld"]
+
+
+def test_run_refuses_a_vocabulary_threshold_no_word_can_pass_before_anything_is_written(tmp_path, in_process):
+    """12. "no word passed the threshold C = 1370.4" came after 19 s with a FAILED run written."""
+    out = tmp_path / "out"
+    args = ("--set", "vocab.sigma=200", *SMALL, "--output", out)
+    line = assert_user_error(in_process("run", *args), exit_codes.BAD_INPUT, "vocab.sigma", "vocab.delta",
+                             "training.dataset_patients = 120", "no word can pass")
+    assert "at most 240 times" in line and not out.exists()
+    budget = in_process("budget", "--set", "vocab.sigma=200", *SMALL)
+    assert "no word can pass the vocabulary threshold C" in budget.stdout  # said (its exit: the ε verdict)
+    passable = in_process("budget", *SMALL)  # σ_V = 40: C = 237.5 ≤ 240
+    assert "threshold C = 237.5 can be passed" in passable.stdout
+    public = in_process("budget", "--set", "vocab.source=public", "--set", "vocab.sigma=200", *SMALL)
+    assert "no DP vocabulary" in public.stdout
+
+
+def test_canary_groups_scale_to_the_declared_corpus_or_the_run_is_refused(tmp_path, in_process):
+    """8. Canary groups of 1,000 and 2,000 occurrences on a 120-patient corpus."""
+    from dpbert.config import load_config
+    from dpbert.stages.canary import canary_rows, planned_occurrences
+
+    config = load_config(None, ["training.dataset_patients=120", "training.batch_size=16"], preset="demo")
+    assert canary_rows(config) == 84 * 2  # 30 % held out, ≤ 2 tuples each
+    assert planned_occurrences(config.canary, canary_rows(config)) == [1, 10, 16]
+    demo = load_config(preset="demo")
+    assert planned_occurrences(demo.canary, canary_rows(demo)) == [1, 10, 100, 1000, 1400]
+    out = tmp_path / "out"
+    result = in_process("run", *SMALL, "--set", "canary.occurrences=[1, 1000]", "--output", out)
+    assert_user_error(result, exit_codes.BAD_INPUT, "canary.occurrences", "canary.max_occurrence_fraction",
+                      "training.dataset_patients = 120")
+    assert not out.exists()
+
+
+def test_budget_says_everything_before_anything_trains(tmp_path, in_process):
+    """14. The ε per patient by part, the vocabulary threshold, the declared size against --corpus
+    (operator-only), a labelled training-time estimate and the dataset's remaining budget (a hook)."""
+    from pipeline import guard
+
+    corpus = tmp_path / "notes.jsonl"
+    corpus.write_text("".join(json.dumps({"patient_id": f"p{i}", "text": "fever and cough " * 20}) + "\n"
+                              for i in range(30)), encoding="utf-8")
+    result = in_process("budget", "--corpus", corpus)
+    assert result.returncode == exit_codes.OK, result.stderr
+    lines = result.stdout.splitlines()
+    parts = next(x for x in lines if x.startswith("planned ε per patient:"))
+    for word in ("vocabulary", "count 0", "training", "whole run"):
+        assert word in parts
+    size = next(x for x in lines if x.startswith("corpus:"))
+    assert size.endswith("(operator-only: exact count)") and "30 patients" in size and "does NOT match" in size
+    estimate = next(x for x in lines if x.startswith("training time on this machine"))
+    assert "ESTIMATE" in estimate and "50 steps" in estimate
+    assert "remaining budget of this dataset: unknown" in result.stdout and guard.remaining_budget(None) is None
+    data = _json(in_process("budget", "--json"))
+    assert data["epsilon_parts"]["whole"] == data["epsilon_total_pld"] and "corpus_sizes" not in data
+    assert data["vocabulary_threshold"]["passable"] is True and data["training_time_estimate"]["seconds"] > 0
