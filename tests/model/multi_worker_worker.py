@@ -32,11 +32,10 @@ if sys.argv[1] == "noise":
     print(json.dumps(out))
     sys.exit(0)
 
-from dpbert.model.train import train_mlm  # noqa: E402
-
+from prf_sampling import train_with  # noqa: E402  (the builder takes the test-only PRF sampler)
 from test_multi_worker import runs  # noqa: E402
 
 out = {}
 for name, kwargs in runs(replicas=2).items():
-    out[name] = train_mlm(output_dir=str(Path(sys.argv[1]) / name), strategy=strategy, **kwargs).to_dict()
+    out[name] = train_with(output_dir=str(Path(sys.argv[1]) / name), strategy=strategy, **kwargs).to_dict()
 print(json.dumps(out))
