@@ -77,3 +77,16 @@ def location_for(config: Config) -> str:
 def ledger_uri(location: str, dataset_id: str) -> str:
     """``<location>/<safe dataset id>.json``."""
     return storage.join(location, safe_name(dataset_id) + ".json")
+
+
+def remote_ledger_problem(config: Config) -> Optional[str]:
+    """For a compiled (Vertex AI) pipeline: with a budget the ledger must be on Cloud Storage —
+    a step's container has no lasting folder, and every run on the dataset must see one ledger.
+    The message (a ConfigError's) or None."""
+    if config.privacy.epsilon_budget is None:
+        return None
+    if not str(config.privacy.ledger or "").startswith("gs://"):
+        return (f"privacy.ledger must be a Cloud Storage folder gs://BUCKET/PATH when privacy.epsilon_budget is "
+                f"set for Vertex AI (the dataset's ledger outlives every run; a step's own disk does not), got "
+                f"{config.privacy.ledger!r}")
+    return None

@@ -19,7 +19,7 @@ from pipeline import guard
 from tests.tiny import CLASSIC, set_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OVERRIDES = ["corpus.synthetic.patients=6", "vocab.sigma=20", "vocab.size=300", "training.steps=4",
+OVERRIDES = ["corpus.synthetic.patients=6", "vocab.sigma=2", "vocab.size=300", "training.steps=4",
              "training.batch_size=8", "training.checkpoint_every=100", "model.max_seq_length=64",
              "canary.enabled=false", "ner.enabled=false", "training.train_non_private_baseline=false",
              "membership.holdout_patient_fraction=0", "beam.direct_running_mode=in_memory", "audit.enabled=false"]

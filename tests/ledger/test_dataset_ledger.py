@@ -276,3 +276,9 @@ def test_a_dataset_ledger_infinite_when_thresholds_use_up_delta():
     rec = lc.ledger_record(vocab_record())
     got = lc.compose([{"mechanism": "dp_histogram", "planned": [rec]}], rec["threshold_delta"] / 2)
     assert math.isinf(got["epsilon_rdp"])
+
+
+def test_a_compiled_pipeline_with_a_budget_needs_a_cloud_storage_ledger():
+    assert identity.remote_ledger_problem(load_config(None, ["privacy.epsilon_budget=null"], preset="demo")) is None
+    assert "privacy.ledger" in identity.remote_ledger_problem(load_config(None, [], preset="demo"))
+    assert identity.remote_ledger_problem(load_config(None, ["privacy.ledger=gs://b/ledgers"], preset="demo")) is None
