@@ -79,7 +79,7 @@ def test_broken_noise_placements_fail_the_two_worker_noise_check():
     assert not controls["per_replica_full"]["passed"] and abs(controls["per_replica_full"]["ratio"] - 2 ** 0.5) < 0.05
     assert not controls["same_before_sum"]["passed"] and abs(controls["same_before_sum"]["ratio"] - 2) < 0.07
     assert not controls["own_seed"]["passed"] and not controls["own_seed"]["checks"]["replicas_in_sync"]
-    assert seconds <= 90, seconds
+    assert seconds <= 140, seconds  # two worker start-ups and three traced steps each, on a shared CPU
 
 
 pytestmark = pytest.mark.xdist_group("multi_worker")  # one launch of the worker processes per session
