@@ -26,18 +26,34 @@ def MLMPretrainer(
     code_version: Parameter[str],
     non_private: Parameter[int] = 0,
     canaries: InputArtifact[CanaryList] = None,
+    custom_job: Parameter[str] = "",
 ):
     """Tokenize the tuples with the DP vocabulary and pre-train; one tuple = one example.
 
     ``membership_config``: the patient split only (``membership.holdout_*``), so the evaluation's
     own settings do not re-train the model. ``non_private``: 1 for the non-private baseline.
+    ``training.workers`` W > 1: W worker processes of the same stage (``pipeline.workers``),
+    started here on loopback, or, with ``custom_job`` (the CustomJob template a compiled Vertex AI
+    spec carries, ``kubeflow.custom_job``), as the replicas of a Vertex AI custom job this step
+    submits and waits for. Either way the chief's result becomes this artifact's.
     """
-    from dpbert.stages.pretrain import crash_after_steps_from_env, pretrain
+    tc = section_from_json(TrainingConfig, training_config)
+    if tc.workers > 1 or custom_job:
+        from pipeline.workers import train_on_workers
+
+        result = train_on_workers(tuples.uri, vocabulary.uri, model.uri, model_config, training_config,
+                                  privacy_config, membership_config, pipeline_root=pipeline_root_of(model.uri),
+                                  canaries_dir=None if canaries is None else canaries.uri,
+                                  non_private=bool(non_private),
+                                  vocab_event=get_property(vocabulary, schema.DP_EVENT), custom_job=custom_job)
+        set_properties(model, {**result["properties"], "workers": result["workers"], "code_version": code_version})
+        return
+    from dpbert.stages.pretrain import pretrain
 
     result = pretrain(
         tuples.uri, vocabulary.uri, model.uri,
         model_config=section_from_json(ModelConfig, model_config),
-        training_config=section_from_json(TrainingConfig, training_config),
+        training_config=tc,
         privacy_config=section_from_json(PrivacyConfig, privacy_config),
         membership_config=section_from_json(MembershipConfig, membership_config),
         pipeline_root=pipeline_root_of(model.uri),
@@ -45,4 +61,4 @@ def MLMPretrainer(
         non_private=bool(non_private),
         # The vocabulary's DP record: the trainer refuses any step the budget does not cover.
         vocab_event=get_property(vocabulary, schema.DP_EVENT))
-    set_properties(model, {**result.properties, "code_version": code_version})
+    set_properties(model, {**result.properties, "workers": 1, "code_version": code_version})

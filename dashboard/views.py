@@ -51,7 +51,8 @@ LEDGER_BARS = ((schema.EPSILON_VOCAB, "ε_V"), (schema.EPSILON_TRAIN, "ε_T"),
                (schema.EPSILON_TOTAL_RDP, "total (RDP)"))
 VOCAB_ROWS = (("size", "vocabulary size"), ("words_kept", "words kept"), ("sigma", "σ (noise per count)"),
               ("threshold", "threshold C"), ("epsilon", "ε_V"), ("non_private", "non-private baseline"))
-PRETRAINING_ROWS = (("steps", "steps taken"), ("initial_mlm_loss", "initial MLM loss (DP estimate)"),
+PRETRAINING_ROWS = (("steps", "steps taken"), ("workers", "worker processes"),
+                    ("initial_mlm_loss", "initial MLM loss (DP estimate)"),
                     ("final_mlm_loss", "final MLM loss (DP estimate)"),
                     ("final_mlm_accuracy", "final MLM accuracy (DP estimate)"),
                     ("clipped_fraction", "clipped fraction (DP estimate)"), ("diagnostics", "diagnostics released as"),

@@ -292,6 +292,8 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
                   "sigma": vocab.get(schema.SIGMA), "threshold": vocab.get(schema.THRESHOLD),
                   "epsilon": vocab.get(schema.EPSILON), "non_private": vocab.get(schema.NON_PRIVATE)},
         "pretraining": {"steps": dp_model.get(schema.STEPS_TAKEN_TOTAL),
+                        # worker processes of the trainer (training.workers; absent before it existed)
+                        "workers": dp_model.get("workers"),
                         "final_mlm_loss": dp_model.get(schema.FINAL_MLM_LOSS),
                         "initial_mlm_loss": dp_model.get(schema.INITIAL_MLM_LOSS),
                         "loss_curve": dp_model.get(schema.LOSS_CURVE),

@@ -224,6 +224,30 @@ def lost_message(inv: Invocation, err) -> str:
             f"were stopped: re-run to resume from the last checkpoint (every executed step stays charged)")
 
 
+def release_dead_lease(state: str, pid: int) -> bool:
+    """Delete the chain's lease when its holder is process ``pid`` of this host, which the caller
+    has stopped and reaped (a chief killed in a collective never ran its ``finally``): the re-run
+    then resumes at once instead of waiting for the lease to expire. Matched on the lease's
+    owner (``hostname:pid:…``) and its generation; True when deleted."""
+    import socket
+
+    uri = storage.join(state, schema.STATE_LOCK_FILE)
+    store = storage.storage_for(uri)
+    try:
+        data, generation = store.read(uri)
+        owner = str(json.loads(data.decode("utf-8")).get("owner", ""))
+    except (FileNotFoundError, ValueError):
+        return False
+    if not owner.startswith(f"{socket.gethostname()}:{int(pid)}:"):
+        return False
+    try:
+        store.delete(uri, if_generation_match=generation)
+    except Exception:  # pylint: disable=broad-except  (taken over meanwhile: not ours to delete)
+        return False
+    log.warning("released the lease of the stopped chief (pid %d) on %s", pid, state)
+    return True
+
+
 def worker_command(inv: Invocation):
     """``python -m pipeline.workers INVOCATION`` from any working directory (``sys.path[0]`` is
     the folder holding this checkout's packages, not the current one)."""
@@ -243,6 +267,7 @@ def run_local_workers(inv: Invocation, timeout: Optional[float] = None) -> dict:
     try:
         supervise([command] * inv.workers, worker_envs(dict(os.environ), configs), timeout=timeout)
     except WorkerFailed as err:
+        release_dead_lease(stage_state_dir(inv), err.pids[0])
         if err.rank is not None:
             raise_recorded(storage.read_json(error_uri(inv, err.rank), default=None))
         if err.stderr_tail:

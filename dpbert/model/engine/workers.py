@@ -58,9 +58,12 @@ class WorkerFailed(RuntimeError):
     """A worker process exited non-zero (or the run exceeded its last-resort bound); the others
     were stopped. ``rank``: the first to fail (None on a timeout); ``returncode``; ``stderr_tail``."""
 
-    def __init__(self, message: str, rank: Optional[int], returncode: Optional[int], stderr_tail: str = ""):
+    def __init__(self, message: str, rank: Optional[int], returncode: Optional[int], stderr_tail: str = "",
+                 pids: Sequence[int] = ()):
         super().__init__(message)
         self.rank, self.returncode, self.stderr_tail = rank, returncode, stderr_tail
+        #: Every worker's process id (all of them ended and reaped when this is raised).
+        self.pids = list(pids)
 
 
 def describe_exit(returncode: Optional[int]) -> str:
@@ -118,11 +121,13 @@ def supervise(commands: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]],
         try:
             for rank, (command, env) in enumerate(zip(commands, envs)):
                 err = None if rank == 0 and inherit_rank0 else os.path.join(tmp, f"{rank}.err")
-                with open(err or os.devnull, "w") as stream:  # the child keeps its own descriptor
-                    procs.append(subprocess.Popen(list(command), env=env, cwd=cwd, start_new_session=True,
-                                                  stdout=None if err is None else stream,
-                                                  stderr=None if err is None else stream))
                 errs.append(err)
+                if err is None:
+                    procs.append(subprocess.Popen(list(command), env=env, cwd=cwd, start_new_session=True))
+                    continue
+                with open(err, "w") as stream:  # a local pipe file; the child keeps its own descriptor
+                    procs.append(subprocess.Popen(list(command), env=env, cwd=cwd, start_new_session=True,
+                                                  stdout=stream, stderr=stream))
                 log.info("worker %d of %d started (pid %d)", rank, len(commands), procs[-1].pid)
             _wait(procs, errs, timeout, grace_s, poll_s)
         finally:
@@ -138,12 +143,13 @@ def _wait(procs, errs, timeout, grace_s, poll_s):
             _stop(procs, grace_s)
             tail = _tail(errs[failed]) if errs[failed] else ""
             raise WorkerFailed(f"worker {failed} of {len(procs)} {describe_exit(codes[failed])}", failed,
-                               codes[failed], tail)
+                               codes[failed], tail, [p.pid for p in procs])
         if all(c == 0 for c in codes):
             return
         if deadline is not None and time.monotonic() > deadline:
             _stop(procs, grace_s)
-            raise WorkerFailed(f"the {len(procs)} workers did not finish within {timeout:g} s (stopped)", None, None)
+            raise WorkerFailed(f"the {len(procs)} workers did not finish within {timeout:g} s (stopped)", None, None,
+                               pids=[p.pid for p in procs])
         time.sleep(poll_s)
 
 
