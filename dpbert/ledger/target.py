@@ -69,7 +69,7 @@ def vocab_key(config: Config) -> str:
     material = json.dumps([dataclasses.asdict(config.vocab), dataclasses.asdict(config.privacy),
                            dataclasses.asdict(config.corpus), config.model.init, config.model.init_dir],
                           sort_keys=True, default=str)
-    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]  # not 16: code versions are 16
 
 
 def ledger_target(config: Config) -> Optional[LedgerTarget]:
