@@ -162,13 +162,63 @@ def run_spec_locally(spec: dict, root_dir: str, tasks: Optional[Sequence[str]] =
     return outputs
 
 
+def _artifact_type(spec: dict, task_name: str, key: str) -> str:
+    """The artifact's type name (``components.PretrainedModel``) from its output definition."""
+    ps = pipeline_spec(spec)
+    component = ps["components"][ps["root"]["dag"]["tasks"][task_name]["componentRef"]["name"]]
+    schema_text = component["outputDefinitions"]["artifacts"][key]["artifactType"].get("instanceSchema", "")
+    return next((line.split(":", 1)[1].strip() for line in schema_text.splitlines() if line.startswith("title:")),
+                "")
+
+
+def _mlmd_artifact(artifact: dict):
+    """An ML Metadata Artifact of a task's output as Vertex AI records it (its ``metadata``); the
+    numbers come back as JSON doubles, an integral one is taken as the int it was."""
+    from ml_metadata.proto import metadata_store_pb2
+
+    proto = metadata_store_pb2.Artifact(uri=artifact["uri"])
+    for name, value in (artifact.get("metadata") or {}).items():
+        prop = proto.custom_properties[name]
+        if isinstance(value, (bool, int, float)):
+            if float(value).is_integer():
+                prop.int_value = int(value)
+            else:
+                prop.double_value = float(value)
+        else:
+            prop.string_value = value if isinstance(value, str) else json.dumps(value)
+    return proto
+
+
+def run_info(spec: dict, outputs: Dict[str, Dict[str, dict]], name: str = "rehearsal"):
+    """A ``dpbert.metadata.RunInfo`` of a rehearsal's outputs, so ``dpbert.report`` reads it as it
+    reads a local run's ML Metadata (``--report``). Every rehearsed task is COMPLETE; no times."""
+    from dpbert import schema
+    from dpbert.metadata import ArtifactInfo, ComponentRun, RunInfo
+
+    components = []
+    for number, (task, artifacts) in enumerate(outputs.items(), 1):
+        infos = [ArtifactInfo(id=number * 100 + i, type=_artifact_type(spec, task, key), uri=art["uri"], name=key,
+                              properties=schema.exact_properties(_mlmd_artifact(art)))
+                 for i, (key, art) in enumerate(sorted(artifacts.items()))]
+        components.append(ComponentRun(task, number, "COMPLETE", 0, 0, [], infos))
+    return RunInfo(name, pipeline_spec(spec)["pipelineInfo"]["name"], 0, components)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kubeflow.local_v2", description=__doc__.split("\n\n")[0])
     parser.add_argument("spec", help="compiled pipeline (.json from `dpbert compile`)")
     parser.add_argument("root_dir", help="local directory for the artifacts")
     parser.add_argument("--tasks", nargs="*", help="only these tasks (their upstream tasks must be included)")
+    parser.add_argument("--report", action="store_true",
+                        help="print dpbert report's text of the rehearsed run instead of the task outputs")
     args = parser.parse_args(argv)
-    outputs = run_spec_locally(load_spec(args.spec), args.root_dir, args.tasks)
+    spec = load_spec(args.spec)
+    outputs = run_spec_locally(spec, args.root_dir, args.tasks)
+    if args.report:
+        from dpbert.report import build_report, format_report
+
+        print(format_report(build_report(run_info(spec, outputs))))
+        return 0
     print(json.dumps(outputs, indent=2, sort_keys=True))
     return 0
 

@@ -179,3 +179,42 @@ def test_the_replicas_get_vertex_ais_cluster_spec_and_tf_config():
     assert specs[0]["cluster"] == {"workerpool0": ["localhost:7001"], "workerpool1": ["localhost:7002", "localhost:7003"]}
     assert configs[0]["cluster"] == {"chief": ["localhost:7001"], "worker": ["localhost:7002", "localhost:7003"]}
     assert [tf_config_rank(c) for _, c in envs] == [0, 1, 2]
+
+
+# --------------------------------------------------------------------------- the rehearsal
+REHEARSED = ["corpus.synthetic.patients=6", "vocab.sigma=2", "vocab.size=300", "training.steps=4",
+             "training.batch_size=8", "training.checkpoint_every=2", "model.max_seq_length=64",
+             "privacy.epsilon_budget=null", "canary.enabled=false", "ner.enabled=false", "audit.enabled=false",
+             "training.train_non_private_baseline=false", "membership.holdout_patient_fraction=0",
+             "beam.direct_num_workers=1", "training.workers=2", "vertex.project=my-project"]
+
+
+@pytest.mark.slow
+def test_the_rehearsal_runs_the_custom_job_as_two_replicas_and_reports_it(compile_spec, tmp_path):
+    """kubeflow/local_v2 runs the compiled trainer step, whose custom job's replicas start here with
+    Vertex AI's CLUSTER_SPEC / TF_CONFIG (workerpool0 = chief); dpbert report reads the rehearsal:
+    2 workers, 4 steps, the one-worker plan's ε."""
+    import dataclasses
+    import time
+
+    from dpbert.config import load_config
+    from dpbert.report import build_report, format_report
+    from kubeflow.local_v2 import run_info, run_spec_locally
+    from pipeline import guard
+    from tests.tiny import CLASSIC
+
+    overrides = CLASSIC + REHEARSED
+    spec = compile_spec(overrides)
+    assert template_of(spec)["customJob"]["jobSpec"]["workerPoolSpecs"][1]["replicaCount"] == "1"
+    started = time.monotonic()
+    outputs = run_spec_locally(spec, str(tmp_path / "root"),
+                               tasks=["CorpusIngest", "DPVocabularyGen", "MLMPretrainer", "PrivacyAccountant"])
+    seconds = time.monotonic() - started
+    report = build_report(run_info(spec, outputs))
+    assert report["status"] == "COMPLETE" and report["pretraining"]["workers"] == 2
+    assert report["pretraining"]["steps"] == 4 and report["privacy"]["steps"] == 4
+    config = load_config(None, overrides)
+    one = dataclasses.replace(config, training=dataclasses.replace(config.training, workers=1))
+    assert report["privacy"]["epsilon_train"] == pytest.approx(guard.planned(one)["epsilon_train"], rel=1e-9)
+    assert "workers                               2" in format_report(report)
+    print(f"rehearsal of the 2-worker custom job (4 tasks): {seconds:.0f} s")
