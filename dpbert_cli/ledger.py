@@ -64,7 +64,7 @@ def _fmt(x) -> str:
 def print_view(view: dict):
     t = view["totals"]
     print(f"dataset {view['dataset_id']} ({view['ledger']}): unit {view['unit'] or '-'}, "
-          f"δ = {_fmt(view['delta'])}, {len(view['entries'])} entries from {view['runs']} runs")
+          f"δ = {_fmt(view['delta'])}, {len(view['entries'])} entries (stage executions)")
     for r in view["entries"]:
         steps = f" {r['steps']} steps" if r["steps"] else ""
         listed = "" if r["composed"] else "  (listed, not composed)"

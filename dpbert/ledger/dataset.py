@@ -66,7 +66,7 @@ class Reservation:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def empty_ledger(dataset_id: str) -> Dict[str, Any]:
