@@ -268,6 +268,10 @@ class TrainingConfig:
     #: and the realised-units and noise tests evaluated (also at the end); 0 = the brute-force
     #: clipping check off (the other tests then run at the end only). A failure stops the run.
     integrity_check_every: int = 50
+    #: XLA-compile the DP step (per-replica accumulate and release) at fixed shapes, as a TPU needs;
+    #: collectives and the noise draw stay outside the compiled functions, so the step releases
+    #: the same S + z as the uncompiled one (``dpbert.model.dpsgd``).
+    jit_compile: bool = False
     #: δ of the DP-SGD mechanism.
     delta: float = 1e-6
     #: Non-private baseline (no clipping, no noise; ε = ∞).

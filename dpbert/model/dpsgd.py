@@ -127,6 +127,33 @@ trained pieces' gradient (``ghost.clipped_gradient_sum(selection=)``). The mecha
 the same Gaussian mechanism with sensitivity C and multiplier σ whatever the set: the accountant
 is unchanged.
 
+Compiled step (``jit_compile``, ``training.jit_compile``)
+--------------------------------------------------------
+The per-replica accumulate (forward, backward, ghost norms, book-keeping, the accumulators'
+update) and the release (audit canaries, S + z, division by B, the noise probe, the optimizer,
+zeroing the accumulators) are XLA-compiled at the round's fixed shapes; the embedding norm takes
+its static-shape form (``ghost.embedding_sqr_norm_static``: no ``UniqueV2``, which a TPU cannot
+compile). Outside the compiled functions: every collective (the SUM all-reduce, the probe's
+all-reduce, several workers' statistics), with several replicas the optimizer (its apply may
+``merge_call``), and THE NOISE DRAW: XLA's ``stateless_normal`` yields another stream for the
+same key, so z is drawn by TensorFlow's own kernel from the same (seed, DP step, piece) as the
+uncompiled step and handed to the compiled release as an input. The compiled step therefore
+releases the same S + z as the uncompiled one (to float rounding), one draw per logical batch.
+
+Noise drawn ahead (compiled step, private): z depends on (seed, DP step, piece) only, never on
+the data, so right after step t's apply the draw of step t + 1 is made into device buffers (one
+replica: on a background thread, so it overlaps the host's sampling and masking and the next
+rounds; several replicas: enqueued after the apply). The apply of step t + 1 uses the buffer only
+when the DP step it was keyed on is the running one (a restore or a replayed step draws inline):
+the same z, the same single placement after the SUM, and the noise probe still measures what the
+optimizer is handed. The buffers hold the next step's noise: they are never checkpointed or
+written anywhere (whoever held them could subtract the next update's noise). They cost one more
+copy of the trained pieces in device memory.
+
+Statistics: each round's sums stay on the device and are added there; a step reads them once
+(one transfer), and the per-unit norms are read only when asked for (``last_unit_norms``: the
+run-time clipping check's steps).
+
 Noise RNG: the base seed comes from OS entropy (``secrets``) unless an explicit test seed is
 given (several worker processes: the chief's, shared by an all-reduce, above). The base seed is never logged or checkpointed (a resumed run draws a new one).
 """
@@ -136,6 +163,8 @@ import dataclasses
 import logging
 import math
 import secrets
+import threading
+from concurrent import futures
 from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
@@ -312,6 +341,8 @@ class DPSGDConfig:
     #: k: rows per clipped unit (user-level DP-SGD: one patient's ≤ k tuples, summed gradient
     #: clipped as one vector). 1 = per-example clipping.
     group_size: int = 1
+    #: XLA-compile the per-replica accumulate and the release at fixed shapes (module docstring).
+    jit_compile: bool = False
 
     def __post_init__(self):
         if int(self.group_size) < 1:
@@ -322,6 +353,9 @@ class DPSGDConfig:
             raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
         if self.clipping not in CLIPPING_PATHS:
             raise ValueError(f"clipping must be one of {CLIPPING_PATHS}, got {self.clipping!r}")
+        if self.jit_compile and self.clipping != "ghost" and not self.non_private:
+            raise ValueError("jit_compile needs clipping = ghost (tensorflow-privacy's embedding norm is not "
+                             "fixed-shape)")
         if not self.non_private:
             if not self.clip_norm > 0:
                 raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
@@ -526,11 +560,42 @@ class DPSGDTrainStep:
         #: the audit's sampler once it knows which canary units the step drew (``run_step``
         #: consumes it and resets it to None).
         self.next_canary_sum: Optional[np.ndarray] = None
-        #: The per-unit gradient norms the clipping used in the last ``run_step``, one array
-        #: ``[P, units per replica]`` per round (tuple: per row; patient: per group of k slots).
-        self.last_unit_norms: list = []
+        self._device_norms: list = []
+        self._unit_norms: Optional[list] = None
+        self._staged = threading.local()
+        self._ahead: Optional[futures.Future] = None
+        self._setup_jit()
         self._accumulate_fn = tf.function(self._accumulate, autograph=False)
         self._apply_fn = tf.function(self._apply, autograph=False)
+
+    @property
+    def last_unit_norms(self) -> list:
+        """The per-unit gradient norms the clipping used in the last ``run_step``, one array
+        ``[P, units per replica]`` per round (tuple: per row; patient: per group of k slots),
+        read from the device on first use after the step."""
+        if self._unit_norms is None:
+            self._unit_norms = [np.stack([np.asarray(x) for x in norms]) for norms in self._device_norms]
+        return self._unit_norms
+
+    def _setup_jit(self):
+        """The compiled functions of ``jit_compile`` and the noise drawn ahead (module docstring)."""
+        self._noise_buffers = None
+        if not self.config.jit_compile:
+            return
+        self._compiled = {}
+        if self.config.non_private:
+            return
+        local = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        with self.strategy.scope():
+            self._noise_buffers = [tf.Variable(tf.zeros(v.shape, v.dtype), name=f"noise_ahead_{i}", **local)
+                                   for i, v in enumerate(self.variables)]
+            self._noise_buffer_step = tf.Variable(tf.constant(-1, tf.int64), name="noise_ahead_step", **local)
+        self._draw_ahead_fn = tf.function(
+            lambda: self.strategy.run(self._replica_draw_ahead), autograph=False)
+        # One replica: a thread (the draw overlaps the host's work); several: enqueued in order.
+        self._ahead_pool = futures.ThreadPoolExecutor(1, thread_name_prefix="dpbert-noise") \
+            if self.replicas == 1 else None
 
     def _setup_noise_probe(self, noise_probe: Optional["NoiseProbe"]):
         """The probe's gather indices and its two kept vectors (``NoiseProbe``); where audit
@@ -566,7 +631,8 @@ class DPSGDTrainStep:
         if self.config.clipping == "ghost":
             grads, losses, norms, outputs = ghost.clipped_gradient_sum(
                 self.model, inputs, loss_fn, example_mask, self.config.clip_norm, training=training,
-                group_size=int(self.config.group_size), selection=self.selection)
+                group_size=int(self.config.group_size), selection=self.selection,
+                static_shapes=self.config.jit_compile)
             return [_dense(g) for g in grads], losses, norms, outputs
         return tfp_two_pass_clipped_gradients(self.model, self.registry, inputs, loss_fn, example_mask,
                                               self.config.clip_norm, training=training)
@@ -630,9 +696,34 @@ class DPSGDTrainStep:
         """S: the replica-local clipped sums, all-reduced with SUM (identical on every replica)."""
         return self._all_reduce_sum(grads)
 
+    def _noise(self):
+        """This step's z: the draw staged for the compiled release (made outside it), else drawn here."""
+        staged = getattr(self._staged, "noise", None)
+        return staged if staged is not None else self._draw_noise()
+
     def _add_noise(self, grads):
         """S + z, after the SUM: the same single draw on every replica (module docstring)."""
-        return [g + z for g, z in zip(grads, self._draw_noise())]
+        return [g + z for g, z in zip(grads, self._noise())]
+
+    def _xla(self, fn):
+        """``fn`` XLA-compiled, one function per replica: an XLA cluster runs on one device, so a
+        trace capturing one replica's variables must not be shared with another replica."""
+        replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+        key = (fn.__name__, None if replica is None else int(replica))
+        if key not in self._compiled:
+            self._compiled[key] = tf.function(fn, jit_compile=True, autograph=False)
+        return self._compiled[key]
+
+    def _replica_draw_ahead(self):
+        """The draw of the step ``dp_step`` holds now (after an apply: the next one), into the buffers."""
+        for buffer, z in zip(self._noise_buffers, self._draw_noise()):
+            buffer.assign(z)
+        self._noise_buffer_step.assign(self.dp_step.read_value())
+
+    def _noise_for_apply(self):
+        """The buffers when they were drawn for this very DP step, else a draw now (same z)."""
+        fresh = tf.equal(self._noise_buffer_step.read_value(), self.dp_step.read_value())
+        return tf.cond(fresh, lambda: [b.read_value() for b in self._noise_buffers], self._draw_noise)
 
     def _replica_apply(self, denominator, canary_sum):
         grads = [acc.read_value() for acc in self.accumulators]
@@ -643,28 +734,69 @@ class DPSGDTrainStep:
             # the sum (noise before the SUM, no noise, ...), B·update − S is the noise it carried.
             clean = self._all_reduce_sum(self._noise_probe_gather(grads))
         grads = self._sum_replicas(grads)
+        if not self.config.jit_compile:
+            self._release(grads, denominator, canary_sum, clean, apply=True)
+            return tf.constant(0.0)
+        noise = [] if self.config.non_private else (
+            self._noise_for_apply() if self._noise_buffers is not None else self._draw_noise())
+        # One replica: the whole release is compiled. Several: writes to replica-synchronised
+        # variables (probes, optimizer) merge_call, so the compiled part returns them instead.
+        out = self._xla(self._release_staged)(grads, noise, denominator, canary_sum, clean, self.replicas == 1)
+        if self.replicas > 1:
+            grads, kept = out
+            self._keep(kept)
+            self._apply_update(grads)
+        return tf.constant(0.0)
+
+    def _release_staged(self, grads, noise, denominator, canary_sum, clean, apply: bool):
+        """``_release`` with the noise drawn outside (the compiled release's body)."""
+        self._staged.noise = list(noise) if noise else None
+        try:
+            return self._release(grads, denominator, canary_sum, clean, apply)
+        finally:
+            self._staged.noise = None
+
+    def _release(self, grads, denominator, canary_sum, clean, apply: bool):
+        """``apply``: the released update applied, the probes kept, the accumulators zeroed (returns
+        0); else ``(update, probe values)`` returned (``_released``)."""
+        grads, kept = self._released(grads, denominator, canary_sum, clean)
+        if not apply:
+            return grads, kept
+        self._keep(kept)
+        self._apply_update(grads)
+        return tf.constant(0.0)
+
+    def _released(self, grads, denominator, canary_sum, clean):
+        """Audit canaries, S + z (private), ÷ the divisor: ``(update, {probe variable: value})``."""
+        kept = {}
         if self.audit_probe is not None:
             # Audit canaries join the clipped sum like real examples (before the one noise draw).
             i = self.audit_probe.variable_index
             flat = tf.tensor_scatter_nd_add(tf.reshape(grads[i], [-1]), self._probe_index, canary_sum)
             grads[i] = tf.reshape(flat, tf.shape(grads[i]))
-            self.observed_noiseless.assign(tf.gather_nd(flat, self._probe_index))
+            kept["observed_noiseless"] = tf.gather_nd(flat, self._probe_index)
             if clean is not None and self._canary_in_probe is not None:
                 clean = tf.tensor_scatter_nd_add(clean, self._canary_in_probe[0],
                                                  tf.gather(canary_sum, self._canary_in_probe[1]))
         if not self.config.non_private:
             grads = self._add_noise(grads)
         if self.audit_probe is not None:
-            self.observed.assign(tf.gather_nd(tf.reshape(grads[self.audit_probe.variable_index], [-1]),
-                                              self._probe_index))
+            kept["observed"] = tf.gather_nd(tf.reshape(grads[self.audit_probe.variable_index], [-1]),
+                                            self._probe_index)
         grads = [g / tf.cast(denominator, g.dtype) for g in grads]
         if clean is not None:  # what the optimizer is handed, on the probe's coordinates
-            self.noise_probe_clean.assign(clean)
-            self.noise_probe_update.assign(self._noise_probe_gather(grads))
+            kept["noise_probe_clean"] = clean
+            kept["noise_probe_update"] = self._noise_probe_gather(grads)
+        return grads, kept
+
+    def _keep(self, kept):
+        for name in sorted(kept):
+            getattr(self, name).assign(kept[name])
+
+    def _apply_update(self, grads):
         self.optimizer.apply_gradients(zip(grads, self.variables), skip_gradients_aggregation=True)
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
-        return tf.constant(0.0)
 
     def _noise_probe_gather(self, grads):
         return tf.concat([tf.gather_nd(tf.reshape(grads[i], [-1]), index) for i, index in self._noise_probe_index],
@@ -672,15 +804,20 @@ class DPSGDTrainStep:
 
     # ----------------------------------------------------------------- cross-replica functions
     def _accumulate(self, batch, round_index):
+        def accumulate(batch, round_index):
+            if self.config.jit_compile:
+                return self._xla(self._replica_accumulate)(batch, round_index)
+            return self._replica_accumulate(batch, round_index)
+
         if self.workers > 1:  # the stats summed over every worker's replicas (a collective in the round)
             def replica_fn(batch, round_index):
-                stats, norms = self._replica_accumulate(batch, round_index)
+                stats, norms = accumulate(batch, round_index)
                 return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, stats), norms
 
             stats, norms = self.strategy.run(replica_fn, args=(batch, round_index))
             return (self.strategy.experimental_local_results(stats)[0],
                     self.strategy.experimental_local_results(norms))
-        stats, norms = self.strategy.run(self._replica_accumulate, args=(batch, round_index))
+        stats, norms = self.strategy.run(accumulate, args=(batch, round_index))
         return (self.strategy.reduce(tf.distribute.ReduceOp.SUM, stats, axis=None),
                 self.strategy.experimental_local_results(norms))
 
@@ -771,14 +908,15 @@ class DPSGDTrainStep:
             denominator = max(float(num_examples), 1.0)
         else:
             denominator = float(self.config.expected_batch_size)
-        totals: Dict[str, float] = {}
+        totals: Dict[str, tf.Tensor] = {}
         denominator_t = tf.constant(denominator, tf.float32)
-        self.last_unit_norms = []
+        self._device_norms, self._unit_norms = [], None
         for r, round_batch in enumerate(rounds):
             stats, norms = self._accumulate_fn(self._distribute(round_batch), tf.constant(r, tf.int64))
-            self.last_unit_norms.append(np.stack([np.asarray(x) for x in norms]))
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+            self._device_norms.append(norms)  # on the device until asked for (last_unit_norms)
+            for key, value in stats.items():  # summed on the device, in float64 (as python floats were)
+                value = tf.cast(value, tf.float64)
+                totals[key] = totals[key] + value if key in totals else value
         if canary_sum is None and self.next_canary_sum is not None:
             canary_sum, self.next_canary_sum = self.next_canary_sum, None
         if self.audit_probe is not None:
@@ -790,5 +928,20 @@ class DPSGDTrainStep:
             raise ValueError("canary_sum needs an AuditProbe")
         else:
             canary = np.zeros(0, np.float32)
+        if self._ahead is not None:  # the next draw must be in its buffers before this apply reads them
+            self._ahead.result()
+            self._ahead = None
         self._apply_fn(denominator_t, tf.constant(canary))
-        return totals
+        self._draw_ahead()
+        keys = sorted(totals)
+        values = tf.stack([totals[k] for k in keys]).numpy() if keys else []  # the step's one read
+        return {k: float(v) for k, v in zip(keys, values)}
+
+    def _draw_ahead(self):
+        """Start the next step's draw (compiled private step; module docstring)."""
+        if self._noise_buffers is None:
+            return
+        if self._ahead_pool is not None:
+            self._ahead = self._ahead_pool.submit(self._draw_ahead_fn)
+        else:
+            self._draw_ahead_fn()

@@ -18,7 +18,8 @@ the whole model:
    or directly ‖X_iᵀG_i‖² by instantiating the [a, o] per-example gradient (cost r·a·o) —
    whichever is cheaper for that layer's static shapes (the "mixed" rule of Bu et al. 2022:
    ghost iff r(a+o) < a·o). Bias: ‖Σ_rows G_i‖². Embedding: tensorflow-privacy's
-   ``embedding_sqr_norm_fn`` (rows of the same token in one example are summed first).
+   ``embedding_sqr_norm_fn`` (rows of the same token in one example are summed first), or under
+   XLA (``static_shapes``) the fixed-shape form :func:`embedding_sqr_norm_static`.
    The model's norm is the square root of the sum over layers (variables must not be shared by
    two layers, which ``dpsgd.check_model_supported`` enforces).
 4. Book-keeping (Bu et al. 2023): with w_i = stop_gradient(min(1, C/‖∇ℓ_i‖))·mask_i, each
@@ -86,6 +87,8 @@ class LayerEntry:
 GROUP = "group_size"
 #: cache key of the selection: variable -> ``trainable.Piece`` or None (frozen)
 SELECT = "select"
+#: cache key: True = only fixed-shape ops (an XLA-compiled step; a TPU compiles nothing else)
+STATIC = "static_shapes"
 
 
 def _select(cache: Dict, variable):
@@ -102,6 +105,22 @@ def _group_sum(t, k: int):
         return t
     shape = tf.shape(t)
     return tf.reduce_sum(tf.reshape(t, tf.concat([[-1, k], shape[1:]], axis=0)), axis=1)
+
+
+def embedding_sqr_norm_static(values, ids):
+    """Per-row squared norms of an embedding table's gradient with fixed shapes only (no
+    ``UniqueV2``, whose output size depends on the data): ``values`` [b·n, d] are the gathered
+    rows' gradients g_t in the row-major order of ``ids`` [b, n]. Row i's gradient has, for
+    each token v, the table row Σ_{t: x_t = v} g_t, so its squared norm is
+
+        Σ_v ‖Σ_{t: x_t = v} g_t‖² = Σ_v Σ_{t,s: x_t = x_s = v} ⟨g_t, g_s⟩ = Σ_{t,s} [x_t = x_s]·⟨g_t, g_s⟩,
+
+    the same-token mask times the Gram matrix of the row's g_t, summed (cost n²·d per row)."""
+    n = _prod(ids.shape[1:])
+    g = tf.reshape(values, [-1, n, values.shape[-1]])
+    flat = tf.reshape(ids, [-1, n])
+    same = tf.cast(tf.equal(flat[:, :, tf.newaxis], flat[:, tf.newaxis, :]), values.dtype)
+    return tf.reduce_sum(same * tf.matmul(g, g, transpose_b=True), axis=[1, 2])
 
 
 def _prod(values) -> int:
@@ -313,6 +332,8 @@ def embedding_computation(layer, args, kwargs, tape, cache):
         # A group's rows of the same token (in any of its k sequences) are summed first; frozen
         # rows contribute zero vectors.
         group_ids = ids if k == 1 else tf.reshape(ids, [-1, k * per_row])
+        if cache.get(STATIC):
+            return embedding_sqr_norm_static(kept(grads[0])[0], group_ids)
         return registry_function_utils.embedding_sqr_norm_fn(kept(grads[0])[0], group_ids)
 
     def grad_fn(grads, weights):
@@ -415,7 +436,7 @@ def is_registered(layer) -> bool:
 
 def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, example_mask, clip_norm: float,
                          training: bool = True, group_size: int = 1,
-                         selection: Optional["trainable_lib.Selection"] = None):
+                         selection: Optional["trainable_lib.Selection"] = None, static_shapes: bool = False):
     """S = Σ_i mask_i·min(1, C/‖∇ℓ_i‖)·∇ℓ_i in ``model.trainable_variables`` order.
 
     ``selection`` (``dpbert.model.trainable``): only its pieces are trained — the norms are those
@@ -429,6 +450,9 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
     ``group_size = k > 1``: rows i = g·k … g·k + k − 1 form group g (b divisible by k) and
     S = Σ_g min(1, C/‖Σ_{i∈g} mask_i ∇ℓ_i‖)·Σ_{i∈g} mask_i ∇ℓ_i; ``norms`` is then ``[b/k]``,
     the norm of each group's summed gradient (module docstring).
+
+    ``static_shapes``: only ops whose output shapes are fixed by the input shapes (the embedding
+    norm by :func:`embedding_sqr_norm_static`), as an XLA-compiled step on a TPU needs.
     """
     example_mask = tf.cast(example_mask, tf.float32)
     k = int(group_size)
@@ -438,7 +462,7 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
         raise ValueError(f"batch of {example_mask.shape[0]} rows is not a whole number of groups of {k}")
     if selection is None:
         selection = trainable_lib.Selection.whole(model.trainable_variables)
-    cache: Dict = {GROUP: k, SELECT: selection.piece}
+    cache: Dict = {GROUP: k, SELECT: selection.piece, STATIC: bool(static_shapes)}
     entries: List[LayerEntry] = []
     tape = tf.GradientTape(watch_accessed_variables=False)
 

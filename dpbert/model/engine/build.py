@@ -218,7 +218,8 @@ def _stepper(models, optimizer, selection, spec, inputs: Inputs, tc, plan: Train
     dp_config = dpsgd.DPSGDConfig(
         clip_norm=tc.clip_norm, noise_multiplier=tc.noise_multiplier, expected_batch_size=plan.expected_batch_size,
         non_private=tc.non_private, noise_mode=noise_mode, noise_seed=tc.noise_seed, replicas=plan.replicas,
-        accumulation_steps=plan.accumulation_steps, loss_bound=diag.loss_bound if release else None, group_size=k)
+        accumulation_steps=plan.accumulation_steps, loss_bound=diag.loss_bound if release else None, group_size=k,
+        jit_compile=bool(getattr(tc, "jit_compile", False)))
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, inputs.specials, inputs.mask_id,
                                                                   tc.mask_probability)
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn, loss_fn=loss_fn,
