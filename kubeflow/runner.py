@@ -56,19 +56,22 @@ def validate_for_vertex(config: Config, pipeline_root: str) -> None:
 
 
 def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
-                   resources: Optional[ResourcesArg] = None, display_name: Optional[str] = None) -> str:
+                   resources: Optional[ResourcesArg] = None, display_name: Optional[str] = None,
+                   cuda_image: Optional[str] = None) -> str:
     """Compile ``create_pipeline(config, pipeline_root)`` to a Vertex AI PipelineJob file.
 
     ``output`` ending in ``.json`` gets the PipelineJob JSON (``pipelineSpec`` + ``runtimeConfig``
     with ``gcsOutputDirectory = pipeline_root``; what ``aiplatform.PipelineJob(template_path=...)``
     and the REST ``pipelineJobs.create`` take); ``.yaml``/``.yml`` gets the bare PipelineSpec.
-    Every component runs ``image``. ``resources``: component id -> ResourceSpec (or a dict of
+    Every component runs ``image``, except that trainer steps with a GPU run ``cuda_image``
+    (``trainer_image``). ``resources``: component id -> ResourceSpec (or a dict of
     ``kubeflow.resources.resource_spec`` keywords). Returns the absolute path written.
 
     After writing, every executor class and custom artifact type the spec names is imported
     here (as the V2 container entrypoint will in the image): ``ImportError`` if one does not.
     """
     from tfx import v1 as tfx
+    from tfx.orchestration.kubeflow.v2 import pipeline_builder
 
     from kubeflow.spec_check import check_spec_importable, load_spec
     from pipeline.pipeline import create_pipeline
@@ -79,11 +82,14 @@ def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
                           fingerprint_corpus=False)
     if resources:
         apply_resources(dag, resources)
-    attach_custom_job(dag, config, image)
+    trainer = trainer_image(config, image, cuda_image, resources)
+    attach_custom_job(dag, config, trainer)
     output = os.path.abspath(output)
+    images = image if trainer == image else dict({pipeline_builder.DEFAULT_IMAGE_PATH_KEY: image},
+                                                 **{i: trainer for i in TRAINER_IDS})
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
         config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
-            default_image=image, display_name=display_name or config.pipeline.name),
+            default_image=images, display_name=display_name or config.pipeline.name),
         output_dir=os.path.dirname(output),
         output_filename=os.path.basename(output),
     )
@@ -97,6 +103,28 @@ def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
 
 #: The trainer components (``pipeline.pipeline.create_components``): their steps submit the custom job.
 TRAINER_IDS = ("MLMPretrainer", "MLMPretrainerNonPrivate")
+
+
+def _has_accelerator(spec) -> bool:
+    if spec is None:
+        return False
+    return bool(spec.get("accelerator") if isinstance(spec, dict) else spec.accelerator.type)
+
+
+def trainer_image(config: Config, image: str, cuda_image: Optional[str],
+                  resources: Optional[ResourcesArg] = None) -> str:
+    """The image of the trainer steps (and of their custom job's replicas): ``cuda_image`` (built
+    from kubeflow/Dockerfile.cuda) when they get a GPU — ``vertex.accelerator_type``, or an
+    accelerator in ``resources`` for a trainer component — else ``image``. A GPU without
+    ``cuda_image`` keeps ``image`` with a warning: the CPU image's TensorFlow does not use it."""
+    gpu = bool(config.vertex.accelerator_type) or any(_has_accelerator((resources or {}).get(i)) for i in TRAINER_IDS)
+    if not gpu:
+        return image
+    if not cuda_image:
+        print("dpbert compile: warning: the trainer steps get a GPU but no --cuda-image (an image built from "
+              "kubeflow/Dockerfile.cuda) was given; the CPU image's TensorFlow will not use the GPU", file=sys.stderr)
+        return image
+    return cuda_image
 
 
 def attach_custom_job(dag, config: Config, image: str) -> Optional[dict]:
@@ -187,6 +215,9 @@ def add_compile_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--image", required=True,
                    help="container image every step (and the Dataflow/portable Beam workers) runs, "
                         "built from kubeflow/Dockerfile, e.g. REGION-docker.pkg.dev/PROJECT/REPO/dpbert:TAG")
+    p.add_argument("--cuda-image", dest="cuda_image",
+                   help="image of the trainer steps when they get a GPU (vertex.accelerator_type, or "
+                        "--resources MLMPretrainer:accelerator=...), built from kubeflow/Dockerfile.cuda")
     p.add_argument("--pipeline-root", required=True, dest="pipeline_root",
                    help="gs://BUCKET/ROOT where Vertex AI writes the artifacts")
     p.add_argument("--config", help="YAML configuration file (default: the built-in demo preset, "
@@ -210,7 +241,7 @@ def cmd_compile(args) -> int:
         print(problem, file=sys.stderr)
         return exit_codes.OVER_BUDGET
     path = compile_vertex(config, args.output, args.image, args.pipeline_root, resources=resources,
-                          display_name=args.display_name)
+                          display_name=args.display_name, cuda_image=args.cuda_image)
     print(f"compiled {config.pipeline.name} for {args.target}: {path}")
     print("submit it with google.cloud.aiplatform.PipelineJob(template_path=...).submit() "
           "(docs/running-on-vertex.md, section 5)")

@@ -12,9 +12,9 @@ DOCKERIGNORE = REPO / "kubeflow" / "Dockerfile.dockerignore"
 LOCK = "requirements/lock-py310.txt"
 
 
-def _instructions():
+def _instructions(dockerfile=DOCKERFILE):
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text(encoding="utf-8"))
+    text = re.sub(r"\\\n", " ", dockerfile.read_text(encoding="utf-8"))
     for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
@@ -22,9 +22,9 @@ def _instructions():
             yield keyword.upper(), rest.strip()
 
 
-def _copied_sources():
+def _copied_sources(dockerfile=DOCKERFILE):
     sources = set()
-    for keyword, rest in _instructions():
+    for keyword, rest in _instructions(dockerfile):
         if keyword != "COPY" or rest.startswith("--from"):
             continue
         parts = [p for p in rest.split() if not p.startswith("--")]
@@ -37,8 +37,8 @@ def _setup_packages():
     return top_level_packages()
 
 
-def _runs():
-    return [rest for keyword, rest in _instructions() if keyword == "RUN"]
+def _runs(dockerfile=DOCKERFILE):
+    return [rest for keyword, rest in _instructions(dockerfile) if keyword == "RUN"]
 
 
 def test_dockerfile_exists_with_python_310_base():
@@ -121,3 +121,76 @@ def test_dockerignore_sends_what_is_copied_and_nothing_else():
     allowed = {l[1:] for l in lines if l.startswith("!")}
     assert _copied_sources() <= allowed
     assert ".venv" not in allowed
+
+
+# --- the CUDA image (kubeflow/Dockerfile.cuda): checked as text, it cannot be built or run here ---
+CUDA_DOCKERFILE = REPO / "kubeflow" / "Dockerfile.cuda"
+CUDA_LOCK = "requirements/lock-cuda-py310.txt"
+
+
+def _pins(path):
+    return dict(re.match(r"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+)", line).groups()
+                for line in (REPO / path).read_text(encoding="utf-8").splitlines() if re.match(r"[A-Za-z0-9]", line))
+
+
+def test_cuda_lock_is_the_cpu_lock_plus_tensorflows_cuda_wheels():
+    cpu, cuda = _pins(LOCK), _pins(CUDA_LOCK)
+    assert cuda["tensorflow"] == cpu["tensorflow"] == "2.16.2"
+    assert {k: v for k, v in cuda.items() if k in cpu} == cpu  # every CPU pin, unchanged
+    extra = set(cuda) - set(cpu)
+    assert {"nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-nccl-cu12", "nvidia-cuda-nvcc-cu12"} <= extra
+    assert all(name.startswith("nvidia-") for name in extra), sorted(extra)
+    header = (REPO / CUDA_LOCK).read_text(encoding="utf-8").splitlines()[1]
+    assert "uv pip compile" in header and "requirements/requirements-cuda.in" in header
+    assert "tensorflow[and-cuda]==2.16.2" in (REPO / "requirements/requirements-cuda.in").read_text(encoding="utf-8")
+
+
+def test_cuda_dockerfile_installs_its_lock_without_a_resolver_and_the_same_sources():
+    runs = " && ".join(_runs(CUDA_DOCKERFILE))
+    assert re.search(r"pip install (--\S+ )*--no-deps (--\S+ )*-r " + re.escape(CUDA_LOCK), runs), runs
+    assert runs.index(CUDA_LOCK) < runs.index("--no-deps .")
+    assert "ldconfig" in runs and "is_built_with_cuda" in runs  # the pip CUDA libraries are found
+    assert _copied_sources(CUDA_DOCKERFILE) - {CUDA_LOCK} == _copied_sources() - {LOCK}
+    envs = " ".join(rest for keyword, rest in _instructions(CUDA_DOCKERFILE) if keyword == "ENV")
+    assert re.search(r"(^|\s)TF_USE_LEGACY_KERAS=1(\s|$)", envs), envs
+    text, cpu = CUDA_DOCKERFILE.read_text(encoding="utf-8"), DOCKERFILE.read_text(encoding="utf-8")
+    for line in ("ARG BEAM_VERSION=", "ARG PYTHON_IMAGE=", "ENTRYPOINT "):
+        assert re.search(f"^{line}.*$", text, re.M).group(0) == re.search(f"^{line}.*$", cpu, re.M).group(0)
+
+
+def test_cuda_dockerignore_sends_what_is_copied_and_nothing_else():
+    path = REPO / "kubeflow" / "Dockerfile.cuda.dockerignore"
+    lines = [l.strip() for l in path.read_text(encoding="utf-8").splitlines() if l.strip() and not l.startswith("#")]
+    assert lines[0] == "*"
+    allowed = {l[1:] for l in lines if l.startswith("!")}
+    assert _copied_sources(CUDA_DOCKERFILE) <= allowed and ".venv" not in allowed
+
+
+def test_a_gpu_trainer_runs_the_cuda_image_and_its_custom_job_asks_for_the_gpu(tmp_path):
+    """Chosen at compile time: vertex.accelerator_type → the trainer steps and their custom job's
+    replicas run --cuda-image; every other step the CPU image."""
+    import json
+
+    from dpbert.config import load_config
+    from kubeflow.runner import compile_vertex, trainer_image
+    from tests.kubeflow.conftest import IMAGE, PIPELINE_ROOT
+
+    cuda = IMAGE.replace("dpbert:", "dpbert-cuda:")
+    gpu = load_config(None, ["training.workers=2", "vertex.project=my-project", "vertex.accelerator_type=NVIDIA_L4",
+                             "vertex.accelerator_count=1"])
+    assert trainer_image(load_config(None, []), IMAGE, cuda) == IMAGE
+    assert trainer_image(load_config(None, []), IMAGE, cuda, {"MLMPretrainer": {"accelerator": "NVIDIA_L4"}}) == cuda
+    out = tmp_path / "p.json"
+    spec = json.loads(open(compile_vertex(gpu, str(out), IMAGE, PIPELINE_ROOT, cuda_image=cuda)).read())["pipelineSpec"]
+    tasks = spec["root"]["dag"]["tasks"]
+    images = {}
+    for task, body in tasks.items():
+        label = spec["components"][body["componentRef"]["name"]]["executorLabel"]
+        images[task] = spec["deploymentSpec"]["executors"][label]["container"]["image"]
+    assert images.pop("MLMPretrainer") == cuda
+    assert set(images.values()) == {IMAGE}
+    job = json.loads(tasks["MLMPretrainer"]["inputs"]["parameters"]["custom_job"]["runtimeValue"]["constantValue"]
+                     ["stringValue"])["customJob"]
+    for pool in job["jobSpec"]["workerPoolSpecs"]:
+        assert pool["containerSpec"]["imageUri"] == cuda
+        assert pool["machineSpec"]["acceleratorType"] == "NVIDIA_L4" and pool["machineSpec"]["acceleratorCount"] == 1
