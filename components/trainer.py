@@ -27,11 +27,13 @@ def MLMPretrainer(
     non_private: Parameter[int] = 0,
     canaries: InputArtifact[CanaryList] = None,
     custom_job: Parameter[str] = "",
+    ledger_target: Parameter[str] = "",
 ):
     """Tokenize the tuples with the DP vocabulary and pre-train; one tuple = one example.
 
     ``membership_config``: the patient split only (``membership.holdout_*``), so the evaluation's
     own settings do not re-train the model. ``non_private``: 1 for the non-private baseline.
+    ``ledger_target``: the dataset ledger (``dpbert.ledger.LedgerTarget`` JSON; empty: none).
     ``training.workers`` W > 1: W worker processes of the same stage (``pipeline.workers``),
     started here on loopback, or, with ``custom_job`` (the CustomJob template a compiled Vertex AI
     spec carries, ``kubeflow.custom_job``), as the replicas of a Vertex AI custom job this step
@@ -45,7 +47,8 @@ def MLMPretrainer(
                                   privacy_config, membership_config, pipeline_root=pipeline_root_of(model.uri),
                                   canaries_dir=None if canaries is None else canaries.uri,
                                   non_private=bool(non_private),
-                                  vocab_event=get_property(vocabulary, schema.DP_EVENT), custom_job=custom_job)
+                                  vocab_event=get_property(vocabulary, schema.DP_EVENT), custom_job=custom_job,
+                                  ledger_target=ledger_target)
         set_properties(model, {**result["properties"], "workers": result["workers"], "code_version": code_version})
         return
     from dpbert.stages.pretrain import pretrain
@@ -60,5 +63,7 @@ def MLMPretrainer(
         canaries_dir=None if canaries is None else canaries.uri,
         non_private=bool(non_private),
         # The vocabulary's DP record: the trainer refuses any step the budget does not cover.
-        vocab_event=get_property(vocabulary, schema.DP_EVENT))
+        vocab_event=get_property(vocabulary, schema.DP_EVENT),
+        # The dataset's privacy ledger: the run's charge is reserved before the data is read.
+        ledger_target=ledger_target)
     set_properties(model, {**result.properties, "workers": 1, "code_version": code_version})

@@ -92,8 +92,8 @@ def create_components(config: Config, pipeline_root: Optional[str] = None) -> Li
         privacy_config=section_to_json(config.privacy),
         # Where the public checkpoint is (vocab.source public / public+dp).
         model_config=section_to_json(config.model, ("init", "init_dir")),
-        code_version=_core_version("components.vocabulary"),
         ledger_target=_ledger_target(config),  # the dataset's privacy ledger (dpbert.ledger)
+        code_version=_core_version("components.vocabulary"),
     )
     trainer_args = dict(
         tuples=tuples,
@@ -103,6 +103,7 @@ def create_components(config: Config, pipeline_root: Optional[str] = None) -> Li
         privacy_config=section_to_json(config.privacy),
         # Only the patient split: the evaluation's seed and sample count must not re-train.
         membership_config=section_to_json(config.membership, MembershipConfig.HOLDOUT_FIELDS),
+        ledger_target=_ledger_target(config),  # the dataset's privacy ledger (dpbert.ledger)
         code_version=_core_version("components.trainer"),
     )
     canaries = None

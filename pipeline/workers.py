@@ -54,6 +54,8 @@ class Invocation:
     canaries_dir: Optional[str] = None
     non_private: bool = False
     vocab_event: Optional[str] = None
+    #: The dataset ledger (``dpbert.ledger.LedgerTarget`` JSON): the chief reserves and finalizes.
+    ledger_target: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -124,7 +126,8 @@ def _run_chief(inv: Invocation):
     try:
         result = pretrain(inv.tuples_dir, inv.vocabulary_dir, inv.model_dir, model_config=mc, training_config=tc,
                           privacy_config=pc, membership_config=membership, pipeline_root=inv.pipeline_root,
-                          canaries_dir=inv.canaries_dir, non_private=inv.non_private, vocab_event=inv.vocab_event)
+                          canaries_dir=inv.canaries_dir, non_private=inv.non_private, vocab_event=inv.vocab_event,
+                          ledger_target=inv.ledger_target)
         if result.state_dir != stage_state_dir(inv):
             raise RuntimeError(f"pipeline.workers.stage_state_dir is out of date: the stage trained in "
                                f"{result.state_dir}, the other workers looked for {stage_state_dir(inv)}")
@@ -163,6 +166,9 @@ def _run_other(inv: Invocation):
               vocab_tokens=vocab_tokens, export_saved_model=False, example_ids=rows.row_ids,
               public_checkpoint_dir=checkpoint, initial_weights=initial_weights, patient_keys=rows.patient_keys,
               new_token_ids=stage._new_token_ids(inv.vocabulary_dir))  # noqa: SLF001
+    # Stay in the cluster until the chief has finished (its result or error written): a worker
+    # gone while the chief saves the model puts the chief's coordination agent in error.
+    _wait_for(inv.result_uri, "result")
 
 
 def run_worker(inv: Invocation) -> None:
@@ -290,7 +296,7 @@ def result_uri_for(pipeline_root: str) -> str:
 def train_on_workers(tuples_dir: str, vocabulary_dir: str, model_dir: str, model_config: str, training_config: str,
                      privacy_config: str, membership_config: str, *, pipeline_root: str,
                      canaries_dir: Optional[str] = None, non_private: bool = False, vocab_event=None,
-                     custom_job: str = "") -> dict:
+                     custom_job: str = "", ledger_target: str = "") -> dict:
     """The trainer component's multi-worker path: the chief's result (``{"properties", "workers",
     "state_dir"}``) from W local processes, or from the Vertex AI custom job ``custom_job`` (a
     CustomJob template, ``kubeflow.custom_job.build_custom_job``) when given."""
@@ -301,7 +307,7 @@ def train_on_workers(tuples_dir: str, vocabulary_dir: str, model_dir: str, model
     mark_state_root_private(pipeline_root)
     inv = Invocation(tuples_dir, vocabulary_dir, model_dir, model_config, training_config, privacy_config,
                      membership_config, pipeline_root, result_uri_for(pipeline_root), canaries_dir,
-                     bool(non_private), vocab_event)
+                     bool(non_private), vocab_event, ledger_target)
     if custom_job:
         from kubeflow.custom_job import run_custom_job
 

@@ -381,6 +381,8 @@ def _diagnostic_properties(result, private: bool) -> dict:
         # The step of each point (the curve is subsampled and a resumed run starts at its checkpoint).
         LOSS_CURVE_STEPS: curve_steps(len(losses), result.resumed_from_step) if losses else None,
         "clipped_fraction": _tail_mean(shown.get("clipped_fraction", []), len(shown.get("clipped_fraction", []))),
+        # The mean RELEASED (noisy, for a DP run) batch size: the report warns when it is far below B.
+        "diagnostics_batch_size_mean": _tail_mean(shown.get("batch_size", []), len(shown.get("batch_size", []))),
     }
 
 
@@ -422,18 +424,82 @@ def _properties(run: _Run, result, record: dict, records: list, epsilon: float, 
         schema.HOLDOUT_FRACTION: run.membership.holdout_patient_fraction if run.rows.train_patients is not None
         else None,
         "holdout_key_id": run.rows.holdout_key_id,
-        "model_preset": run.mc.preset,
+        "model_preset": run.mc.resolved_preset,
+        # What DP-SGD trained (``training.trainable``; LoRA adapters merged into the released weights).
+        "trainable": result.trainable or None,
         schema.MAX_SEQ_LENGTH: run.mc.max_seq_length,
         # The public start (outside the ledger: public checkpoint + shipped public text).
         **public_properties,
     }
 
 
+def _accounted_sigma(tc: TrainingConfig) -> float:
+    """The σ every step is charged at: the gradient's, composed with the DP diagnostics."""
+    if tc.non_private:
+        return 0.0
+    diag = _diagnostics.config_of(tc)
+    return _diagnostics.effective_noise_multiplier(tc.noise_multiplier, diag) if diag.enabled else tc.noise_multiplier
+
+
+def _planned_records(run: _Run, count_record: Optional[dict]) -> list:
+    """What this run will have charged once it completes, for the dataset ledger: [count,] the
+    chain's DP-SGD record at the steps it will have EXECUTED (its step log + the plan's steps from
+    the checkpoint on). Non-private or seeded: listed only."""
+    from dpbert.model.engine.chain import chain_state
+    from dpbert.privacy import events
+
+    if run.private:
+        return [events.non_private_event("train")]
+    if run.plan is None:  # before a DP count: reserve the count alone first
+        return [count_record]
+    done = chain_state(run.state) or {"steps_executed": 0, "checkpoint_step": 0}
+    steps_after = int(done["steps_executed"]) + max(run.plan.steps - int(done["checkpoint_step"]), 0)
+    record = training_record(_accounted_sigma(run.tc), run.plan, run.rows.units, steps_after)
+    return ([count_record] if count_record is not None else []) + [record]
+
+
+def _reserve(run: _Run, target, model_dir: str, key: str):
+    """Reserve in the dataset ledger (``dpbert.ledger``) BEFORE a DP mechanism reads the data:
+    the DP count (when there is no public n) before it is drawn, then the count and the training.
+    Over the dataset's budget: ``BudgetRefused`` (exit 3), nothing drawn or trained. None without
+    a dataset identity."""
+    from dpbert.ledger import reserve_training
+    from dpbert.privacy import count
+
+    tc, pc = run.tc, run.pc
+    if target is None:
+        run.plan, run.count_record = plan_for(tc, run.membership, run.rows.units, run.state, privacy=pc)
+        _check_batch(run.plan, run.count_record, run.patient_unit)
+        return None
+    public_n = tc.dataset_patients if run.patient_unit else tc.dataset_size
+    if public_n is None and not run.private:
+        k = pc.max_tuples_per_patient if run.patient_unit else 1
+        placeholder = count.count_event(tc.count_noise_multiplier, 0, unit=pc.unit, max_contributions=k) \
+            if run.patient_unit else count.count_event(tc.count_noise_multiplier, 0)
+        reserve_training(target, model_dir, chain=run.state, resume_key=key,
+                         planned_records=_planned_records(run, placeholder))
+    run.plan, run.count_record = plan_for(tc, run.membership, run.rows.units, run.state, privacy=pc)
+    _check_batch(run.plan, run.count_record, run.patient_unit)
+    return reserve_training(target, model_dir, chain=run.state, resume_key=key,
+                            planned_records=_planned_records(run, run.count_record))
+
+
+def _finalize(run: _Run, reservation):
+    """The chain's executed steps (its write-ahead step log, never less), whatever stopped it."""
+    from dpbert.ledger import finalize_training
+    from dpbert.model.engine.chain import chain_state
+
+    if reservation is None:
+        return
+    done = chain_state(run.state) or {"steps_executed": 0}
+    finalize_training(reservation, int(done["steps_executed"]))
+
+
 def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_config: ModelConfig,
              training_config: TrainingConfig, privacy_config: PrivacyConfig,
              membership_config: MembershipConfig, pipeline_root: str,
              canaries_dir: Optional[str] = None, non_private: bool = False, export_saved_model: bool = True,
-             vocab_event=None, hooks: Sequence = ()) -> PretrainResult:
+             vocab_event=None, hooks: Sequence = (), ledger_target: str = "") -> PretrainResult:
     """Pre-train on the tuples under ``tuples_dir``; write the model artifact into ``model_dir``.
 
     ``non_private``: the baseline (no clipping, no noise, ε = ∞) whatever
@@ -442,8 +508,11 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
     (vocabulary, DP count, every step the chain ever executed) exceeds the budget
     (:class:`TrainingBudgetRefused`, the ε charged so far recorded first). ``hooks``: extra hooks
     of the training loop (``dpbert.model.engine.hooks``; ``$DPBERT_TEST_CRASH_AFTER_STEPS`` adds a
-    ``CrashAfter``).
+    ``CrashAfter``). ``ledger_target``: the dataset ledger's ``LedgerTarget`` JSON (``dpbert.ledger``;
+    empty: no dataset identity): the run's whole planned charge is reserved before the DP count or
+    the first step reads the data, and finalized to the executed steps however the run stops.
     """
+    from dpbert.ledger import LedgerTarget
     from dpbert.model.train import state_lock
     from dpbert.privacy import events
     from dpbert.vocab.wordpiece import TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
@@ -458,22 +527,34 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
                vocab_record=events.from_json(vocab_event) if isinstance(vocab_event, (str, bytes)) else vocab_event)
     run.rows = _read_rows(tokenizer, tuples_dir, membership, mc, run.patient_unit)
     with state_lock(state) as held_lock:  # held through training: a refused concurrent run draws no DP count
-        write_resume_key(state, resume_key(mc, tc, pc, membership.holdout_patient_fraction, tc.non_private),
-                         tc.non_private)
-        run.plan, run.count_record = plan_for(tc, membership, run.rows.units, state, privacy=pc)
-        _check_batch(run.plan, run.count_record, run.patient_unit)
-        if canaries_dir is not None:
-            _insert_canaries(run.rows, canaries_dir, run.plan, mc.max_seq_length)
-        result, public_properties = _train(run, tokenizer, vocabulary_dir, pipeline_root, held_lock,
-                                           export_saved_model, hooks)
-        copy_artifact_files(state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
-        record, records, epsilon = _dp_records(run, result)
-        _write_records(model_dir, run.rows.canary_counts, records)
-        properties = _properties(run, result, record, records, epsilon, public_properties)
-        log.info("trainer: %d steps in total (%d this run), final MLM loss %s (%s)", result.steps_taken_total,
-                 result.steps_this_run, properties["final_mlm_loss"], properties["diagnostics"])
-        return PretrainResult(properties=properties, train=result, plan=run.plan, dp_event=record, epsilon=epsilon,
-                              state_dir=state)
+        key = resume_key(mc, tc, pc, membership.holdout_patient_fraction, tc.non_private)
+        write_resume_key(state, key, tc.non_private)
+        target = LedgerTarget.from_json(ledger_target) if ledger_target else None
+        reservation = _reserve(run, target, model_dir, key)
+        try:
+            return _run_reserved(run, tokenizer, vocabulary_dir, model_dir, canaries_dir, pipeline_root, held_lock,
+                                 export_saved_model, hooks)
+        finally:
+            _finalize(run, reservation)
+
+
+def _run_reserved(run: _Run, tokenizer, vocabulary_dir: str, model_dir: str, canaries_dir: Optional[str],
+                  pipeline_root: str, held_lock, export_saved_model: bool, hooks: Sequence) -> PretrainResult:
+    """The stage once the plan is made and the dataset ledger holds its reservation."""
+    from dpbert.vocab.wordpiece import TOKENIZER_FILE, VOCAB_FILE
+
+    if canaries_dir is not None:
+        _insert_canaries(run.rows, canaries_dir, run.plan, run.mc.max_seq_length)
+    result, public_properties = _train(run, tokenizer, vocabulary_dir, pipeline_root, held_lock,
+                                       export_saved_model, hooks)
+    copy_artifact_files(run.state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
+    record, records, epsilon = _dp_records(run, result)
+    _write_records(model_dir, run.rows.canary_counts, records)
+    properties = _properties(run, result, record, records, epsilon, public_properties)
+    log.info("trainer: %d steps in total (%d this run), final MLM loss %s (%s)", result.steps_taken_total,
+             result.steps_this_run, properties["final_mlm_loss"], properties["diagnostics"])
+    return PretrainResult(properties=properties, train=result, plan=run.plan, dp_event=record, epsilon=epsilon,
+                          state_dir=run.state)
 
 
 def _tail_mean(values, k: int = 5):

@@ -383,7 +383,8 @@ def finish(training: Training) -> TrainResult:
         if training.release_diagnostics else {}
     # The steps the event must agree with: the chief's step log as stored (a non-chief: its count).
     observed = integrity.observe(loop.source.sampler, stepper, chain.step_log_path if chain.chief else None,
-                                 noise_std, steps_executed=None if chain.chief else loop.step_log.count)
+                                 noise_std, steps_executed=None if chain.chief else loop.step_log.count,
+                                 checks=loop.checks)  # the diagnostics' noise as the checks tested it
     losses = record.losses
     result = TrainResult(
         steps_taken_total=loop.step_log.count, steps_this_run=loop.steps_this_run,

@@ -232,7 +232,7 @@ class TrainingChain:
             return int(stored["key"])
         key = secrets.randbits(63) if test_seed is None else int(test_seed)
         if self.chief:
-            storage.write_json(path, {"key": key}, if_generation_match=0)
+            storage.write_json(path, {"key": key}, if_generation_match=0, private=True)
         return key
 
     def step_log(self, start_step: int, accounted_sigma: Optional[float]) -> StepLog:
