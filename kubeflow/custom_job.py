@@ -16,11 +16,13 @@ submits the job, polls it, and fails with the job's error.
 
 Vertex AI gives each replica ``CLUSTER_SPEC`` and ``TF_CONFIG`` (workerpool0 = ``chief``,
 workerpool1 = ``worker``); ``pipeline.workers`` takes the rank from ``TF_CONFIG``. A lost replica
-inside the job is bounded by MultiWorkerMirroredStrategy's health check (every 30 s, 3 tries of
-10 s: the survivors' collectives abort with UnavailableError about a minute after a peer is
-unreachable), the replica exits non-zero and Vertex AI fails (or, on a VM restart, restarts)
-the job. A replica that never starts is not bounded by the health check (the first barrier waits
-without a timeout): only by the job's own time limit, Vertex AI's default here.
+inside the job is bounded by MultiWorkerMirroredStrategy's own failure detection: TF 2.16 starts
+its coordination service (leader: the chief) and then turns the Python health check (30 s period)
+off; the service's heartbeat fails the survivors' blocked collectives with UnavailableError (on
+loopback, a SIGKILLed peer failed the other's all-reduce in about 10 s), the replicas exit
+non-zero and Vertex AI fails the job — or, after a VM restart, restarts it whole
+(``restartJobOnWorkerRestart``). A replica that never starts is not bounded by it (the first
+barrier waits without a timeout): only by the job's own time limit, Vertex AI's default here.
 
 The pipeline's service account (the one the PipelineJob runs as) needs
 ``aiplatform.customJobs.create`` and ``aiplatform.customJobs.get`` (roles/aiplatform.user has
