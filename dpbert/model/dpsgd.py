@@ -140,6 +140,14 @@ same key, so z is drawn by TensorFlow's own kernel from the same (seed, DP step,
 uncompiled step and handed to the compiled release as an input. The compiled step therefore
 releases the same S + z as the uncompiled one (to float rounding), one draw per logical batch.
 
+Dropout under XLA: a stateful random op compiled by XLA ignores TensorFlow's seed and starts
+from the same state in every process, so dropout masks would be a PUBLIC function of the batch
+slot and of the call count — the slot-keyed mask that one added or removed example shifts for
+every later example. The compiled step therefore gives every active ``Dropout`` of the model its
+own ``tf.random.Generator`` seeded from OS entropy (a test noise seed: from it), made in the
+strategy's scope (a stream per replica) and never checkpointed; the masks are again i.i.d. across
+slots and independent of the data, as with the uncompiled step's secret global seed.
+
 Noise drawn ahead (compiled step, private): z depends on (seed, DP step, piece) only, never on
 the data, so right after step t's apply the draw of step t + 1 is made into device buffers (one
 replica: on a background thread, so it overlaps the host's sampling and masking and the next
@@ -424,6 +432,14 @@ def _group_mean(values, mask, k: int):
                                  tf.reduce_sum(tf.reshape(mask, [-1, k]), axis=1))
 
 
+@tf.__internal__.tracking.no_automatic_dependency_tracking
+def _use_generator(rng, generator):
+    """A Keras layer's random generator switched to ``generator`` (untracked: never in a checkpoint)."""
+    rng._generator = generator  # pylint: disable=protected-access
+    rng._rng_type = rng.RNG_STATEFUL  # pylint: disable=protected-access
+    rng._built = True  # pylint: disable=protected-access
+
+
 def _entropy_seed() -> int:
     return secrets.randbits(62)
 
@@ -568,6 +584,16 @@ class DPSGDTrainStep:
         self._accumulate_fn = tf.function(self._accumulate, autograph=False)
         self._apply_fn = tf.function(self._apply, autograph=False)
 
+    def _secret_dropout(self):
+        """Every active Dropout on its own secret generator (module docstring, dropout under XLA)."""
+        layers = [layer for layer in self.model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+                  if isinstance(layer, tf_keras.layers.Dropout) and float(layer.rate) > 0]
+        for i, layer in enumerate(layers):
+            seed = _entropy_seed() if self.config.noise_seed is None else int(self.config.noise_seed) * 7919 + i
+            with self.strategy.scope():
+                generator = tf.random.Generator.from_seed(seed, alg="philox")
+            _use_generator(layer._random_generator, generator)  # pylint: disable=protected-access
+
     @property
     def last_unit_norms(self) -> list:
         """The per-unit gradient norms the clipping used in the last ``run_step``, one array
@@ -583,6 +609,7 @@ class DPSGDTrainStep:
         if not self.config.jit_compile:
             return
         self._compiled = {}
+        self._secret_dropout()
         if self.config.non_private:
             return
         local = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,

@@ -43,17 +43,16 @@ def test_static_embedding_norm_matches_brute_force_and_the_unique_form(k):
     np.testing.assert_allclose(got, unique, rtol=1e-5)
 
 
-def _stepper(jit: bool, sigma: float = 1.0, replicas: int = 1):
+def _stepper(jit: bool, sigma: float = 1.0, dropout: float = 0.0, noise_seed: int = 5):
     spec = bert_lib.BertSpec(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-                             max_seq_length=12, max_predictions=3, dropout=0.0, attention_dropout=0.0)
+                             max_seq_length=12, max_predictions=3, dropout=dropout, attention_dropout=dropout)
     model = bert_lib.build_bert(spec, seed=1).mlm
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, SPECIALS.values(), 4, 0.15)
-    config = dpsgd.DPSGDConfig(clip_norm=0.5, noise_multiplier=sigma, expected_batch_size=6.0, noise_seed=5,
+    config = dpsgd.DPSGDConfig(clip_norm=0.5, noise_multiplier=sigma, expected_batch_size=6.0, noise_seed=noise_seed,
                                accumulation_steps=2, loss_bound=12.0, jit_compile=jit)
-    selection = None
     probe = integrity.make_noise_probe(model.trainable_variables, per_variable=4, seed=1)
     stepper = dpsgd.DPSGDTrainStep(model, tf_keras.optimizers.AdamW(1e-2), config, prepare_fn=prepare_fn,
-                                   loss_fn=loss_fn, metrics_fn=metrics_fn, noise_probe=probe, selection=selection)
+                                   loss_fn=loss_fn, metrics_fn=metrics_fn, noise_probe=probe)
     return stepper, mask_fn
 
 
@@ -86,6 +85,22 @@ def test_xla_step_equals_the_uncompiled_step():
     for name in ("noise_probe_clean", "noise_probe_update"):
         np.testing.assert_allclose(getattr(xla, name).numpy(), getattr(eager, name).numpy(), rtol=1e-5, atol=1e-7)
     assert int(xla.dp_step.numpy()) == 2
+
+
+def test_xla_dropout_masks_come_from_the_steps_own_keyed_generators(tmp_path):
+    """XLA's own stateful RNG ignores seeds and starts from the same state in every process (masks
+    a public function of the slot). The compiled step's Dropout layers draw from generators keyed
+    by the step's seed (OS entropy in a run): the same test seed gives the same masks although
+    XLA's own RNG state moved on in between; the generators are not in the checkpoint."""
+    norms = []
+    for _ in range(2):
+        stepper, mask_fn = _stepper(True, dropout=0.3, noise_seed=5)
+        stepper.run_step(_rounds(mask_fn, 0))
+        norms.append(np.concatenate(stepper.last_unit_norms).ravel())
+        tf.function(lambda: tf.nn.dropout(tf.ones([64]), 0.5), jit_compile=True)()  # XLA's own stream moves on
+    np.testing.assert_array_equal(norms[0], norms[1])
+    path = tf.train.Checkpoint(model=stepper.model).write(str(tmp_path / "ckpt"))
+    assert not [name for name, _ in tf.train.list_variables(path) if "generator" in name.lower()]
 
 
 def test_xla_non_private_baseline_equals_the_uncompiled_one():
