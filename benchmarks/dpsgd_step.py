@@ -33,6 +33,14 @@ A ratio below 1 means this DP step is cheaper than this non-DP baseline: the gho
 only the trained layers' pre-activations and calls the frozen layers as they are, while the
 non-DP baseline is a plain ``tf.GradientTape`` over the whole model. It is not evidence that DP is
 faster than a tuned non-DP step.
+
+Eager and XLA (``--xla``; ``training.jit_compile``): at the demo model (every parameter trained)
+and BERT-base, one process per (config, compiled or not) builds the shipped loop twice, DP and
+non-DP, and INTERLEAVES their steps (alternating which goes first), so each DP ÷ non-DP ratio is
+against its own baseline under the same load; the load average (``os.getloadavg``, as ``uptime``)
+before and after each process is in the report next to its figures. Also per process: the first
+step (tracing; XLA compilation), the host's batch preparation (sampling, keyed masking, packing:
+``source.rounds``) and, compiled DP, the noise draw alone (made ahead, off the step's path).
 """
 from __future__ import annotations
 
@@ -80,17 +88,11 @@ def timing_hook():
     return TimingHook()
 
 
-def run_loop(model_config, vocab: int, batch: int, accumulation: int, steps: int, mode: str,
-             trainable=("all",), new_token_ids=None, seed: int = 0, hooks=()):
-    """Build the trainer's loop (``build_training``) on random rows and run it with a timing hook
-    (and ``hooks``: tests observe the loop); (TimingHook, Training)."""
-    import secrets
-
+def _rows_and_config(model_config, vocab: int, batch: int, accumulation: int, steps: int, mode: str,
+                     trainable=("all",), seed: int = 0, jit_compile: bool = False):
     import numpy as np
 
-    from dpbert import storage
     from dpbert.config import TrainingConfig
-    from dpbert.model.engine.build import build_training
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(5, vocab, (batch, model_config.max_seq_length)).astype(np.int32)
@@ -98,7 +100,20 @@ def run_loop(model_config, vocab: int, batch: int, accumulation: int, steps: int
     tc = TrainingConfig(batch_size=batch, steps=steps, sampling="poisson", dataset_size=batch, noise_multiplier=1.0,
                         clip_norm=0.01, accumulation_steps=accumulation, non_private=(mode == "nondp"),
                         learning_rate=1e-5, warmup_steps=0, dp_diagnostics=False, checkpoint_every=10 ** 6,
-                        integrity_check_every=0, noise_seed=seed, trainable=list(trainable))
+                        integrity_check_every=0, noise_seed=seed, trainable=list(trainable), jit_compile=jit_compile)
+    return ids, tc
+
+
+def run_loop(model_config, vocab: int, batch: int, accumulation: int, steps: int, mode: str,
+             trainable=("all",), new_token_ids=None, seed: int = 0, hooks=()):
+    """Build the trainer's loop (``build_training``) on random rows and run it with a timing hook
+    (and ``hooks``: tests observe the loop); (TimingHook, Training)."""
+    import secrets
+
+    from dpbert import storage
+    from dpbert.model.engine.build import build_training
+
+    ids, tc = _rows_and_config(model_config, vocab, batch, accumulation, steps, mode, trainable, seed)
     hook = timing_hook()
     uri = f"ram://dpbert-bench/{secrets.token_hex(6)}"
     try:
@@ -111,6 +126,105 @@ def run_loop(model_config, vocab: int, batch: int, accumulation: int, steps: int
         if store.exists(uri):
             store.rmtree(uri)
     return hook, training
+
+
+def interleaved(model_config, vocab: int, batch: int, accumulation: int, steps: int, warmup: int, jit: bool,
+                trainable=("all",), new_token_ids=None) -> dict:
+    """The shipped loop built twice (non-DP, DP; compiled or not), their steps interleaved (the
+    first of each pair alternates); per mode the wall time of every step, the host's batch
+    preparation and (compiled DP) the noise draw alone."""
+    import contextlib
+    import secrets
+
+    from dpbert import storage
+    from dpbert.model.engine.build import build_training
+
+    total = warmup + steps
+    out = {mode: {"seconds": []} for mode in ("nondp", "dp")}
+    uris = []
+    with contextlib.ExitStack() as stack:
+        loops = {}
+        for mode in out:
+            ids, tc = _rows_and_config(model_config, vocab, batch, accumulation, total, mode, trainable,
+                                       jit_compile=jit)
+            uris.append(f"ram://dpbert-bench/{secrets.token_hex(6)}")
+            training = stack.enter_context(build_training(
+                ids, [0, 1, 2, 3, 4], vocab, model_config, tc, uris[-1], resume=False, progress=False, mask_token_id=4,
+                export_saved_model=False, new_token_ids=new_token_ids))
+            loops[mode] = training.loop
+            for hook in training.loop.hooks:
+                hook.on_start(training.loop)
+        for i in range(total):
+            for mode in (("nondp", "dp") if i % 2 == 0 else ("dp", "nondp")):
+                start = time.perf_counter()
+                loops[mode]._take_step()  # pylint: disable=protected-access  (one step of the shipped loop)
+                out[mode]["seconds"].append(time.perf_counter() - start)
+        for mode, loop in loops.items():
+            start = time.perf_counter()
+            for step in range(3):
+                loop.source.rounds(step, step, 1)
+            out[mode]["host_batch_seconds"] = (time.perf_counter() - start) / 3
+            stepper = loop.stepper
+            if getattr(stepper, "_noise_buffers", None) is not None:
+                if stepper._ahead is not None:  # pylint: disable=protected-access
+                    stepper._ahead.result()  # pylint: disable=protected-access
+                start = time.perf_counter()
+                stepper._draw_ahead_fn()  # pylint: disable=protected-access
+                out[mode]["noise_draw_seconds"] = time.perf_counter() - start
+            for hook in loop.hooks:
+                hook.close(loop)
+    for uri in uris:
+        store = storage.storage_for(uri)
+        if store.exists(uri):
+            store.rmtree(uri)
+    return out
+
+
+def _interleaved_worker(name: str, jit: bool, quick: bool) -> dict:
+    """One (config, compiled or not) process: ``interleaved`` and the DP ÷ non-DP ratios."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import dpbert  # noqa: F401
+    import numpy as np
+    from dpbert.config import ModelConfig
+
+    if name == "demo":
+        cfg = dict(TRAINABLE_CONFIG, accumulation=1)
+        mc = ModelConfig(hidden_size=cfg["hidden"], num_layers=cfg["layers"], num_heads=cfg["heads"],
+                         intermediate_size=cfg["inter"], max_seq_length=cfg["seq"], dropout=0.1)
+    else:
+        cfg = dict(CONFIGS[name])
+        mc = ModelConfig(preset=cfg["preset"], max_seq_length=cfg["seq"], dropout=0.1)
+    steps = max(2, cfg["steps"] // 2) if quick else cfg["steps"]
+    times = interleaved(mc, cfg["vocab"], cfg["batch"], cfg["accumulation"], steps, cfg["warmup"], jit)
+    row = {"jit_compile": jit, "batch": cfg["batch"], "accumulation": cfg["accumulation"], "seq_len": cfg["seq"],
+           "timed_steps_per_mode": steps}
+    for mode, t in times.items():
+        timed = t["seconds"][cfg["warmup"]:]
+        row[mode] = dict(t, median=float(np.median(timed)), minimum=float(min(timed)),
+                         first_step_seconds=t["seconds"][0])
+    row["ratio_dp_over_nondp"] = row["dp"]["median"] / row["nondp"]["median"]
+    row["ratio_of_minimums"] = row["dp"]["minimum"] / row["nondp"]["minimum"]
+    return row
+
+
+def _xla_matrix(quick: bool, env: dict) -> dict:
+    """Eager and XLA × demo and BERT-base, each process's load average next to its figures."""
+    rows = {}
+    for name in ("demo", "base"):
+        for jit in (False, True):
+            before = os.getloadavg()
+            cmd = [sys.executable, __file__, "--interleaved-worker", name, "--jit", str(int(jit))] + \
+                (["--quick"] if quick else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
+            if proc.returncode != 0:
+                raise SystemExit(f"{name} jit={jit} failed:\n{proc.stderr[-4000:]}")
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            row["load_average_before"], row["load_average_after"] = before, os.getloadavg()
+            rows[f"{name}/{'xla' if jit else 'eager'}"] = row
+    for name in ("demo", "base"):
+        eager, xla = rows[f"{name}/eager"], rows[f"{name}/xla"]
+        rows[f"{name}/xla_over_eager"] = {mode: xla[mode]["median"] / eager[mode]["median"] for mode in ("nondp", "dp")}
+    return rows
 
 
 def _timed(hook, warmup: int) -> list:
@@ -200,7 +314,14 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-trainable", action="store_true",
                         help="leave out the per-trainable-set rows (training.trainable)")
     parser.add_argument("--trainable-only", action="store_true", help="only the per-trainable-set rows")
+    parser.add_argument("--xla", action="store_true",
+                        help="only eager vs XLA (training.jit_compile), DP and non-DP interleaved, demo and base")
+    parser.add_argument("--interleaved-worker", choices=["demo"] + list(CONFIGS), help=argparse.SUPPRESS)
+    parser.add_argument("--jit", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.interleaved_worker:
+        print(json.dumps(_interleaved_worker(args.interleaved_worker, bool(args.jit), args.quick)))
+        return 0
     if args.trainable_worker:
         print(json.dumps(_trainable_worker(args.quick)))
         return 0
@@ -217,6 +338,11 @@ def main(argv=None) -> int:
             raise SystemExit(f"{extra} failed:\n{proc.stderr[-4000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
+    if args.xla:
+        report["eager_vs_xla"] = _xla_matrix(args.quick, env)
+        report["load_average_after"] = os.getloadavg()
+        print(json.dumps(report, indent=2))
+        return 0
     for name in ([] if args.trainable_only else args.configs):
         result = run(name)
         # Peak memory of each mode ALONE (the interleaved process holds two optimizers).
