@@ -42,6 +42,11 @@ def validate_for_vertex(config: Config, pipeline_root: str) -> None:
     if config.training.workers > 1 and not config.vertex.project:
         raise ConfigError("vertex.project must be set with training.workers > 1: the trainer step runs a "
                           "Vertex AI custom job in that project (and vertex.region, default us-central1)")
+    from dpbert.ledger.identity import remote_ledger_problem
+
+    problem = remote_ledger_problem(config)
+    if problem:
+        raise ConfigError(problem)
     path = config.corpus.path
     if path is not None:
         if path.startswith("gs://"):

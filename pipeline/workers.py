@@ -90,12 +90,11 @@ def stage_state_dir(inv: Invocation) -> str:
     material). The chief checks it against the one ``pretrain`` returned (:func:`_run_chief`), and
     a non-chief trains only once the chief's resume key is there, so a drift fails, never trains
     elsewhere."""
-    from dpbert.model.engine.chain import state_dir
+    from dpbert.model.engine.charges import stage_state_dir as _stage_state_dir
 
     mc, tc, pc, membership = inv.sections()
-    return state_dir(inv.pipeline_root, json.dumps(
-        [inv.tuples_dir, inv.vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
-         dataclasses.asdict(membership), int(tc.non_private), inv.canaries_dir], sort_keys=True))
+    return _stage_state_dir(inv.pipeline_root, inv.tuples_dir, inv.vocabulary_dir, mc, tc, pc, membership,
+                            inv.canaries_dir)
 
 
 def _wait_for(uri: str, what: str, timeout: float = WAIT_FOR_CHIEF_S):

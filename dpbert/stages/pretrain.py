@@ -50,7 +50,8 @@ from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, Training
 from dpbert.model.engine.chain import (PRIVATE_MARKER, STATE_ROOT, chain_state, chains,  # noqa: F401
                                        copy_artifact_files, mark_state_root_private, state_dir, write_resume_key)
 from dpbert.model.engine.charges import (TrainingBudgetRefused, budget_step_limit, chain_charged,  # noqa: F401
-                                         charged_ledger, refuse, resume_key, training_record, write_charge_basis)
+                                         charged_ledger, refuse, resume_key, stage_state_dir, training_record,
+                                         write_charge_basis)
 from dpbert.model.public_warmup import public_start_weights  # noqa: F401  (re-exported)
 from dpbert.privacy import diagnostics as _diagnostics
 from dpbert.stages.result import StageResult
@@ -520,9 +521,7 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
     mc, pc, membership = model_config, privacy_config, membership_config
     tc = dataclasses.replace(training_config, non_private=True) if non_private else training_config
     tokenizer = load_tokenizer(vocabulary_dir)
-    state = state_dir(pipeline_root, json.dumps(
-        [tuples_dir, vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
-         dataclasses.asdict(membership), int(tc.non_private), canaries_dir], sort_keys=True))
+    state = stage_state_dir(pipeline_root, tuples_dir, vocabulary_dir, mc, tc, pc, membership, canaries_dir)
     run = _Run(mc, tc, pc, membership, state,
                vocab_record=events.from_json(vocab_event) if isinstance(vocab_event, (str, bytes)) else vocab_event)
     run.rows = _read_rows(tokenizer, tuples_dir, membership, mc, run.patient_unit)

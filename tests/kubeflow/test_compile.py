@@ -10,7 +10,7 @@ from typing import Callable, FrozenSet, Optional, Tuple
 
 import pytest
 
-from tests.kubeflow.conftest import DATAFLOW, IMAGE, PIPELINE_ROOT, task_names
+from tests.kubeflow.conftest import DATAFLOW, IMAGE, LEDGER, PIPELINE_ROOT, task_names
 from tests.kubeflow.spec_normalize import CODE_VERSION, normalize
 
 GOLDEN = Path(__file__).parent / "golden" / "vertex_pipeline.json"
@@ -279,7 +279,7 @@ def _compile_cli(tmp_path, *extra):
 
     out = tmp_path / "pipeline.json"
     code = main(["compile", "--target", "vertex", "--output", str(out), "--image", IMAGE,
-                 "--pipeline-root", PIPELINE_ROOT, *extra])
+                 "--pipeline-root", PIPELINE_ROOT, "--set", LEDGER, *extra])
     return code, out
 
 
@@ -296,8 +296,9 @@ def test_cli_compile_writes_the_pipeline_job(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, needle", [
     (["--set", "pipeline.name=dp_bert"], "pipeline.name"),
-    (["--set", "corpus.path=gs://my-bucket/notes.jsonl"], "/gcs/my-bucket/notes.jsonl"),
-    (["--set", "corpus.path=/home/me/notes.jsonl"], "corpus.path"),
+    (["--set", "corpus.path=gs://my-bucket/notes.jsonl", "--set", "corpus.dataset_id=notes"],
+     "/gcs/my-bucket/notes.jsonl"),
+    (["--set", "corpus.path=/home/me/notes.jsonl", "--set", "corpus.dataset_id=notes"], "corpus.path"),
     (["--set", "beam.runner=DataflowRunner"], "beam.extra_args must set --project, --region, --temp_location"),
     (["--set", "beam.runner=FlinkRunner"], "--job_endpoint"),
     (["--set", "beam.runner=NoSuchRunner"], "beam.runner"),
@@ -305,7 +306,9 @@ def test_cli_compile_writes_the_pipeline_job(tmp_path, capsys):
     (["--resources", "Nope:cpu=1"], "Nope"),
     # (without --config: the demo preset, whose unit is the patient)
     (["--set", "privacy.epsilon_budget=8", "--set", "training.dataset_patients=null",
-      "--set", "corpus.path=/gcs/b/notes.jsonl"], "training.dataset_patients"),
+      "--set", "corpus.path=/gcs/b/notes.jsonl", "--set", "corpus.dataset_id=notes"], "training.dataset_patients"),
+    # a budget with the dataset ledger on this machine's disk: the steps' containers cannot share it
+    (["--set", "privacy.ledger=/home/me/ledgers"], "privacy.ledger must be a Cloud Storage folder"),
 ])
 def test_cli_refuses_what_cannot_run_on_vertex(tmp_path, capsys, extra, needle):
     code, out = _compile_cli(tmp_path, *extra)
@@ -399,7 +402,7 @@ def test_compile_is_offline(tmp_path):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3",
                GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "no-credentials.json"),
                PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
-    args = ["compile", "--output", str(out), "--image", IMAGE, "--pipeline-root", PIPELINE_ROOT]
+    args = ["compile", "--output", str(out), "--image", IMAGE, "--pipeline-root", PIPELINE_ROOT, "--set", LEDGER]
     for override in DATAFLOW:
         args += ["--set", override]
     result = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env,
@@ -420,5 +423,6 @@ def test_every_built_in_preset_compiles(preset, tmp_path):
     from dpbert.config import load_config
     from kubeflow.runner import compile_vertex
 
-    path = compile_vertex(load_config(preset=preset), str(tmp_path / "p.json"), IMAGE, PIPELINE_ROOT)
+    path = compile_vertex(load_config(preset=preset, overrides=[LEDGER]), str(tmp_path / "p.json"), IMAGE,
+                          PIPELINE_ROOT)
     assert json.loads(Path(path).read_text(encoding="utf-8"))["pipelineSpec"]["root"]["dag"]["tasks"]

@@ -50,7 +50,7 @@ def test_the_cli_compiles_workers_4_and_refuses_it_without_a_project(tmp_path, c
 
     out = tmp_path / "p.json"
     args = ["compile", "--output", str(out), "--image", IMAGE, "--pipeline-root", "gs://b/root",
-            "--set", "training.workers=4"]
+            "--set", "training.workers=4", "--set", "privacy.ledger=gs://b/ledgers"]
     assert main(args) == 2
     assert "vertex.project" in capsys.readouterr().err and not out.exists()
     assert main(args + ["--set", "vertex.project=my-project"]) == 0

@@ -13,13 +13,38 @@ from dpbert import schema, storage
 from dpbert.model.engine.chain import read_step_log
 
 
+def chain_training_config(tc):
+    """The training configuration a chain's identity is made of: the same whatever the number of
+    worker processes, so a re-run with another ``training.workers`` resumes the chain (its step
+    log charges every executed step, whoever ran it). A worker process trains with
+    ``engine.workers.process_config`` (strategy multi_worker over W × replicas): mapped back."""
+    workers = max(int(getattr(tc, "workers", 1) or 1), 1)
+    processed = workers > 1 and tc.strategy == "multi_worker"
+    replicas = int(tc.replicas) // workers if processed else int(tc.replicas)
+    strategy = "default" if processed and replicas == 1 else ("mirrored" if processed else tc.strategy)
+    fields = {f.name for f in dataclasses.fields(tc)}
+    return dataclasses.replace(tc, replicas=replicas, strategy=strategy,
+                               **({"workers": 1} if "workers" in fields else {}))
+
+
+def stage_state_dir(pipeline_root: str, tuples_dir: str, vocabulary_dir: str, mc, tc, pc, membership,
+                    canaries_dir) -> str:
+    """The trainer stage's chain for these inputs and this configuration (any number of workers:
+    :func:`chain_training_config`); one definition for the stage and its worker processes."""
+    from dpbert.model.engine.chain import state_dir
+
+    return state_dir(pipeline_root, json.dumps(
+        [tuples_dir, vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(chain_training_config(tc)),
+         dataclasses.asdict(pc), dataclasses.asdict(membership), int(tc.non_private), canaries_dir], sort_keys=True))
+
+
 def resume_key(mc, tc, pc, holdout_fraction: float, non_private: bool) -> str:
     """The configuration part of a trainer state directory's identity (no artifact URIs), stored in
     it as ``schema.RESUME_KEY_FILE``: the budget guard (``pipeline.guard``) finds, before the DAG
     starts, every chain a run with this configuration could resume and counts what it charged.
     Coarser than ``chain.state_dir`` on purpose: two chains with one key both count (conservative)."""
-    material = json.dumps([dataclasses.asdict(mc), dataclasses.asdict(tc), dataclasses.asdict(pc),
-                           float(holdout_fraction), bool(non_private)], sort_keys=True)
+    material = json.dumps([dataclasses.asdict(mc), dataclasses.asdict(chain_training_config(tc)),
+                           dataclasses.asdict(pc), float(holdout_fraction), bool(non_private)], sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:20]
 
 
