@@ -34,14 +34,14 @@ def MLMPretrainer(
     ``membership_config``: the patient split only (``membership.holdout_*``), so the evaluation's
     own settings do not re-train the model. ``non_private``: 1 for the non-private baseline.
     ``ledger_target``: the dataset ledger (``dpbert.ledger.LedgerTarget`` JSON; empty: none).
-    ``training.workers`` W > 1: W worker processes of the same stage (``pipeline.workers``),
+    ``training.workers`` W > 1: W worker processes of the same stage (``components.workers``),
     started here on loopback, or, with ``custom_job`` (the CustomJob template a compiled Vertex AI
     spec carries, ``kubeflow.custom_job``), as the replicas of a Vertex AI custom job this step
     submits and waits for. Either way the chief's result becomes this artifact's.
     """
     tc = section_from_json(TrainingConfig, training_config)
     if tc.workers > 1 or custom_job:
-        from pipeline.workers import train_on_workers
+        from components.workers import train_on_workers
 
         result = train_on_workers(tuples.uri, vocabulary.uri, model.uri, model_config, training_config,
                                   privacy_config, membership_config, pipeline_root=pipeline_root_of(model.uri),

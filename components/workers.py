@@ -9,7 +9,7 @@ with the stage's own helpers, waits for the chief's records of this chain (its r
 its DP count when there is no public n) and trains in the chief's state directory with
 ``train_mlm`` (non-chief: no lock, no writes; checkpoints restored from the chief's).
 
-    python -m pipeline.workers '<Invocation JSON>'      (one process; TF_CONFIG set)
+    python -m components.workers '<Invocation JSON>'      (one process; TF_CONFIG set)
 
 ``run_local_workers`` (``dpbert run``) starts the W processes on loopback and supervises them
 (``dpbert.model.engine.workers.supervise``): the first to exit non-zero stops the others and the
@@ -31,7 +31,7 @@ from dpbert import schema, storage
 
 log = logging.getLogger("dpbert.trainer")
 
-MODULE = "pipeline.workers"
+MODULE = "components.workers"
 #: How long a non-chief waits for the chief's records of the chain (it fails after that: a state
 #: directory it cannot find is never trained in blind).
 WAIT_FOR_CHIEF_S = 900.0
@@ -128,7 +128,7 @@ def _run_chief(inv: Invocation):
                           canaries_dir=inv.canaries_dir, non_private=inv.non_private, vocab_event=inv.vocab_event,
                           ledger_target=inv.ledger_target)
         if result.state_dir != stage_state_dir(inv):
-            raise RuntimeError(f"pipeline.workers.stage_state_dir is out of date: the stage trained in "
+            raise RuntimeError(f"components.workers.stage_state_dir is out of date: the stage trained in "
                                f"{result.state_dir}, the other workers looked for {stage_state_dir(inv)}")
     except BaseException as err:
         _record_failure(inv, 0, err)
@@ -254,7 +254,7 @@ def release_dead_lease(state: str, pid: int) -> bool:
 
 
 def worker_command(inv: Invocation):
-    """``python -m pipeline.workers INVOCATION`` from any working directory (``sys.path[0]`` is
+    """``python -m components.workers INVOCATION`` from any working directory (``sys.path[0]`` is
     the folder holding this checkout's packages, not the current one)."""
     from dpbert.model.noise_check import module_command
 
