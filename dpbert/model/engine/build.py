@@ -210,7 +210,8 @@ def _patient_groups(plan: TrainingPlan, patient_keys, n: int):
 
 
 def _stepper(models, optimizer, selection, spec, inputs: Inputs, tc, plan: TrainingPlan, strategy, noise_mode: str,
-             audit_probe: Optional[Callable[[Any], dpsgd.AuditProbe]] = None):
+             audit_probe: Optional[Callable[[Any], dpsgd.AuditProbe]] = None,
+             probe_coordinates: int = integrity.NOISE_COORDINATES_PER_VARIABLE):
     """(DPSGDTrainStep, mask_fn, diagnostics config, whether DP diagnostics are released)."""
     diag = diagnostics.config_of(tc)
     release = diag.enabled and not tc.non_private
@@ -225,7 +226,7 @@ def _stepper(models, optimizer, selection, spec, inputs: Inputs, tc, plan: Train
     stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn, loss_fn=loss_fn,
                                    metrics_fn=metrics_fn, strategy=strategy,
                                    noise_probe=None if tc.non_private else integrity.make_noise_probe(
-                                       selection.pieces, seed=tc.noise_seed), selection=selection,
+                                       selection.pieces, probe_coordinates, seed=tc.noise_seed), selection=selection,
                                    audit_probe=None if audit_probe is None else audit_probe(selection))
     return stepper, mask_fn, diag, release
 
@@ -272,11 +273,13 @@ def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, 
                    held_lock: Optional[HeldStateLock] = None, new_token_ids: Optional[Sequence[int]] = None,
                    hooks: Sequence[hooks_lib.Hook] = (),
                    sampler_factory: SamplerFactory = default_sampler,
-                   audit_probe: Optional[Callable[[Any], dpsgd.AuditProbe]] = None) -> Training:
+                   audit_probe: Optional[Callable[[Any], dpsgd.AuditProbe]] = None,
+                   noise_probe_coordinates: int = integrity.NOISE_COORDINATES_PER_VARIABLE) -> Training:
     """Compose one training run (arguments: ``dpbert.model.train.train_mlm``). ``hooks`` run after
     the built-in ones; ``sampler_factory(SamplerSpec) -> sampler`` (tests inject e.g. PRF coins);
     ``audit_probe(selection) -> dpsgd.AuditProbe``: the white-box audit's probe on a trained piece
-    (``dpbert.evaluate.whitebox``)."""
+    (``dpbert.evaluate.whitebox``); ``noise_probe_coordinates``: the run-time noise check's probe
+    coordinates per trained piece (the noise check, ``dpbert.model.noise_check``, takes them all)."""
     started, tc = time.time(), training_config
     names = trainable_lib.validate_names(list(getattr(tc, "trainable", ["all"])))
     lora_spec = bert_lib.LoRASpec(int(tc.lora_rank), float(tc.lora_alpha)) if trainable_lib.needs_lora(names) else None
@@ -309,7 +312,7 @@ def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, 
                                                      public_checkpoint_dir, initial_weights, names, lora_spec,
                                                      new_token_ids, plan.steps)
         stepper, mask_fn, diag, release = _stepper(models, optimizer, selection, spec, inputs, tc, plan, strategy,
-                                                   noise_mode, audit_probe)
+                                                   noise_mode, audit_probe, noise_probe_coordinates)
         gradient_sigma = stepper.config.effective_noise_multiplier
         # What the accountant must charge per step: the gradient and the released diagnostics together.
         accounted = diagnostics.effective_noise_multiplier(gradient_sigma, diag) if release else gradient_sigma
