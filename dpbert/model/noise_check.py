@@ -1,21 +1,31 @@
-"""Measure the noise DP-SGD really adds per update, through the real distributed train step.
+"""Measure the noise DP-SGD really adds per update, on the SHIPPED training loop.
 
-``noise_check`` builds a tiny BERT, the configured strategy (P replicas: ``MirroredStrategy``
-over P logical CPUs when P > 1) and the real ``DPSGDTrainStep`` with plain SGD at learning rate
-1, and feeds it T micro-rounds per logical step whose every row has example mask 0: the loss
-and so every clipped gradient is exactly zero, and the parameter change of one step is minus
-the averaged noisy gradient, i.e. the noise alone. Over ``steps`` steps and all d coordinates
-it estimates the per-coordinate std and compares it with the expected ``σ·C/B`` (B the logical
-batch size).
+``noise_check`` builds the loop ``dpbert run`` trains with (``dpbert.model.engine.build.
+build_training``: plan, Poisson sampler, keyed masks, packing, the real ``DPSGDTrainStep``, step
+log, run-time integrity checks, ``TrainLoop`` with its hooks) on a tiny BERT and a synthetic,
+public data set of random token rows (n = ``UNITS_PER_BATCH``·B units, q = B/n), in a throw-away
+``ram://`` chain, with the configured strategy (P replicas: ``MirroredStrategy`` over P logical
+CPUs when P > 1; or a ready ``MultiWorkerMirroredStrategy``), and runs ``steps`` steps.
+
+What it measures is what the run-time noise check (``dpbert.model.integrity``, check 3) reads on
+every step: on EVERY coordinate of every trained variable (``noise_probe_coordinates`` covers
+them all), the clean clipped sum S and the gradient HANDED TO THE OPTIMIZER G, so the noise the
+update carried is G − S/B, per coordinate, wherever and however it was added. The pooled
+statistics of that check (Σz², Σz, lag-1 products of z = (B·G − S)/(σC)) give the measured std
+ŝ = σC/B·√(Σz²/m) over m = steps × d values, compared with the expected ``σ·C/B`` (B the
+logical batch size, σ the gradient's effective noise multiplier). The gradients are real (rows
+with masked tokens), not zero: S is subtracted, so the check holds on a step that trains.
 
 Tolerance, from the sampling distribution of a sample std (not tuned): for m iid N(0, s²)
-values the sample std ŝ has relative standard error ≈ 1/√(2m) (delta method:
-Var(ŝ²) = 2s⁴/(m−1)). The check passes when |ŝ/s − 1| ≤ z/√(2m) with z = 4 (two-sided
-false-failure probability ≈ 6e-5); the 95% confidence interval ŝ/(1 ± 1.96/√(2m)) is reported.
-With m ≳ 10⁵ the tolerance is ~1%, while noise added once per shard would be √(P·T) times
-larger (≥ 41% off for P·T = 2). It also checks the mean is 0 (|mean| ≤ z·ŝ/√m), that
-consecutive steps' noise is uncorrelated (|ρ₁| ≤ z/√m) and that all replicas hold identical
-weights after the steps.
+values, ŝ² = Σx²/m has Var(ŝ²) = 2s⁴/m, so ŝ/s has relative standard error ≈ 1/√(2m) (delta
+method). The check passes when |ŝ/s − 1| ≤ z/√(2m) with z = 4 (two-sided false-failure
+probability ≈ 6e-5); the 95% confidence interval ŝ/(1 ± 1.96/√(2m)) is reported. With
+m ≳ 10⁵ the tolerance is ~1%, while noise added once per shard would be √(P·T) times larger
+(≥ 41% off for P·T = 2). It also checks the mean is 0 (|Σz|/√m ≤ z·ŝ/s), that consecutive steps'
+noise is uncorrelated (|Σ z_t·z_{t+1}|/pairs ≤ z/√pairs over disjoint pairs of steps) and that
+all replicas hold identical weights after the steps. The run-time checks' own verdicts (at their
+1e-6 levels) are reported alongside (``integrity_checks``); a failure there does not stop the
+measurement.
 
 CLI (its own process, so P logical CPUs can be configured before TensorFlow starts)::
 
@@ -27,9 +37,9 @@ CLI (its own process, so P logical CPUs can be configured before TensorFlow star
 Across worker processes (``--workers W``, ``training.strategy: multi_worker``): ``launch_workers``
 starts W processes of this module on loopback (free ports, one ``TF_CONFIG`` each, their own
 sessions, all killed when one fails or the time limit passes), each builds
-``MultiWorkerMirroredStrategy`` (R = W replicas) and runs the same zero-gradient steps. The
-expected std is still σC/B (one draw per logical batch: ``dpbert.model.dpsgd``), not σC√W/B or
-WσC/B; ``replicas_in_sync`` then compares a digest of every worker's parameters after the steps.
+``MultiWorkerMirroredStrategy`` (R = W replicas) and runs the same loop on its shard of the units.
+The expected std is still σC/B (one draw per logical batch: ``dpbert.model.dpsgd``), not σC√W/B
+or WσC/B; ``replicas_in_sync`` then compares a digest of every worker's parameters after the steps.
 Positive controls: the broken placements are test fixtures (``tests/model/broken_mechanisms.py``)
 that the test worker script ``tests/model/multi_worker_worker.py`` applies around
 :func:`noise_check` in its own worker processes; they must FAIL the check.
@@ -43,10 +53,10 @@ was imported as a namespace package instead of the installed one, and the worker
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -60,6 +70,11 @@ import numpy as np
 from dpbert import exit_codes
 
 Z_TOLERANCE = 4.0
+#: The synthetic data set holds this many units per expected batch (q = 1/UNITS_PER_BATCH).
+UNITS_PER_BATCH = 8
+#: Probe coordinates per trained piece: more than any piece of the check's model has, i.e. all.
+ALL_COORDINATES = 2 ** 31 - 1
+VOCAB_SIZE, SPECIALS, MASK_ID = 40, (0, 1, 2, 3, 4), 4
 
 
 def _ensure_devices(replicas: int):
@@ -78,112 +93,154 @@ def _ensure_devices(replicas: int):
                 f"--replicas {replicas}")
 
 
+def _configs(replicas: int, accumulation: int, noise_multiplier: float, clip: float, batch_size: int, steps: int,
+             seed: Optional[int], strategy_name: str):
+    """(ModelConfig, TrainingConfig) of the check: a tiny BERT, no DP diagnostics (nothing else
+    is released), the brute-force clipping check off (it is not what is measured), one checkpoint."""
+    from dpbert.config import ModelConfig, TrainingConfig
+
+    model = ModelConfig(preset="custom", hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                        max_seq_length=8, dropout=0.1)
+    training = TrainingConfig(batch_size=batch_size, noise_multiplier=noise_multiplier, clip_norm=clip, steps=steps,
+                              accumulation_steps=accumulation, replicas=replicas, strategy=strategy_name,
+                              sampling="poisson", dp_diagnostics=False, warmup_steps=0,
+                              checkpoint_every=steps + 1, integrity_check_every=0,
+                              seed=0 if seed is None else int(seed), noise_seed=seed)
+    return model, training
+
+
+def _data(batch_size: int, group_size: int, length: int, seed: Optional[int]):
+    """(token rows, patient keys or None, units): public random rows, ``group_size`` per patient."""
+    units = UNITS_PER_BATCH * int(batch_size)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(len(SPECIALS), VOCAB_SIZE, (units * group_size, length)).astype(np.int32)
+    keys = [f"noise-check-patient-{i // group_size}" for i in range(ids.shape[0])] if group_size > 1 else None
+    return ids, keys, units
+
+
+class NoiseProbeHook:
+    """A loop hook: per step, that the run-time noise check took the whole probe of this step
+    (its value count grew by the probe's size), and the examples the step trained on."""
+
+    def __init__(self):
+        self.steps, self.examples, self.measured_every_step = 0, 0.0, True
+
+    def on_start(self, loop):
+        if loop.checks.noise is None:
+            raise RuntimeError("the loop has no run-time noise check (no noise probe)")
+        self.count, self.size = loop.checks.noise.count, int(loop.stepper.noise_probe.size)
+
+    def on_step(self, loop, step, rounds, stats, sampled):
+        self.steps += 1
+        self.examples += float(stats["examples"])
+        count = loop.checks.noise.count
+        self.measured_every_step &= count == self.count + self.size
+        self.count = count
+
+    def on_end(self, loop):
+        pass
+
+    def close(self, loop):
+        pass
+
+
+def _statistics(noise, target: float, steps: int) -> Dict:
+    """The measured std, its tolerance and the auxiliary tests from the run-time noise check's sums
+    (module docstring); ``target``: σ_eff·C/B."""
+    m = int(noise.count)
+    ratio = math.sqrt(float(noise.sum_sq.sum()) / m)
+    mean_z = float(noise.sum) / math.sqrt(m)  # ~ N(0, 1) under the claim
+    lag1 = noise.cross / noise.pairs if noise.pairs else 0.0
+    rel_se = 1.0 / math.sqrt(2 * m)
+    measured = ratio * target
+    return {
+        "samples": m, "measured_std": measured, "ratio": ratio,
+        "ci95": [measured / (1 + 1.96 * rel_se), measured / (1 - 1.96 * rel_se)],
+        "relative_standard_error": rel_se, "tolerance": Z_TOLERANCE * rel_se,
+        "mean": mean_z / math.sqrt(m) * target, "lag1_correlation": float(lag1),
+        "checks": {
+            "std": abs(ratio - 1) <= Z_TOLERANCE * rel_se,
+            "mean": abs(mean_z) <= Z_TOLERANCE * ratio,
+            "independent_steps": abs(lag1) <= Z_TOLERANCE / math.sqrt(noise.pairs) if noise.pairs else steps < 2,
+        },
+    }
+
+
+def _in_sync(stepper) -> bool:
+    """This process's replicas hold identical weights (other workers: ``combine_workers``)."""
+    if stepper.workers > 1 or stepper.replicas == 1:
+        return True
+    return all(all(np.array_equal(v.values[0].numpy(), x.numpy()) for x in v.values[1:]) for v in stepper.variables)
+
+
+def _run_loop(tc, model, ids, keys, units: int, group_size: int, noise_mode: str, strategy):
+    """Build the shipped loop on a throw-away ``ram://`` chain and run it; (result fields, hook)."""
+    from dpbert import storage
+    from dpbert.model import dpsgd
+    from dpbert.model.engine.build import build_training, digest
+    from dpbert.model.integrity import IntegrityCheckFailed
+    from dpbert.privacy.plan import plan_training
+
+    plan = plan_training(tc, units, unit="patient" if group_size > 1 else "tuple", max_contributions=group_size)
+    probe = NoiseProbeHook()
+    output_dir = f"ram://dpbert-noise-check/{secrets.token_hex(8)}"
+    try:
+        with build_training(ids, list(SPECIALS), VOCAB_SIZE, model, tc, output_dir, plan, resume=False,
+                            progress=False, mask_token_id=MASK_ID, noise_mode=noise_mode, export_saved_model=False,
+                            strategy=strategy, patient_keys=keys, hooks=[probe],
+                            noise_probe_coordinates=ALL_COORDINATES) as training:
+            failure = None
+            try:
+                training.loop.run()
+            except IntegrityCheckFailed as err:  # the statistics below still say what was measured
+                failure = str(err)
+            stepper = training.stepper
+            out = _statistics(training.checks.noise, stepper.config.noise_std, probe.steps)
+            out.update(strategy=dpsgd.strategy_name(training.strategy), workers=stepper.workers,
+                       # A digest of this process's parameters after the steps (workers must agree exactly).
+                       parameter_digest=digest(v.numpy() for v in stepper.variables),
+                       coordinates=probe.size, target_std=stepper.config.noise_std, in_sync=_in_sync(stepper),
+                       loop=f"{type(training.loop).__module__}.{type(training.loop).__name__} (build_training)",
+                       integrity_checks={name: r.get("passed") for name, r in training.checks.results().items()},
+                       integrity_failure=failure)
+    finally:
+        store = storage.storage_for(output_dir)
+        if store.exists(output_dir):
+            store.rmtree(output_dir)
+    return out, probe
+
+
 def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip: float,
                 batch_size: int, steps: int = 30, seed: Optional[int] = None,
                 noise_mode: str = "once", group_size: int = 1, strategy=None) -> Dict:
-    """Run ``steps`` real DP-SGD steps with zero gradients and measure the update noise.
+    """Run ``steps`` steps of the shipped DP-SGD loop and measure the update's noise (module docstring).
 
     Returns a dict with ``measured_std``, ``expected_std`` (= σ·C/B), ``paper_std`` (σ√(P·T)·C/B,
     what per-shard noise would give), ``ratio``, ``ci95``, ``tolerance``, ``passed`` and the
-    auxiliary checks. ``seed=None``: OS entropy. ``group_size = k > 1``: patient mode (user-level
-    DP-SGD): ``batch_size`` is B_patients, each round holds m patients × k slots per replica and
-    the step clips per group of k; the expected std is still σ·C/B_patients. ``strategy``: a
-    ready strategy (``MultiWorkerMirroredStrategy``: ``replicas`` is then R over all workers and
-    each worker feeds its own replicas).
+    auxiliary checks. ``seed=None``: OS entropy (noise, sampler, masks, data). ``group_size = k > 1``:
+    patient mode (user-level DP-SGD): ``batch_size`` is B_patients, each patient has k rows and the
+    step clips per patient; the expected std is still σ·C/B_patients. ``strategy``: a ready
+    strategy (``MultiWorkerMirroredStrategy``: ``replicas`` is then R over all workers and each
+    worker trains on its own units).
     """
     if strategy is None:
         _ensure_devices(replicas)
-    import tensorflow as tf
-    import tf_keras
+    from dpbert.model import dpsgd
 
-    from dpbert.model import bert as bert_lib
-    from dpbert.model import dpsgd, sampling
-    from dpbert.model.train import make_mlm_functions, mirrored_strategy
-
-    m_per = sampling.micro_batch_size(batch_size, replicas, accumulation)
-    local = replicas
-    spec = bert_lib.BertSpec(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
-                             intermediate_size=32, max_seq_length=8, max_predictions=2,
-                             dropout=0.1, attention_dropout=0.1, preset="custom")
-    if strategy is not None:
-        local = len(strategy.extended.worker_devices) if dpsgd.worker_layout(strategy)[0] > 1 else replicas
-    elif replicas > 1:
-        strategy = mirrored_strategy(replicas)
-    else:
-        strategy = tf.distribute.get_strategy()
-    with strategy.scope():
-        models = bert_lib.build_bert(spec, seed=0 if seed is None else seed)
-        optimizer = tf_keras.optimizers.SGD(learning_rate=1.0)
-    config = dpsgd.DPSGDConfig(clip_norm=clip, noise_multiplier=noise_multiplier,
-                               expected_batch_size=float(batch_size), noise_mode=noise_mode,
-                               noise_seed=seed, replicas=replicas, accumulation_steps=accumulation,
-                               group_size=group_size)
-    specials = [0, 1, 2, 3, 4]
-    mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, specials, 4, 0.15)
-    stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
-                                   metrics_fn=metrics_fn, strategy=strategy)
-    rng = np.random.default_rng(seed)
-    # Real tokens, every row masked out of the loss: the gradient is exactly zero.
-    from dpbert.model.masking import example_keys
-
-    def masked_round():
-        ids = rng.integers(5, spec.vocab_size, (local * m_per * group_size, spec.max_seq_length)).astype(np.int32)
-        features = mask_fn(ids, example_keys(0, 0, np.arange(ids.shape[0])))
-        return {k: v.reshape((local, m_per * group_size) + v.shape[1:]) for k, v in features.items()}
-
-    rounds = [{"features": masked_round(), "example_mask": np.zeros((local, m_per * group_size), np.float32)}
-              for _ in range(accumulation)]
-
-    def snapshot() -> np.ndarray:
-        return np.concatenate([v.numpy().ravel() for v in stepper.variables]).astype(np.float64)
-
-    updates: List[np.ndarray] = []
-    before = snapshot()
-    examples = 0.0
-    for _ in range(steps):
-        stats = stepper.run_step(rounds)
-        examples += stats["examples"]
-        after = snapshot()
-        updates.append(before - after)  # lr = 1: θ ← θ − ĝ
-        before = after
-    noise = np.stack(updates)  # [steps, d]
-    m = noise.size
-    measured = float(noise.std(ddof=1))
-    expected = noise_multiplier * clip / batch_size
-    paper = noise_multiplier * math.sqrt(replicas * accumulation) * clip / batch_size
-    target = config.noise_std
-    rel_se = 1.0 / math.sqrt(2 * m)
-    tolerance = Z_TOLERANCE * rel_se
-    mean = float(noise.mean())
-    lag1 = float(np.corrcoef(noise[:-1].ravel(), noise[1:].ravel())[0, 1]) if steps > 1 else 0.0
-    in_sync = True
-    if replicas > local:  # other workers hold the other replicas: compared by launch_workers' caller
-        pass
-    elif replicas > 1:
-        for v in stepper.variables:
-            values = [x.numpy() for x in v.values]
-            in_sync &= all(np.array_equal(values[0], x) for x in values[1:])
-    checks = {
-        "std": abs(measured / target - 1) <= tolerance,
-        "mean": abs(mean) <= Z_TOLERANCE * measured / math.sqrt(m),
-        "independent_steps": abs(lag1) <= Z_TOLERANCE / math.sqrt(noise[1:].size) if steps > 1 else True,
-        "replicas_in_sync": bool(in_sync),
-        "zero_gradient": examples == 0.0,
-    }
-    return {
-        "replicas": replicas, "accumulation": accumulation, "noise_multiplier": noise_multiplier,
-        "clip": clip, "batch_size": batch_size, "steps": steps, "noise_mode": noise_mode, "group_size": group_size,
-        "strategy": dpsgd.strategy_name(strategy), "workers": dpsgd.worker_layout(strategy)[0],
-        # A digest of this process's parameters after the steps (workers must agree exactly).
-        "parameter_digest": hashlib.sha256(b"".join(np.ascontiguousarray(v.numpy()).tobytes()
-                                                    for v in stepper.variables)).hexdigest(),
-        "coordinates": int(noise.shape[1]), "samples": int(m),
-        "measured_std": measured, "expected_std": expected, "paper_std": paper, "target_std": target,
-        "ratio": measured / target,
-        "ci95": [measured / (1 + 1.96 * rel_se), measured / (1 - 1.96 * rel_se)],
-        "relative_standard_error": rel_se, "tolerance": tolerance, "mean": mean, "lag1_correlation": lag1,
-        "checks": checks, "passed": all(checks.values()),
-    }
+    workers = dpsgd.worker_layout(strategy)[0] if strategy is not None else 1
+    name = "multi_worker" if workers > 1 else ("mirrored" if replicas > 1 else "default")
+    model, tc = _configs(replicas, accumulation, noise_multiplier, clip, batch_size, steps, seed, name)
+    ids, keys, units = _data(batch_size, group_size, model.max_seq_length, seed)
+    out, probe = _run_loop(tc, model, ids, keys, units, group_size, noise_mode, strategy)
+    checks = dict(out.pop("checks"), replicas_in_sync=bool(out.pop("in_sync")),
+                  # every step trained on sampled units and its whole update was measured
+                  every_step_measured=probe.steps == steps and probe.measured_every_step and probe.examples > 0)
+    return dict(
+        replicas=replicas, accumulation=accumulation, noise_multiplier=noise_multiplier, clip=clip,
+        batch_size=batch_size, steps=steps, noise_mode=noise_mode, group_size=group_size,
+        expected_std=noise_multiplier * clip / batch_size,
+        paper_std=noise_multiplier * math.sqrt(replicas * accumulation) * clip / batch_size,
+        **out, checks=checks, passed=all(checks.values()))
 
 
 # --------------------------------------------------------------------------- worker processes

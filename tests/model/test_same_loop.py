@@ -6,13 +6,12 @@ entry as stored (``loop.step_log.read()``): entry k is on storage before step k'
 How the observer gets in: the trainer stage and the audit take ``hooks=`` (passed to
 ``build_training``); the benchmark's ``run_loop`` takes ``hooks=``; the noise check has no
 keyword, so its sub-test adds the observer to every ``TrainLoop`` built meanwhile (monkeypatched
-``TrainLoop.__init__``) — and is expected to fail until the noise check builds the loop.
+``TrainLoop.__init__``).
 """
 import importlib.util
 import os
 
 import numpy as np
-import pytest
 
 from dpbert.config import MembershipConfig, PrivacyConfig
 from dpbert.model.engine import loop as loop_lib
@@ -84,10 +83,8 @@ def test_c_the_step_benchmark_runs_the_loop():
     assert training.stepper.clipping_path == "ghost"
 
 
-@pytest.mark.xfail(reason="dpbert.model.noise_check still drives DPSGDTrainStep by hand (its owner is converting "
-                          "it to build_training)", strict=False)
 def test_d_the_noise_check_runs_the_loop(monkeypatch):
-    from dpbert.model import noise_check
+    from dpbert.model.noise_check import noise_check
 
     observer = Observer()
     real_init = loop_lib.TrainLoop.__init__
@@ -100,4 +97,5 @@ def test_d_the_noise_check_runs_the_loop(monkeypatch):
     result = noise_check(replicas=1, accumulation=1, noise_multiplier=1.0, clip=0.01, batch_size=8, steps=3, seed=0)
     assert result["steps"] == 3
     assert_same_loop(observer, 3)
-    assert np.isfinite(result["measured_std"])
+    assert np.isfinite(result["measured_std"]) and result["checks"]["every_step_measured"]
+    assert result["loop"] == "dpbert.model.engine.loop.TrainLoop (build_training)"
