@@ -110,20 +110,22 @@ def _configs(replicas: int, accumulation: int, noise_multiplier: float, clip: fl
 
 
 def _data(batch_size: int, group_size: int, length: int, seed: Optional[int]):
-    """(token rows, patient keys or None, units): public random rows, ``group_size`` per patient."""
+    """(token rows, patient keys or None, units): public random rows, ``group_size`` per patient,
+    the same in every worker process (a public seed: the rows are not what is tested)."""
     units = UNITS_PER_BATCH * int(batch_size)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0 if seed is None else seed)
     ids = rng.integers(len(SPECIALS), VOCAB_SIZE, (units * group_size, length)).astype(np.int32)
     keys = [f"noise-check-patient-{i // group_size}" for i in range(ids.shape[0])] if group_size > 1 else None
     return ids, keys, units
 
 
 class NoiseProbeHook:
-    """A loop hook: per step, that the run-time noise check took the whole probe of this step
-    (its value count grew by the probe's size), and the examples the step trained on."""
+    """A loop hook (``dpbert.model.engine.hooks.Hook``'s methods; not a subclass, so importing
+    this module starts no TensorFlow): per step, that the run-time noise check took the whole probe
+    of this step (its value count grew by the probe's size)."""
 
     def __init__(self):
-        self.steps, self.examples, self.measured_every_step = 0, 0.0, True
+        self.steps, self.measured_every_step = 0, True
 
     def on_start(self, loop):
         if loop.checks.noise is None:
@@ -132,7 +134,6 @@ class NoiseProbeHook:
 
     def on_step(self, loop, step, rounds, stats, sampled):
         self.steps += 1
-        self.examples += float(stats["examples"])
         count = loop.checks.noise.count
         self.measured_every_step &= count == self.count + self.size
         self.count = count
@@ -145,23 +146,25 @@ class NoiseProbeHook:
 
 
 def _statistics(noise, target: float, steps: int) -> Dict:
-    """The measured std, its tolerance and the auxiliary tests from the run-time noise check's sums
-    (module docstring); ``target``: σ_eff·C/B."""
-    m = int(noise.count)
-    ratio = math.sqrt(float(noise.sum_sq.sum()) / m)
-    mean_z = float(noise.sum) / math.sqrt(m)  # ~ N(0, 1) under the claim
-    lag1 = noise.cross / noise.pairs if noise.pairs else 0.0
+    """The measured std, its tolerance and the auxiliary tests from the run-time noise check's
+    pooled statistics (``integrity.NoiseCheck``; module docstring); ``target``: σ_eff·C/B."""
+    pooled = noise.result()
+    if not pooled["ran"]:
+        raise RuntimeError(f"the run-time noise check measured nothing ({pooled['reason']})")
+    m, pairs = int(pooled["values"]), int(pooled["pairs"])
+    ratio, mean_z = float(pooled["std_ratio"]), float(pooled["mean_z"])  # mean_z ~ N(0, 1) under the claim
+    lag1 = float(pooled["lag1"]) if pairs else 0.0
     rel_se = 1.0 / math.sqrt(2 * m)
     measured = ratio * target
     return {
         "samples": m, "measured_std": measured, "ratio": ratio,
         "ci95": [measured / (1 + 1.96 * rel_se), measured / (1 - 1.96 * rel_se)],
         "relative_standard_error": rel_se, "tolerance": Z_TOLERANCE * rel_se,
-        "mean": mean_z / math.sqrt(m) * target, "lag1_correlation": float(lag1),
+        "mean": mean_z / math.sqrt(m) * target, "lag1_correlation": lag1,
         "checks": {
             "std": abs(ratio - 1) <= Z_TOLERANCE * rel_se,
             "mean": abs(mean_z) <= Z_TOLERANCE * ratio,
-            "independent_steps": abs(lag1) <= Z_TOLERANCE / math.sqrt(noise.pairs) if noise.pairs else steps < 2,
+            "independent_steps": abs(lag1) <= Z_TOLERANCE / math.sqrt(pairs) if pairs else steps < 2,
         },
     }
 
@@ -217,11 +220,11 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
 
     Returns a dict with ``measured_std``, ``expected_std`` (= σ·C/B), ``paper_std`` (σ√(P·T)·C/B,
     what per-shard noise would give), ``ratio``, ``ci95``, ``tolerance``, ``passed`` and the
-    auxiliary checks. ``seed=None``: OS entropy (noise, sampler, masks, data). ``group_size = k > 1``:
-    patient mode (user-level DP-SGD): ``batch_size`` is B_patients, each patient has k rows and the
-    step clips per patient; the expected std is still σ·C/B_patients. ``strategy``: a ready
-    strategy (``MultiWorkerMirroredStrategy``: ``replicas`` is then R over all workers and each
-    worker trains on its own units).
+    auxiliary checks. ``seed=None``: OS entropy (noise, sampler, masks; the public rows: seed 0).
+    ``group_size = k > 1``: patient mode (user-level DP-SGD): ``batch_size`` is B_patients, each
+    patient has k rows and the step clips per patient; the expected std is still σ·C/B_patients.
+    ``strategy``: a ready strategy (``MultiWorkerMirroredStrategy``: ``replicas`` is then R over all
+    workers and each worker trains on its own units).
     """
     if strategy is None:
         _ensure_devices(replicas)
@@ -233,8 +236,8 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     ids, keys, units = _data(batch_size, group_size, model.max_seq_length, seed)
     out, probe = _run_loop(tc, model, ids, keys, units, group_size, noise_mode, strategy)
     checks = dict(out.pop("checks"), replicas_in_sync=bool(out.pop("in_sync")),
-                  # every step trained on sampled units and its whole update was measured
-                  every_step_measured=probe.steps == steps and probe.measured_every_step and probe.examples > 0)
+                  # every planned step ran and its whole update was measured
+                  every_step_measured=probe.steps == steps and probe.measured_every_step)
     return dict(
         replicas=replicas, accumulation=accumulation, noise_multiplier=noise_multiplier, clip=clip,
         batch_size=batch_size, steps=steps, noise_mode=noise_mode, group_size=group_size,

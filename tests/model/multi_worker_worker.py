@@ -3,7 +3,7 @@
 
 * ``<out dir>``: the two tiny training runs of ``runs()`` (per tuple and per patient) into
   ``<out dir>/<name>``;
-* ``noise <placement> ...``: ``noise_check`` (zero gradients, 2 workers) under each named broken
+* ``noise <placement> ...``: ``noise_check`` (the shipped loop, 2 workers) under each named broken
   placement of ``broken_mechanisms.PLACEMENTS`` — the positive controls reach the worker processes
   through this test-only script, never through a flag of ``dpbert``.
 

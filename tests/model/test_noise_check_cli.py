@@ -7,7 +7,9 @@ parent folder), which ``python -m`` imported as a namespace package because it p
 folder first on ``sys.path`` (the workers then failed at their first import).
 
 These are the suite's one two-replica and one honest two-worker run of the noise check (its
-broken placements: tests/model/test_multi_worker.py)."""
+broken placements: tests/model/test_multi_worker.py). In one process, a positive control: no
+noise on ONE trained piece fails it (the check measures every coordinate of the shipped loop's
+update)."""
 import json
 import os
 import subprocess
@@ -47,3 +49,18 @@ def test_noise_check_cli_runs_from_a_folder_holding_a_dpbert_folder(tmp_path, la
             assert result["strategy"] == "MirroredStrategy"
             # One draw per logical batch: far from the √(P·T) per-shard noise.
             assert abs(result["measured_std"] / result["paper_std"] - 1) > 10 * result["tolerance"]
+
+
+def test_no_noise_on_one_piece_fails_the_noise_check():
+    """Test fixture, not a flag: the shipped step's draw zeroed on the word embeddings (640 of the
+    4008 trained coordinates), so the pooled std is √(1 − 640/4008) ≈ 0.917 × σC/B; the run-time
+    noise check names the piece, and the noise check still reports what it measured."""
+    from dpbert.model.noise_check import noise_check
+    from tests.model.broken_mechanisms import no_noise_on
+
+    with no_noise_on(lambda name: name.startswith("word_embeddings")):
+        result = noise_check(1, 2, noise_multiplier=1.0, clip=0.01, batch_size=8, steps=10, seed=3)
+    assert not result["passed"] and not result["checks"]["std"], result
+    assert abs(result["ratio"] - (1 - 640 / 4008) ** 0.5) < result["tolerance"], result
+    assert result["integrity_checks"]["noise"] is False and "word_embeddings" in result["integrity_failure"]
+    assert result["checks"]["every_step_measured"] and result["samples"] == 10 * 4008
