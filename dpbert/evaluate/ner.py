@@ -492,6 +492,102 @@ class EarlyStopping:
                 "best_dev_f1": None if self.best_epoch is None else float(self.best_f1)}
 
 
+class _FineTuner:
+    """The encoder + token-classification head of :func:`finetune_and_score`, its compiled train
+    and predict steps (``tf.function`` without autograph) and its epoch loop with early stopping."""
+
+    def __init__(self, encoder_builder, labels, max_seq_length: int, dropout: float, seed, learning_rate: float,
+                 dynamic_length: bool, batch_size: int, pad_id: int):
+        import tensorflow as tf
+        import tf_keras
+
+        self.labels, self.max_seq_length, self.dynamic_length = labels, max_seq_length, dynamic_length
+        self.batch_size, self.pad_id = batch_size, pad_id
+        self.encoder = encoder_builder()
+        self.head_dropout = tf_keras.layers.Dropout(dropout, seed=seed, name="ner_dropout")
+        self.classifier = tf_keras.layers.Dense(
+            int(len(labels)), name="ner_classifier",
+            kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02, seed=seed))
+        self._logits(tf.zeros((1, max_seq_length), tf.int32), False)  # build the head
+        self.optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
+        self.variables = self.encoder.trainable_variables + self.classifier.trainable_variables
+        self.all_variables = self.encoder.variables + self.classifier.variables
+        self.train_step = tf.function(self._train_step, autograph=False, reduce_retracing=True)
+        self.predict_step = tf.function(
+            lambda ids: tf.argmax(self._logits(ids, False), axis=-1, output_type=tf.int32),
+            autograph=False, reduce_retracing=True)
+
+    def _logits(self, ids, training):
+        # ``call`` skips the functional input-shape check: a batch may be shorter than L.
+        outputs = self.encoder.call(ids, training=training) if self.dynamic_length else \
+            self.encoder(ids, training=training)
+        return self.classifier(self.head_dropout(_sequence_output(outputs), training=training))
+
+    def _train_step(self, ids, targets, weights):
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            logits = self._logits(ids, True)
+            per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
+            loss = tf.reduce_sum(per_token * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+        grads = tape.gradient(loss, self.variables)
+        self.optimizer.apply_gradients(zip(grads, self.variables))
+        return loss
+
+    def predict(self, encoded: EncodedNer, sentences) -> List[Tuple[str, ...]]:
+        import tensorflow as tf
+
+        n = len(encoded.input_ids)
+        predicted_ids = np.zeros((n, self.max_seq_length), np.int32)
+        lengths = _lengths(encoded.input_ids, self.pad_id)
+        order = np.argsort(lengths, kind="stable") if self.dynamic_length else np.arange(n)
+        step = max(self.batch_size, 32)
+        for start in range(0, n, step):
+            idx = order[start:start + step]
+            chunk = encoded.input_ids[idx]
+            if self.dynamic_length:
+                chunk = _trimmed(chunk, lengths[idx])
+            predicted_ids[idx, :chunk.shape[1]] = self.predict_step(tf.constant(chunk)).numpy()
+        return decode_predictions(encoded, predicted_ids, self.labels, sentences)
+
+    def load(self, weights):
+        for v, value in zip(self.all_variables, weights):
+            v.assign(value)
+
+    def _epoch(self, train: EncodedNer, targets, weights, lengths, order) -> float:
+        import tensorflow as tf
+
+        losses, sizes = [], []
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            ids, tg, wt = train.input_ids[idx], targets[idx], weights[idx]
+            if self.dynamic_length:
+                ids = _trimmed(ids, lengths[idx])
+                tg, wt = tg[:, :ids.shape[1]], wt[:, :ids.shape[1]]
+            losses.append(float(self.train_step(tf.constant(ids), tf.constant(tg), tf.constant(wt))))
+            sizes.append(float(wt.sum()))
+        return float(np.average(losses, weights=np.maximum(sizes, 1e-12)))
+
+    def train_epochs(self, train: EncodedNer, dev, dev_sentences, epochs: int, seed, patience):
+        """(mean training loss per epoch, the ``EarlyStopping`` tracker): epochs in a fresh random
+        order (``seed``), the dev F1 after each, stopping after ``patience`` epochs without a gain."""
+        weights = (train.labels != IGNORE_LABEL).astype(np.float32)
+        targets = np.where(train.labels == IGNORE_LABEL, 0, train.labels).astype(np.int32)
+        lengths = _lengths(train.input_ids, self.pad_id)
+        order_rng = np.random.default_rng(seed)
+        loss_history: List[float] = []
+        stopping = EarlyStopping(patience)
+        n_train = len(train.input_ids)
+        for _ in range(int(epochs) if n_train else 0):
+            loss_history.append(self._epoch(train, targets, weights, lengths, order_rng.permutation(n_train)))
+            if dev is None:
+                continue
+            dev_f1 = entity_scores([s.tags for s in dev_sentences], self.predict(dev, dev_sentences))["f1"]
+            if stopping.update(dev_f1, lambda: [v.numpy() for v in self.all_variables]):
+                break
+        return loss_history, stopping
+
+
 def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: TokenizerLike,
                        train_sentences: Sequence[Sentence], test_sentences: Sequence[Sentence],
                        epochs: int, *, max_seq_length: int = 128, batch_size: int = 16,
@@ -530,7 +626,6 @@ def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: Tokeniz
     dev split), ``best_dev_f1``, ``restored_dev_f1`` (the dev F1 of the weights tested: equal to
     ``best_dev_f1``), ``predictions`` (tags per test sentence) and counts.
     """
-    import tensorflow as tf
     import tf_keras
 
     if epochs < 0:
@@ -549,82 +644,12 @@ def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: Tokeniz
         return _probe_and_score(encoder_builder, train, dev, test, labels, train_sentences, dev_sentences,
                                 test_sentences, epochs, batch_size, learning_rate, dropout, seed, patience, pad_id,
                                 int(max_seq_length), features_cache)
-    encoder = encoder_builder()
-    head_dropout = tf_keras.layers.Dropout(dropout, seed=seed, name="ner_dropout")
-    classifier = tf_keras.layers.Dense(
-        int(len(labels)), name="ner_classifier",
-        kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02, seed=seed))
-
-    def logits_of(ids, training):
-        # ``call`` skips the functional input-shape check: a batch may be shorter than L.
-        outputs = encoder.call(ids, training=training) if dynamic_length else encoder(ids, training=training)
-        return classifier(head_dropout(_sequence_output(outputs), training=training))
-
-    logits_of(tf.zeros((1, int(max_seq_length)), tf.int32), False)  # build the head
-    optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
-    variables = encoder.trainable_variables + classifier.trainable_variables
-    all_variables = encoder.variables + classifier.variables
-
-    @tf.function(autograph=False, reduce_retracing=True)
-    def train_step(ids, targets, weights):
-        with tf.GradientTape() as tape:
-            logits = logits_of(ids, True)
-            per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
-            loss = tf.reduce_sum(per_token * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
-        grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, variables))
-        return loss
-
-    @tf.function(autograph=False, reduce_retracing=True)
-    def predict_step(ids):
-        return tf.argmax(logits_of(ids, False), axis=-1, output_type=tf.int32)
-
-    def predict(encoded: EncodedNer, sentences) -> List[Tuple[str, ...]]:
-        n = len(encoded.input_ids)
-        predicted_ids = np.zeros((n, int(max_seq_length)), np.int32)
-        lengths = _lengths(encoded.input_ids, pad_id)
-        order = np.argsort(lengths, kind="stable") if dynamic_length else np.arange(n)
-        step = max(int(batch_size), 32)
-        for start in range(0, n, step):
-            idx = order[start:start + step]
-            chunk = encoded.input_ids[idx]
-            if dynamic_length:
-                chunk = _trimmed(chunk, lengths[idx])
-            predicted_ids[idx, :chunk.shape[1]] = predict_step(tf.constant(chunk)).numpy()
-        return decode_predictions(encoded, predicted_ids, labels, sentences)
-
-    weights = (train.labels != IGNORE_LABEL).astype(np.float32)
-    targets = np.where(train.labels == IGNORE_LABEL, 0, train.labels).astype(np.int32)
-    train_lengths = _lengths(train.input_ids, pad_id)
-    order_rng = np.random.default_rng(seed)
-    loss_history: List[float] = []
-    stopping = EarlyStopping(patience)
-    n_train, bs = len(train.input_ids), int(batch_size)
-    for epoch in range(int(epochs) if n_train else 0):
-        order = order_rng.permutation(n_train)
-        losses, sizes = [], []
-        for start in range(0, n_train, bs):
-            idx = order[start:start + bs]
-            ids, tg, wt = train.input_ids[idx], targets[idx], weights[idx]
-            if dynamic_length:
-                ids = _trimmed(ids, train_lengths[idx])
-                tg, wt = tg[:, :ids.shape[1]], wt[:, :ids.shape[1]]
-            loss = train_step(tf.constant(ids), tf.constant(tg), tf.constant(wt))
-            losses.append(float(loss))
-            sizes.append(float(wt.sum()))
-        loss_history.append(float(np.average(losses, weights=np.maximum(sizes, 1e-12))))
-        if dev is None:
-            continue
-        dev_f1 = entity_scores([s.tags for s in dev_sentences], predict(dev, dev_sentences))["f1"]
-        if stopping.update(dev_f1, lambda: [v.numpy() for v in all_variables]):
-            break
-
-    def load(weights):
-        for v, value in zip(all_variables, weights):
-            v.assign(value)
-
-    restored_dev_f1 = stopping.restore(len(loss_history), load, lambda: entity_scores(
-        [s.tags for s in dev_sentences], predict(dev, dev_sentences))["f1"])
+    tuner = _FineTuner(encoder_builder, labels, int(max_seq_length), dropout, seed, learning_rate, dynamic_length,
+                       int(batch_size), pad_id)
+    loss_history, stopping = tuner.train_epochs(train, dev, dev_sentences, epochs, seed, patience)
+    restored_dev_f1 = stopping.restore(len(loss_history), tuner.load, lambda: entity_scores(
+        [s.tags for s in dev_sentences], tuner.predict(dev, dev_sentences))["f1"])
+    n_train, predict = len(train.input_ids), tuner.predict
 
     predictions = predict(test, test_sentences)
     result = entity_scores([s.tags for s in test_sentences], predictions)

@@ -144,6 +144,60 @@ def _privacy_loss(trial, slot, value, trials: int, existing_slots: np.ndarray, c
     return loss
 
 
+def _declared_levels(levels, existing: int, sigma: float) -> list:
+    """Pre-declared privacy-loss levels (claimed mechanism only): the Gaussian part's loss is
+    N(μ²/2, μ²) with μ = √(N − ℓ)/σ; 25 points spanning its range."""
+    if levels is None:
+        if not existing:
+            return []
+        mu = math.sqrt(existing) / sigma
+        levels = (-0.5 * mu ** 2 + mu * np.linspace(-2.0, 8.0, 25)).tolist()
+    return [float(x) for x in levels]
+
+
+def _tail_rows(levels, loss_d, loss_dp, trials: int, alpha: float) -> list:
+    """P[loss > λ] under D′ and D with Clopper–Pearson bounds at each level."""
+    tail = []
+    for lam in levels:
+        k_dp = int(np.count_nonzero(loss_dp > lam))
+        k_d = int(np.count_nonzero(loss_d > lam))
+        tail.append({"level": lam, "p_d_prime": k_dp / trials, "p_d": k_d / trials,
+                     "p_d_prime_lower": clopper_pearson_lower(k_dp, trials, alpha),
+                     "p_d_upper": clopper_pearson_upper(k_d, trials, alpha)})
+    return tail
+
+
+def _lower_bounds(fresh_lo: float, tail: list, eps_claimed: float, delta_claimed: float):
+    """(ε lower bound at the claimed δ, δ lower bound at the claimed ε) from the release rate of
+    fresh words and the privacy-loss tail."""
+    if fresh_lo > delta_claimed:
+        eps_lower = math.inf
+    else:
+        eps_lower = 0.0
+        for row in tail:
+            if row["p_d_prime_lower"] > delta_claimed:
+                eps_lower = max(eps_lower, math.log((row["p_d_prime_lower"] - delta_claimed) / row["p_d_upper"]))
+    delta_lo = fresh_lo
+    for row in tail:
+        delta_lo = max(delta_lo, row["p_d_prime_lower"] - math.exp(eps_claimed) * row["p_d_upper"])
+    return eps_lower, max(delta_lo, 0.0)
+
+
+def _fresh_release(fresh_trials: int, trials: int, fresh: int, released_fresh: int, alpha: float,
+                   p_word: float) -> dict:
+    return {
+        "trials_with_release": fresh_trials,
+        "rate": fresh_trials / trials,
+        "rate_lower": clopper_pearson_lower(fresh_trials, trials, alpha),
+        "rate_upper": clopper_pearson_upper(fresh_trials, trials, alpha),
+        "words_released": released_fresh,
+        "per_word_rate": released_fresh / (trials * fresh) if fresh else 0.0,
+        "per_word_rate_upper": clopper_pearson_upper(released_fresh, trials * fresh, alpha) if fresh else 0.0,
+        "per_word_rate_honest": p_word,
+        "rate_honest": -math.expm1(fresh * math.log1p(-p_word)),
+    }
+
+
 def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, threshold_mode: str = "correct",
                               *, threshold_delta_fraction: float = 1.0, fresh_words: Optional[int] = None,
                               existing_count: Optional[int] = None, trials: int = 100_000,
@@ -209,45 +263,13 @@ def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, thre
     loss_d = _privacy_loss(*run_d, trials, existing_slots, counts_d, fresh_slots[:0], sigma, threshold)
     loss_dp = _privacy_loss(*run_dp, trials, existing_slots, counts_d, fresh_slots, sigma, threshold)
 
-    # Pre-declared levels (claimed mechanism only): the Gaussian part's loss ~ N(μ²/2, μ²).
-    if levels is None:
-        if existing:
-            mu = math.sqrt(existing) / sigma
-            levels = (-0.5 * mu ** 2 + mu * np.linspace(-2.0, 8.0, 25)).tolist()
-        else:
-            levels = []
-    levels = [float(x) for x in levels]
-    intervals = 2 * len(levels) + 1
-    alpha = float(beta) / intervals
-
+    levels = _declared_levels(levels, existing, sigma)
+    alpha = float(beta) / (2 * len(levels) + 1)
     fresh_trials = int(np.count_nonzero(np.isinf(loss_dp)))
     fresh_lo = clopper_pearson_lower(fresh_trials, trials, alpha)
-    fresh_hi = clopper_pearson_upper(fresh_trials, trials, alpha)
-    tail = []
-    for lam in levels:
-        k_dp = int(np.count_nonzero(loss_dp > lam))
-        k_d = int(np.count_nonzero(loss_d > lam))
-        tail.append({"level": lam, "p_d_prime": k_dp / trials, "p_d": k_d / trials,
-                     "p_d_prime_lower": clopper_pearson_lower(k_dp, trials, alpha),
-                     "p_d_upper": clopper_pearson_upper(k_d, trials, alpha)})
-
-    def delta_lower(eps: float) -> float:
-        best = fresh_lo
-        for row in tail:
-            best = max(best, row["p_d_prime_lower"] - math.exp(eps) * row["p_d_upper"])
-        return max(best, 0.0)
-
-    if fresh_lo > delta_claimed:
-        eps_lower = math.inf
-    else:
-        eps_lower = 0.0
-        for row in tail:
-            if row["p_d_prime_lower"] > delta_claimed:
-                eps_lower = max(eps_lower, math.log((row["p_d_prime_lower"] - delta_claimed) / row["p_d_upper"]))
-    delta_lo = delta_lower(eps_claimed)
-
+    tail = _tail_rows(levels, loss_d, loss_dp, trials, alpha)
+    eps_lower, delta_lo = _lower_bounds(fresh_lo, tail, eps_claimed, delta_claimed)
     p_word = histogram.threshold_tail_per_word(sigma, threshold)
-    released_fresh = int(np.count_nonzero(np.isin(run_dp[1], fresh_slots)))
     reference = (histogram.gaussian_delta(eps_claimed, sigma, math.sqrt(existing)) if existing else 0.0) \
         - math.expm1(fresh * math.log1p(-p_word))
     return {
@@ -270,17 +292,8 @@ def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, thre
         "fresh_words": fresh,
         "existing_words": existing,
         "existing_count": h_exist if existing else None,
-        "fresh_release": {
-            "trials_with_release": fresh_trials,
-            "rate": fresh_trials / trials,
-            "rate_lower": fresh_lo,
-            "rate_upper": fresh_hi,
-            "words_released": released_fresh,
-            "per_word_rate": released_fresh / (trials * fresh) if fresh else 0.0,
-            "per_word_rate_upper": clopper_pearson_upper(released_fresh, trials * fresh, alpha) if fresh else 0.0,
-            "per_word_rate_honest": p_word,
-            "rate_honest": -math.expm1(fresh * math.log1p(-p_word)),
-        },
+        "fresh_release": _fresh_release(fresh_trials, trials, fresh,
+                                        int(np.count_nonzero(np.isin(run_dp[1], fresh_slots))), alpha, p_word),
         "privacy_loss_tail": tail,
         "delta_reference": reference,
         "seconds": time.perf_counter() - t_start,
