@@ -39,10 +39,10 @@ def format_line(word: str, count) -> str:
 
 def write_histogram(pairs: Iterable[Tuple[str, float]], path: str) -> int:
     """Write ``(word, count)`` pairs (sorted as documented) to ``path``; returns the line count."""
+    from dpbert import storage
+
     rows = sorted(((str(w), c) for w, c in pairs), key=sort_key)
-    with open(path, "w", encoding="utf-8") as handle:
-        for word, count in rows:
-            handle.write(format_line(word, count) + "\n")
+    storage.write_text(path, "".join(format_line(word, count) + "\n" for word, count in rows))
     return len(rows)
 
 
@@ -52,19 +52,21 @@ def read_histogram(path: str) -> List[Tuple[str, float]]:
     Raises ``ValueError`` naming the file and line on a malformed line (the message never quotes
     the line: it may hold a word of the private corpus that did not pass a threshold elsewhere).
     """
+    from dpbert import storage
+
     pairs: List[Tuple[str, float]] = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                word, count = record["word"], record["count"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{path}:{line_no}: not a histogram line "
-                                 '(expected {"word": ..., "count": ...})') from None
-            if not isinstance(word, str) or isinstance(count, bool) or not isinstance(count, (int, float)) \
-                    or not math.isfinite(count):
-                raise ValueError(f"{path}:{line_no}: word must be a string and count a finite number")
-            pairs.append((word, count))
+    # split("\n"), not splitlines(): a word may hold U+2028 and the like (ensure_ascii=False).
+    for line_no, line in enumerate(storage.read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            word, count = record["word"], record["count"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{path}:{line_no}: not a histogram line "
+                             '(expected {"word": ..., "count": ...})') from None
+        if not isinstance(word, str) or isinstance(count, bool) or not isinstance(count, (int, float)) \
+                or not math.isfinite(count):
+            raise ValueError(f"{path}:{line_no}: word must be a string and count a finite number")
+        pairs.append((word, count))
     return pairs

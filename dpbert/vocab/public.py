@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -148,9 +147,10 @@ def build_vocabulary(source: str, checkpoint_dir=None, histogram: Optional[Itera
 def write_token_sources(record: Dict, vocabulary_dir) -> str:
     from dpbert import schema
 
-    path = os.path.join(str(vocabulary_dir), schema.TOKEN_SOURCES_FILE)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
+    from dpbert import storage
+
+    path = storage.join(str(vocabulary_dir), schema.TOKEN_SOURCES_FILE)
+    storage.write_text(path, json.dumps(record, indent=2, sort_keys=True))
     return path
 
 
@@ -158,11 +158,9 @@ def read_token_sources(vocabulary_dir) -> Optional[Dict]:
     """The record of a public / public+dp vocabulary (or a model's tokenizer directory); None for dp."""
     from dpbert import schema
 
-    path = os.path.join(str(vocabulary_dir), schema.TOKEN_SOURCES_FILE)
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    from dpbert import storage
+
+    return storage.read_json(storage.join(str(vocabulary_dir), schema.TOKEN_SOURCES_FILE), default=None)
 
 
 def public_vocab_event(source: str, checkpoint_sha256: str) -> Dict:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from pathlib import Path
 from typing import Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -231,34 +230,38 @@ def _vocab_in_id_order(tokenizer: Tokenizer) -> List[str]:
 
 
 def save_vocabulary(tokenizer: Tokenizer, out_dir) -> Tuple[str, str]:
-    """Write BERT's ``vocab.txt`` (one token per line, id order) and ``tokenizer.json``."""
+    """Write BERT's ``vocab.txt`` (one token per line, id order) and ``tokenizer.json`` (any
+    ``dpbert.storage`` URI)."""
+    from dpbert import storage
+
     _check_specials(tokenizer)
     tokens = _vocab_in_id_order(tokenizer)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    vocab_path, tokenizer_path = out / VOCAB_FILE, out / TOKENIZER_FILE
-    with open(vocab_path, "w", encoding="utf-8", newline="\n") as handle:
-        handle.write("".join(token + "\n" for token in tokens))
-    tokenizer.save(str(tokenizer_path))
-    return str(vocab_path), str(tokenizer_path)
+    vocab_path, tokenizer_path = storage.join(str(out_dir), VOCAB_FILE), storage.join(str(out_dir), TOKENIZER_FILE)
+    storage.write_text(vocab_path, "".join(token + "\n" for token in tokens))
+    storage.write_text(tokenizer_path, tokenizer.to_str(pretty=True))  # what Tokenizer.save writes
+    return vocab_path, tokenizer_path
 
 
 def read_vocab_txt(path) -> List[str]:
-    with open(path, encoding="utf-8", newline="\n") as handle:
-        return [line.rstrip("\n") for line in handle if line.rstrip("\n")]
+    from dpbert import storage
+
+    return [line for line in storage.read_text(str(path)).split("\n") if line]
 
 
 def load_tokenizer(directory) -> Tokenizer:
     """Load what ``save_vocabulary`` wrote: ``tokenizer.json``, or ``vocab.txt`` alone (a BERT
     checkpoint's vocabulary) rebuilt with the same normalizer, pre-tokenizer and post-processor.
     When both exist they must agree."""
-    directory = Path(directory)
-    tokenizer_path, vocab_path = directory / TOKENIZER_FILE, directory / VOCAB_FILE
-    if tokenizer_path.exists():
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        if vocab_path.exists() and read_vocab_txt(vocab_path) != _vocab_in_id_order(tokenizer):
+    from dpbert import storage
+
+    directory = str(directory)
+    tokenizer_path, vocab_path = storage.join(directory, TOKENIZER_FILE), storage.join(directory, VOCAB_FILE)
+    store = storage.storage_for(directory)
+    if store.exists(tokenizer_path):
+        tokenizer = Tokenizer.from_str(storage.read_text(tokenizer_path))
+        if store.exists(vocab_path) and read_vocab_txt(vocab_path) != _vocab_in_id_order(tokenizer):
             raise ValueError(f"{vocab_path} does not match {tokenizer_path}")
-    elif vocab_path.exists():
+    elif store.exists(vocab_path):
         tokens = read_vocab_txt(vocab_path)
         if len(set(tokens)) != len(tokens):
             raise ValueError(f"{vocab_path}: a token appears more than once")
