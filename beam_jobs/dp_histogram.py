@@ -66,7 +66,6 @@ import dataclasses
 import hashlib
 import math
 import numbers
-import os
 import zlib
 from collections import Counter
 from typing import List, Optional, Sequence, Tuple
@@ -529,12 +528,13 @@ def tuple_file_pattern(tuples_source: str) -> str:
     single file is used as is."""
     from apache_beam.io.filesystems import FileSystems
 
+    from dpbert import storage
     from dpbert.data.tfrecord import FILE_PATTERN
 
     if any(ch in tuples_source for ch in "*?["):
         return tuples_source
     inside = FileSystems.join(tuples_source, FILE_PATTERN)
-    if os.path.isdir(tuples_source) or FileSystems.match([inside])[0].metadata_list:
+    if storage.storage_for(tuples_source).isdir(tuples_source) or FileSystems.match([inside])[0].metadata_list:
         return inside
     return tuples_source
 
