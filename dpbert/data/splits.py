@@ -30,11 +30,12 @@ import dataclasses
 import hashlib
 import hmac
 import json
-import os
 import secrets
 from typing import Hashable, Optional, Sequence
 
 import numpy as np
+
+from dpbert import storage
 
 HOLDOUT_KEY_FILE = "holdout_key.json"
 
@@ -59,18 +60,13 @@ def new_holdout_key() -> bytes:
 def write_holdout_key(directory: str, key: Optional[bytes] = None) -> bytes:
     """Store the key in a private artifact directory (mode 0600); returns it."""
     key = new_holdout_key() if key is None else key
-    path = os.path.join(directory, HOLDOUT_KEY_FILE)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"key": key.hex()}, f)
-    os.chmod(path, 0o600)
+    storage.write_text(storage.join(directory, HOLDOUT_KEY_FILE), json.dumps({"key": key.hex()}), private=True)
     return key
 
 
 def read_holdout_key(directory: str) -> bytes:
-    path = os.path.join(directory, HOLDOUT_KEY_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            return bytes.fromhex(json.load(f)["key"])
+        return bytes.fromhex(storage.read_json(storage.join(directory, HOLDOUT_KEY_FILE))["key"])
     except FileNotFoundError:
         raise FileNotFoundError(f"no holdout key in {directory} (written by the ingestion); re-run the "
                                 f"pipeline from ingestion") from None

@@ -12,9 +12,9 @@ artifacts, and nothing in dpbert prints or serves their content.
 """
 from __future__ import annotations
 
-import os
 from typing import Iterable, Iterator, List
 
+from dpbert import storage
 from dpbert.data.tuples import WordTuple
 
 FILE_PATTERN = "tuples-*.tfrecord.gz"
@@ -61,7 +61,7 @@ def write_tuples(tuples: Iterable[WordTuple], directory: str, num_shards: int = 
     tf = _tf()
     tf.io.gfile.makedirs(directory)
     options = tf.io.TFRecordOptions(compression_type="GZIP")
-    writers = [tf.io.TFRecordWriter(os.path.join(directory, f"tuples-{i:05d}-of-{num_shards:05d}.tfrecord.gz"),
+    writers = [tf.io.TFRecordWriter(storage.join(directory, f"tuples-{i:05d}-of-{num_shards:05d}.tfrecord.gz"),
                                     options) for i in range(num_shards)]
     count = 0
     try:
@@ -76,7 +76,7 @@ def write_tuples(tuples: Iterable[WordTuple], directory: str, num_shards: int = 
 
 def tuple_files(directory: str) -> List[str]:
     tf = _tf()
-    files = sorted(tf.io.gfile.glob(os.path.join(directory, FILE_PATTERN)))
+    files = sorted(tf.io.gfile.glob(storage.join(directory, FILE_PATTERN)))
     if not files:
         raise FileNotFoundError(f"no tuple files ({FILE_PATTERN}) under {directory}")
     return files
