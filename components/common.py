@@ -6,7 +6,7 @@ JSON parameters and are rebuilt and validated by ``dpbert.config.section_from_js
 """
 from __future__ import annotations
 
-import os
+import posixpath
 from typing import Any, Dict
 
 from dpbert import schema
@@ -37,4 +37,4 @@ def get_property(artifact, key: str, default=None):
 def pipeline_root_of(output_uri: str) -> str:
     """The pipeline root of an output artifact: TFX writes it to
     ``<pipeline_root>/<node id>/<output key>/<execution id>``."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(output_uri)))
+    return posixpath.dirname(posixpath.dirname(posixpath.dirname(output_uri)))

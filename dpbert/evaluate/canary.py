@@ -68,7 +68,6 @@ import json
 import math
 import os
 import secrets
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -126,7 +125,9 @@ def candidate_ids(vocab=None, *, vocab_size: Optional[int] = None,
         ids = [i for i in range(int(vocab_size)) if i not in special]
     else:
         if isinstance(vocab, (str, os.PathLike)):
-            vocab = Path(vocab).read_text(encoding="utf-8").splitlines()
+            from dpbert import storage
+
+            vocab = storage.read_text(os.fspath(vocab)).splitlines()
         ids = []
         for i, piece in enumerate(vocab):
             if i in special or not piece.strip():
@@ -276,23 +277,20 @@ class CanarySet:
             # exc may quote a value: name only the missing/ill-typed field kind.
             raise CanaryError(f"malformed canary set ({type(exc).__name__})") from None
 
-    def save(self, path) -> Path:
-        """Write the PRIVATE JSON artifact (mode 0600; an existing file is replaced)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(self.to_dict(), handle)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+    def save(self, path):
+        """Write the PRIVATE JSON artifact (mode 0600 on a local disk; any ``dpbert.storage``
+        URI; written whole and atomically, an existing file is replaced); returns ``path``."""
+        from dpbert import storage
+
+        storage.write_text(str(path), json.dumps(self.to_dict()), private=True)
         return path
 
     @classmethod
     def load(cls, path) -> "CanarySet":
-        path = Path(path)
+        from dpbert import storage
+
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(storage.read_text(str(path)))
         except json.JSONDecodeError as exc:  # position only, no content
             raise CanaryError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno})") from None
         return cls.from_dict(data)

@@ -9,7 +9,6 @@ the comparison isolates pre-training.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -31,11 +30,12 @@ def encoder_builder(model_dir: Optional[str], spec=None, seed: int = 0, weights=
 def mlm_builder(model_dir: Optional[str], spec=None, seed: int = 0, weights=None,
                 encoder: bool = False) -> Callable[[], object]:
     """As :func:`encoder_builder`, the MLM model (``encoder=True``: the encoder)."""
+    from dpbert import storage
     from dpbert.model.bert import build_bert, load_bert
 
     def build():
         if model_dir is not None:
-            models = load_bert(os.path.join(model_dir, "model"))
+            models = load_bert(storage.join(model_dir, "model"))
         else:
             models = build_bert(spec, seed=seed)
             if weights is not None:

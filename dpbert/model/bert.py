@@ -436,8 +436,10 @@ def save_bert(models: BertModels, directory) -> Dict[str, str]:
 
 def load_bert(directory) -> BertModels:
     """Rebuild the models from ``model_config.json`` and load the weights saved by ``save_bert``."""
-    directory = Path(directory)
-    spec = BertSpec.from_dict(json.loads((directory / MODEL_CONFIG_FILE).read_text(encoding="utf-8")))
+    from dpbert import storage
+
+    directory = os.fspath(directory)  # not Path: it folds a URI's "//" (ram://, gs://)
+    spec = BertSpec.from_dict(storage.read_json(storage.join(directory, MODEL_CONFIG_FILE)))
     models = build_bert(spec)
-    models.mlm.load_weights(os.fspath(directory / WEIGHTS_PREFIX)).expect_partial()
+    models.mlm.load_weights(storage.join(directory, WEIGHTS_PREFIX)).expect_partial()
     return models

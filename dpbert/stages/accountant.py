@@ -8,10 +8,9 @@ exceeds ``privacy.epsilon_budget``.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Mapping, Union
 
-from dpbert import schema
+from dpbert import schema, storage
 from dpbert.config import PrivacyConfig
 from dpbert.privacy.composition import ledger_delta
 from dpbert.stages.result import StageResult
@@ -62,11 +61,9 @@ def account(report_dir: str, vocab_event, train_events, training_delta: float, p
         "train_events": train_records,
     })
     text = statement.ledger_statement(ledger)
-    os.makedirs(report_dir, exist_ok=True)
-    with open(os.path.join(report_dir, REPORT_FILE), "w", encoding="utf-8") as f:
-        f.write(events.to_json(ledger, indent=2, sort_keys=True))
-    with open(os.path.join(report_dir, STATEMENT_FILE), "w", encoding="utf-8") as f:
-        f.write(text + "\n")
+    storage.storage_for(report_dir).makedirs(report_dir)
+    storage.write_text(storage.join(report_dir, REPORT_FILE), events.to_json(ledger, indent=2, sort_keys=True))
+    storage.write_text(storage.join(report_dir, STATEMENT_FILE), text + "\n")
     log.info("accountant:\n%s", text)
     properties = {k: ledger[k] for k in LEDGER_PROPERTIES if ledger.get(k) is not None}
     properties["statement"] = text

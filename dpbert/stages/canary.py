@@ -16,13 +16,13 @@ examples of their own, standalone (``[CLS] canary [SEP]``).
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
-import os
 import secrets
 from typing import Dict, List, Optional
 
-from dpbert import schema
+from dpbert import schema, storage
 from dpbert.config import CanaryConfig
 # Insertion lives below the stages (the trainer stage reads it); re-exported for this stage's callers.
 from dpbert.evaluate.canary_insertion import (AUDIT_FILE, CANARIES_FILE, SEED_FILE,  # noqa: F401
@@ -109,22 +109,20 @@ def generate_canaries(vocabulary_dir: str, canaries_dir: str, config: CanaryConf
     from dpbert.evaluate.canary import candidate_ids, make_audit_canaries, make_canary_set
     from dpbert.vocab.wordpiece import VOCAB_FILE
 
-    vocab_path = os.path.join(vocabulary_dir, VOCAB_FILE)
+    vocab_path = storage.join(vocabulary_dir, VOCAB_FILE)
     candidates = candidate_ids(vocab_path)
-    with open(vocab_path, encoding="utf-8") as f:
-        vocab_size = sum(1 for _ in f)
+    # Lines as a text-mode file iterates them (universal newlines).
+    vocab_size = len(io.StringIO(storage.read_text(vocab_path), newline=None).readlines())
     occurrences = planned_occurrences(config, public_rows)
     canary_set = make_canary_set(candidates, vocab_size, occurrences=occurrences,
                                  canaries_per_group=config.canaries_per_group)
-    os.makedirs(canaries_dir, exist_ok=True)
-    canary_set.save(os.path.join(canaries_dir, CANARIES_FILE))
+    storage.storage_for(canaries_dir).makedirs(canaries_dir)
+    canary_set.save(storage.join(canaries_dir, CANARIES_FILE))
     audit = make_audit_canaries(candidates, vocab_size, config.audit_canaries) if config.audit_canaries else None
     if audit is not None:
-        audit.save(os.path.join(canaries_dir, AUDIT_FILE))
-    seed_path = os.path.join(canaries_dir, SEED_FILE)
-    with open(seed_path, "w", encoding="utf-8") as f:
-        json.dump({"insertion_seed": secrets.randbits(63)}, f)
-    os.chmod(seed_path, 0o600)
+        audit.save(storage.join(canaries_dir, AUDIT_FILE))
+    storage.write_text(storage.join(canaries_dir, SEED_FILE), json.dumps({"insertion_seed": secrets.randbits(63)}),
+                       private=True)
     num_audit = 0 if audit is None else len(audit)
     log.info("canaries: %d in %d occurrence groups, %d audit canaries (secrets in the private artifact)",
              len(canary_set), len(occurrences), num_audit)
@@ -153,9 +151,9 @@ def _exposure_for(model_dir: str, canary_set, counts):
     from dpbert.evaluate.canary import evaluate_exposure, mlm_score_fn
     from dpbert.model.bert import load_bert
 
-    models = load_bert(os.path.join(model_dir, schema.MODEL_DIR))
+    models = load_bert(storage.join(model_dir, schema.MODEL_DIR))
     score_fn = mlm_score_fn(models.mlm, models.spec.max_predictions)
-    contexts = carrier_rows(os.path.join(model_dir, schema.TOKENIZER_DIR), models.spec.max_seq_length)
+    contexts = carrier_rows(storage.join(model_dir, schema.TOKENIZER_DIR), models.spec.max_seq_length)
     return evaluate_exposure(canary_set, score_fn, models.spec.max_seq_length, counts=counts,
                              max_reference=MAX_REFERENCE, contexts=contexts,
                              contexts_per_canary=CONTEXTS_PER_CANARY), score_fn, models
@@ -179,14 +177,15 @@ def _plot(groups, path):
     ax.set_title("Secret-sharer exposure")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.rsplit(".", 1)[-1])
     plt.close(fig)
+    storage.storage_for(path).write_bytes(path, buffer.getvalue())
 
 
 def _counts(model_dir: str, canary_set) -> List[int]:
     """How many training rows of that model carried each canary (``canary_counts.json``)."""
-    with open(os.path.join(model_dir, schema.CANARY_COUNTS_FILE), encoding="utf-8") as f:
-        counts = json.load(f)
+    counts = storage.read_json(storage.join(model_dir, schema.CANARY_COUNTS_FILE))
     return [counts.get(str(c.canary_id), 0) for c in canary_set.canaries]
 
 
@@ -253,12 +252,11 @@ def exposure_report(canaries_dir: str, model_dir: str, report_dir: str, *, audit
             base_result = audit_best_of([row["exposure_extrapolated"] for row in base["canaries"]], included,
                                         beta=audit_beta, delta=float(delta_train or 0.0))
             out["baseline_audit_epsilon_lower_bound"] = base_result["epsilon_lower_bound"]
-    os.makedirs(report_dir, exist_ok=True)
-    with open(os.path.join(report_dir, EXPOSURE_FILE), "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=2, default=float)
+    storage.storage_for(report_dir).makedirs(report_dir)
+    storage.write_text(storage.join(report_dir, EXPOSURE_FILE), json.dumps(out, indent=2, default=float))
     overall = [g for g in groups if g["pattern"] == "all"]
-    _plot(overall, os.path.join(report_dir, "exposure.png"))
-    _plot(overall, os.path.join(report_dir, "exposure.svg"))
+    _plot(overall, storage.join(report_dir, "exposure.png"))
+    _plot(overall, storage.join(report_dir, "exposure.svg"))
     failure = None
     if "audit_epsilon_lower_bound" in out and epsilon_train is not None:
         # A lower bound above the accountant's upper bound means the accounting or the DP-SGD

@@ -27,10 +27,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from typing import Dict, Optional
 
-from dpbert import schema
+from dpbert import schema, storage
 from dpbert.config import MembershipConfig
 from dpbert.stages.result import StageResult
 
@@ -68,10 +67,9 @@ def holdout_of(model: TrainedModel) -> Dict[str, float]:
 
 
 def _mask_probability(model_dir: str) -> float:
-    path = os.path.join(model_dir, schema.RUN_CONFIG_FILE)
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            return float(json.load(f).get("mask_probability", 0.15))
+    run_config = storage.read_json(storage.join(model_dir, schema.RUN_CONFIG_FILE), default=None)
+    if run_config is not None:
+        return float(run_config.get("mask_probability", 0.15))
     return 0.15
 
 
@@ -114,8 +112,8 @@ def evaluate_models(tuples_dir: str, model_dirs: Dict[str, str], holdout_fractio
 
     results = {}
     for label, uri in model_dirs.items():
-        tokenizer = load_tokenizer(os.path.join(uri, schema.TOKENIZER_DIR))
-        models = load_bert(os.path.join(uri, schema.MODEL_DIR))
+        tokenizer = load_tokenizer(storage.join(uri, schema.TOKENIZER_DIR))
+        models = load_bert(storage.join(uri, schema.MODEL_DIR))
         token_ids = tokenize_tuples(tokenizer, words, models.spec.max_seq_length)
         specials = [tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS]
         results[label] = membership.run_attacks(
@@ -160,9 +158,8 @@ def membership_inference(tuples_dir: str, report_dir: str, model: TrainedModel, 
     out = evaluate_models(tuples_dir, model_dirs, holdout["fraction"], holdout["key_id"], config.seed,
                           config.max_samples)
     results = out["results"]
-    os.makedirs(report_dir, exist_ok=True)
-    with open(os.path.join(report_dir, ROC_FILE), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1, sort_keys=True)
+    storage.storage_for(report_dir).makedirs(report_dir)
+    storage.write_text(storage.join(report_dir, ROC_FILE), json.dumps(results, indent=1, sort_keys=True))
     return StageResult(properties={
         "attacks": {label: {name: {"advantage": r["advantage"], "auc": r["auc"]} for name, r in attacks.items()}
                     for label, attacks in results.items()},

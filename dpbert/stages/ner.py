@@ -45,11 +45,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from typing import Optional
 
-from dpbert import schema
+from dpbert import schema, storage
 from dpbert.config import ModelConfig, NerConfig, TrainingConfig
 from dpbert.stages.result import StageResult
 
@@ -114,9 +113,9 @@ def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_wor
     cfg = config
     t0 = time.time()
     train, dev, test, source = load_ner_data(cfg)
-    tokenizer_dir = os.path.join(model_dir, schema.TOKENIZER_DIR)
+    tokenizer_dir = storage.join(model_dir, schema.TOKENIZER_DIR)
     tokenizer = load_tokenizer(tokenizer_dir)
-    spec = load_bert(os.path.join(model_dir, schema.MODEL_DIR)).spec
+    spec = load_bert(storage.join(model_dir, schema.MODEL_DIR)).spec
     specials = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
     heldout = tokenize_tuples(tokenizer, (t.words for t in corpus_tuples(
         generate_notes(patients=HELDOUT_PATIENTS, seed=HELDOUT_SEED), tuple_words)), spec.max_seq_length)
@@ -156,10 +155,10 @@ def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_wor
     utility = utility_table(columns, len(seeds), mlm_rows, bootstrap_seed=cfg.seed, ner_task=task_name(cfg),
                             ner_mode=cfg.mode)
     seconds = round(time.time() - t0, 1)
-    os.makedirs(report_dir, exist_ok=True)
-    with open(os.path.join(report_dir, REPORT_FILE), "w", encoding="utf-8") as f:
-        f.write(schema.dumps({"data": source, "seeds": seeds, "rows": results, UTILITY: utility,
-                              "public_start": public_record, "seconds": seconds}, indent=2))
+    storage.storage_for(report_dir).makedirs(report_dir)
+    storage.write_text(storage.join(report_dir, REPORT_FILE), schema.dumps(
+        {"data": source, "seeds": seeds, "rows": results, UTILITY: utility,
+         "public_start": public_record, "seconds": seconds}, indent=2))
     table = [{"model": name, **{k: v for k, v in r.items() if k not in ("per_type", "f1_seeds", "best_epochs",
                                                                          "dev_f1", "f1", "tasks")},
               **{f"f1_{t}": f for t, f in r["per_type"].items()},

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
+import posixpath
 from typing import Any, Mapping
 
 from dpbert import schema
@@ -151,5 +151,5 @@ def privatize(tuples_dir: str, out_dir: str, config: LocalPrivacyConfig, input_p
     from dpbert.data.splits import read_holdout_key, write_holdout_key
 
     write_holdout_key(out_dir, read_holdout_key(tuples_dir))
-    log.info("privatizer: tuples → %s (exact counts on the private artifact)", os.path.basename(out_dir))
+    log.info("privatizer: tuples → %s (exact counts on the private artifact)", posixpath.basename(out_dir))
     return StageResult(properties=properties, failure=failure)

@@ -14,10 +14,9 @@ the public vocabulary. Both write ``token_sources.json`` and the ``vocab_source`
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
-from dpbert import schema
+from dpbert import schema, storage
 from dpbert.config import PrivacyConfig, VocabConfig
 from dpbert.data.readers import CorpusError
 from dpbert.stages.result import StageResult
@@ -40,12 +39,11 @@ def public_vocabulary(vocabulary_dir: str, vocab_config: VocabConfig, privacy_co
     from dpbert.vocab import public, wordpiece
 
     tokenizer, sources = public.build_vocabulary("public", checkpoint_dir)
-    os.makedirs(vocabulary_dir, exist_ok=True)
+    storage.storage_for(vocabulary_dir).makedirs(vocabulary_dir)
     wordpiece.save_vocabulary(tokenizer, vocabulary_dir)
     public.write_token_sources(sources, vocabulary_dir)
     record = public.public_vocab_event("public", sources["public_checkpoint_vocab_sha256"])
-    with open(os.path.join(vocabulary_dir, DP_EVENT_FILE), "w", encoding="utf-8") as f:
-        f.write(events.to_json(record))
+    storage.write_text(storage.join(vocabulary_dir, DP_EVENT_FILE), events.to_json(record))
     log.info("vocabulary: the public checkpoint's %d tokens (vocab.source = public, no ε)", tokenizer.get_vocab_size())
     return StageResult(properties={
         "vocab_size": tokenizer.get_vocab_size(), schema.VOCAB_SOURCE: "public",
@@ -82,8 +80,8 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
     if tuple_words not in (None, n_words):
         raise ValueError(f"privacy.tuple_words = {n_words} but the tuples artifact was cut with N = {tuple_words}")
     k = privacy_cfg.max_tuples_per_patient if privacy_cfg.unit == "patient" else None
-    os.makedirs(vocabulary_dir, exist_ok=True)
-    histogram_path = os.path.join(vocabulary_dir, HISTOGRAM_FILE)
+    storage.storage_for(vocabulary_dir).makedirs(vocabulary_dir)
+    histogram_path = storage.join(vocabulary_dir, HISTOGRAM_FILE)
 
     seeded = vocab_cfg.noise_seed is not None and not vocab_cfg.non_private
     if vocab_cfg.non_private:
@@ -131,8 +129,7 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
     wordpiece.save_vocabulary(tokenizer, vocabulary_dir)
     if sources is not None:
         public.write_token_sources(sources, vocabulary_dir)
-    with open(os.path.join(vocabulary_dir, DP_EVENT_FILE), "w", encoding="utf-8") as f:
-        f.write(events.to_json(record))
+    storage.write_text(storage.join(vocabulary_dir, DP_EVENT_FILE), events.to_json(record))
     ledger.finalize_vocabulary(reservation, record)
 
     props = {

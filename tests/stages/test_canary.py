@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dpbert import schema
+from dpbert import schema, storage
 from dpbert.config import CanaryConfig
 from dpbert.stages import canary as stage
 
@@ -22,7 +22,8 @@ def canaries_dir(tmp_path_factory, vocabulary_dir):
 
 def test_generate_canaries_writes_a_private_list(canaries_dir, vocabulary_dir):
     path, result = canaries_dir
-    assert sorted(os.listdir(path)) == sorted([stage.CANARIES_FILE, stage.AUDIT_FILE, stage.SEED_FILE])
+    # dpbert.storage's listing (hides its local bookkeeping: the folder's generation lock file)
+    assert storage.storage_for(path).listdir(path) == sorted([stage.CANARIES_FILE, stage.AUDIT_FILE, stage.SEED_FILE])
     assert stat.S_IMODE(os.stat(os.path.join(path, stage.SEED_FILE)).st_mode) == 0o600
     props = result.properties
     assert props[schema.PRIVATE] == 1 and props["groups"] == ["1", "4"]  # ≤ 10% of the public n = 40
@@ -85,7 +86,8 @@ def test_exposure_report_files_properties_and_audit_failure(tmp_path, canaries_d
                                    max_seq_length=L, epsilon_train=100.0, delta_train=1e-5,
                                    baseline_model_dir=str(models["non_dp"]))
     assert result.failure is None
-    assert sorted(os.listdir(tmp_path / "report")) == ["exposure.json", "exposure.png", "exposure.svg"]
+    report_dir = str(tmp_path / "report")
+    assert storage.storage_for(report_dir).listdir(report_dir) == ["exposure.json", "exposure.png", "exposure.svg"]
     report = json.loads((tmp_path / "report" / stage.EXPOSURE_FILE).read_text())
     assert report == json.loads(json.dumps(result.report))
     props = result.properties
