@@ -10,7 +10,8 @@ the trust boundary), ``/api/runs/{run_id}/dag`` (the DAG and the artifacts as th
 The run page marks every section computed on private data without noise "operator-only" and the
 released DP values "released (DP)" (``dashboard.views.run_page``).
 
-Read-only by construction: the ML Metadata store is opened READONLY for each request, only GET
+Read-only by construction: the ML Metadata store is opened READONLY for each request (or a
+pipeline root's ``executor_output.json`` files are read, ``dpbert.pipeline_root``), only GET
 (and HEAD) is routed, and no artifact file is ever opened. Every response carries a
 Content-Security-Policy that allows no script at all.
 """
@@ -97,8 +98,12 @@ def render_plot(name: str, args: tuple) -> bytes:
     return svg
 
 
-def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = None) -> Starlette:
-    """The dashboard over the ML Metadata store at ``metadata_path`` (opened READONLY per request).
+def create_app(metadata_path: Optional[str], *, allowed_hosts: Optional[Sequence[str]] = None,
+               pipeline_root: Optional[str] = None) -> Starlette:
+    """The dashboard over the ML Metadata store at ``metadata_path`` (opened READONLY per request),
+    or, with ``pipeline_root`` (``metadata_path`` None), over the runs of a pipeline root's executor
+    outputs (``dpbert.pipeline_root``: Vertex AI's ``gs://`` root, a rehearsal's folder; re-read per
+    request).
 
     ``allowed_hosts``: accepted ``Host`` headers (DNS-rebinding guard); None accepts any, which
     ``serve`` narrows to the loopback names when bound to a loopback address.
@@ -108,21 +113,30 @@ def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = N
                              trim_blocks=True, lstrip_blocks=True)
     templates = Jinja2Templates(env=env)
 
-    def store():
-        return metadata.open_store(metadata_path)
+    if (metadata_path is None) == (pipeline_root is None):
+        raise ValueError("create_app: give the ML Metadata store's path or a pipeline_root (one of them)")
+
+    def list_runs():
+        if pipeline_root is not None:
+            from dpbert import pipeline_root as root_reader
+
+            return root_reader.list_runs(pipeline_root)
+        return metadata.list_runs(metadata.open_store(metadata_path))
 
     def find_run(run_id: str) -> metadata.RunInfo:
-        try:
-            return metadata.get_run(store(), run_id)
-        except LookupError:
-            raise HTTPException(status_code=404, detail="no such run") from None
+        for run in list_runs():
+            if run.run_id == run_id:
+                return run
+        raise HTTPException(status_code=404, detail="no such run")
+
+    source = metadata_path if pipeline_root is None else pipeline_root
 
     def page(request: Request, name: str, context: dict, status_code: int = 200, headers=None) -> Response:
-        return templates.TemplateResponse(request, name, dict(context, metadata_path=metadata_path),
+        return templates.TemplateResponse(request, name, dict(context, metadata_path=source),
                                           status_code=status_code, headers=headers)
 
     def index(request: Request) -> Response:
-        runs = [views.run_summary(r) for r in metadata.list_runs(store())]
+        runs = [views.run_summary(r) for r in list_runs()]
         return page(request, "index.html", {"runs": runs})
 
     def run_detail(request: Request) -> Response:
@@ -158,7 +172,7 @@ def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = N
 
     def api_runs(request: Request) -> Response:
         out = []
-        for r in metadata.list_runs(store()):
+        for r in list_runs():
             summary = views.run_summary(r)
             privacy = summary["privacy"] or {}
             out.append({"run_id": r.run_id, "pipeline": r.pipeline, "status": r.status,
@@ -222,6 +236,7 @@ def create_app(metadata_path: str, *, allowed_hosts: Optional[Sequence[str]] = N
 
     env.globals.update(path_for=path_for, fmt=views.fmt)
     app.state.metadata_path = metadata_path
+    app.state.pipeline_root = pipeline_root
     return app
 
 
@@ -234,8 +249,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve(metadata_path: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
-    """Serve the dashboard with uvicorn until interrupted (binds 127.0.0.1 unless told otherwise)."""
+def serve(metadata_path: Optional[str], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+          pipeline_root: Optional[str] = None) -> None:
+    """Serve the dashboard with uvicorn until interrupted (binds 127.0.0.1 unless told otherwise);
+    over a pipeline root's runs instead of a store with ``pipeline_root`` (``create_app``)."""
     import uvicorn
 
     if is_loopback(host):
@@ -244,9 +261,9 @@ def serve(metadata_path: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
         allowed = None
         log.warning("dashboard: listening on %s, reachable from other machines; it serves privacy "
                     "ledgers and run metadata without authentication", host)
-    app = create_app(metadata_path, allowed_hosts=allowed)
+    app = create_app(metadata_path, allowed_hosts=allowed, pipeline_root=pipeline_root)
     shown = f"[{host}]" if ":" in host else host
-    print(f"dpbert dashboard: http://{shown}:{port}/  (store {metadata_path}, read-only; Ctrl-C stops)",
-          flush=True)
+    source = f"store {metadata_path}" if pipeline_root is None else f"pipeline root {pipeline_root}"
+    print(f"dpbert dashboard: http://{shown}:{port}/  ({source}, read-only; Ctrl-C stops)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="info", server_header=False,
                 proxy_headers=False, access_log=True)

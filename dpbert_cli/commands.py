@@ -182,10 +182,28 @@ def open_metadata_store(path: str, option: str = "--metadata"):
     return store
 
 
+def _run_of_pipeline_root(args):
+    """The run of ``--pipeline-root`` and ``--run`` (``dpbert.pipeline_root``: no store)."""
+    from dpbert import pipeline_root
+
+    if args.output or args.metadata:
+        raise UserError("--pipeline-root reads a run without an ML Metadata store: give it without "
+                        "--output/--metadata")
+    try:
+        return pipeline_root.get_run(args.pipeline_root, args.run)
+    except FileNotFoundError as err:
+        raise UserError(f"--pipeline-root {err}") from None  # the message starts with the root
+    except LookupError as err:
+        raise UserError(f"--pipeline-root: {err}") from None
+
+
 def _run_of(args):
-    """The run of ``--output`` / ``--metadata`` and ``--run`` (the store opened read-only)."""
+    """The run of ``--output`` / ``--metadata`` and ``--run`` (the store opened read-only), or of
+    ``--pipeline-root``."""
     from dpbert import metadata
 
+    if getattr(args, "pipeline_root", None):
+        return _run_of_pipeline_root(args)
     if args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
         raise UserError(f"--output {args.output} is a file; give the run's output directory "
                         f"(or the store with --metadata FILE)")

@@ -24,6 +24,9 @@ def add_dashboard_parser(subparsers) -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--output", help="the run's output directory (default demo_output)")
     where.add_argument("--metadata", help="path of the ML Metadata sqlite store (instead of --output)")
+    where.add_argument("--pipeline-root", metavar="URI",
+                       help="read the runs from a pipeline root's executor_output.json files (Vertex AI's "
+                            "gs://…, a kubeflow.local_v2 rehearsal's folder) instead of an ML Metadata store")
     p.add_argument("--host", default=DEFAULT_HOST,
                    help="address to listen on (default 127.0.0.1; anything else exposes the dashboard, "
                         "which has no authentication, to the network)")
@@ -53,20 +56,33 @@ def _port_refused(host: str, port: int) -> Optional[str]:
     return None
 
 
-def cmd_dashboard(args) -> int:
+def _source(args):
+    """(the store's path, the pipeline root): one of them, checked at start:
+    what would make every page fail is refused here (``UserError`` / ``FileNotFoundError``)."""
     from dpbert import metadata
-    from dpbert_cli.commands import UserError, open_metadata_store
+    from dpbert_cli.commands import open_metadata_store
+
+    if args.pipeline_root:
+        from dpbert import pipeline_root
+
+        pipeline_root.list_runs(args.pipeline_root)  # FileNotFoundError naming it: no executor output
+        return None, args.pipeline_root
+    path = metadata.metadata_path_for(args.output, args.metadata)
+    open_metadata_store(path, "--metadata" if args.metadata else "--output")  # a readable MLMD store
+    return path, None
+
+
+def cmd_dashboard(args) -> int:
+    from dpbert_cli.commands import UserError
 
     if args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
         print_error("dashboard", f"--output {args.output} is a file; give the run's output directory "
                                  f"(or the store with --metadata FILE)")
         return exit_codes.BAD_INPUT
     try:
-        path = metadata.metadata_path_for(args.output, args.metadata)
-        # Refuse at start what would make every page fail: not a store, not ML Metadata.
-        open_metadata_store(path, "--metadata" if args.metadata else "--output")
-    except (FileNotFoundError, UserError) as err:
-        print_error("dashboard", err)
+        path, root = _source(args)
+    except (FileNotFoundError, UserError, ValueError) as err:
+        print_error("dashboard", f"--pipeline-root {err}" if args.pipeline_root else err)
         return exit_codes.BAD_INPUT
     if not 0 < args.port < 65536:
         print_error("dashboard", f"--port {args.port} is not a TCP port")
@@ -81,7 +97,7 @@ def cmd_dashboard(args) -> int:
         print_error("dashboard", refused)
         return exit_codes.ENVIRONMENT
     try:
-        serve(path, args.host, args.port)
+        serve(path, args.host, args.port, pipeline_root=root)
     except SystemExit as exit_:
         # uvicorn exits 3 (its STARTUP_FAILURE) when it cannot bind, e.g. a port taken since
         # the probe: 3 is dpbert's over-budget code, so it becomes ENVIRONMENT.

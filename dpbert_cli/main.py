@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="the latest (or given) run's results, read from ML Metadata")
     p.add_argument("--output", help="the run's output directory (default demo_output)")
     p.add_argument("--metadata", help="path of the ML Metadata sqlite store (instead of --output)")
+    p.add_argument("--pipeline-root", metavar="URI",
+                   help="read the run from a pipeline root's executor_output.json files (Vertex AI's gs://…, "
+                        "a kubeflow.local_v2 rehearsal's folder) instead of an ML Metadata store")
     p.add_argument("--run", help="pipeline run id (default: the latest)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--released", action="store_true",

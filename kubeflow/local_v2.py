@@ -15,6 +15,9 @@ processes, each with the ``CLUSTER_SPEC`` and ``TF_CONFIG`` Vertex AI gives it (
 the ``chief``), instead of submitting it.
 
     python -m kubeflow.local_v2 pipeline.json /tmp/rehearsal [--tasks CorpusIngest]
+    dpbert report --pipeline-root /tmp/rehearsal    # or dpbert dashboard --pipeline-root ...
+
+The rehearsal's folder is a pipeline root as Vertex AI's is (``dpbert.pipeline_root`` reads both).
 """
 from __future__ import annotations
 
@@ -171,37 +174,14 @@ def _artifact_type(spec: dict, task_name: str, key: str) -> str:
                 "")
 
 
-def _mlmd_artifact(artifact: dict):
-    """An ML Metadata Artifact of a task's output as Vertex AI records it (its ``metadata``); the
-    numbers come back as JSON doubles, an integral one is taken as the int it was."""
-    from ml_metadata.proto import metadata_store_pb2
-
-    proto = metadata_store_pb2.Artifact(uri=artifact["uri"])
-    for name, value in (artifact.get("metadata") or {}).items():
-        prop = proto.custom_properties[name]
-        if isinstance(value, (bool, int, float)):
-            if float(value).is_integer():
-                prop.int_value = int(value)
-            else:
-                prop.double_value = float(value)
-        else:
-            prop.string_value = value if isinstance(value, str) else json.dumps(value)
-    return proto
-
-
 def run_info(spec: dict, outputs: Dict[str, Dict[str, dict]], name: str = "rehearsal"):
-    """A ``dpbert.metadata.RunInfo`` of a rehearsal's outputs, so ``dpbert.report`` reads it as it
-    reads a local run's ML Metadata (``--report``). Every rehearsed task is COMPLETE; no times."""
-    from dpbert import schema
-    from dpbert.metadata import ArtifactInfo, ComponentRun, RunInfo
+    """A ``dpbert.metadata.RunInfo`` of a rehearsal's outputs (``dpbert.pipeline_root``: numbers
+    as Vertex AI records them), so ``dpbert.report`` reads it as it reads a local run's ML Metadata
+    (``--report``); the types from the spec. Every rehearsed task is COMPLETE; no times."""
+    from dpbert.pipeline_root import run_from_outputs
 
-    components = []
-    for number, (task, artifacts) in enumerate(outputs.items(), 1):
-        infos = [ArtifactInfo(id=number * 100 + i, type=_artifact_type(spec, task, key), uri=art["uri"], name=key,
-                              properties=schema.exact_properties(_mlmd_artifact(art)))
-                 for i, (key, art) in enumerate(sorted(artifacts.items()))]
-        components.append(ComponentRun(task, number, "COMPLETE", 0, 0, [], infos))
-    return RunInfo(name, pipeline_spec(spec)["pipelineInfo"]["name"], 0, components)
+    return run_from_outputs(outputs, name, pipeline_spec(spec)["pipelineInfo"]["name"],
+                            type_of=lambda task, key: _artifact_type(spec, task, key))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

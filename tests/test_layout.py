@@ -23,6 +23,7 @@ ORDER = (
     "dpbert", "exit_codes",
     "storage",          # the one storage layer (local, gs://, ram://, fake://): imports no other dpbert
     "schema", "config", "resources", "metadata",   # contracts and locators
+    "pipeline_root",    # a run read from a pipeline root's executor outputs (no ML Metadata store)
     "privacy",          # the DP math: mechanisms, events, accountant, audit bounds
     "ledger",           # one privacy budget per dataset: reserve / finalize / compose over every run
     "data",             # readers, tuples, the synthetic corpus
