@@ -46,7 +46,11 @@ class LedgerTarget:
     @classmethod
     def from_json(cls, text) -> Optional["LedgerTarget"]:
         """None for an empty parameter (no dataset identity: nothing is charged)."""
-        data = json.loads(text) if isinstance(text, (str, bytes)) else text
+        if isinstance(text, (str, bytes)):
+            text = text.strip()
+            data = json.loads(text) if text else None
+        else:
+            data = text
         return cls(**data) if data else None
 
 
