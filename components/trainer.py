@@ -34,21 +34,25 @@ def MLMPretrainer(
     ``membership_config``: the patient split only (``membership.holdout_*``), so the evaluation's
     own settings do not re-train the model. ``non_private``: 1 for the non-private baseline.
     ``ledger_target``: the dataset ledger (``dpbert.ledger.LedgerTarget`` JSON; empty: none).
-    ``training.workers`` W > 1: W worker processes of the same stage (``components.workers``),
+    ``training.workers`` W > 1: W worker processes of the same stage (``dpbert.trainer_workers``),
     started here on loopback, or, with ``custom_job`` (the CustomJob template a compiled Vertex AI
     spec carries, ``kubeflow.custom_job``), as the replicas of a Vertex AI custom job this step
     submits and waits for. Either way the chief's result becomes this artifact's.
     """
     tc = section_from_json(TrainingConfig, training_config)
     if tc.workers > 1 or custom_job:
-        from components.workers import train_on_workers
+        from dpbert.trainer_workers import invocation, run_local_workers
 
-        result = train_on_workers(tuples.uri, vocabulary.uri, model.uri, model_config, training_config,
-                                  privacy_config, membership_config, pipeline_root=pipeline_root_of(model.uri),
-                                  canaries_dir=None if canaries is None else canaries.uri,
-                                  non_private=bool(non_private),
-                                  vocab_event=get_property(vocabulary, schema.DP_EVENT), custom_job=custom_job,
-                                  ledger_target=ledger_target)
+        inv = invocation(tuples.uri, vocabulary.uri, model.uri, model_config, training_config, privacy_config,
+                         membership_config, pipeline_root=pipeline_root_of(model.uri),
+                         canaries_dir=None if canaries is None else canaries.uri, non_private=bool(non_private),
+                         vocab_event=get_property(vocabulary, schema.DP_EVENT), ledger_target=ledger_target)
+        if custom_job:  # the compiled Vertex AI step: the replicas of a custom job it submits and polls
+            from kubeflow.custom_job import run_custom_job
+
+            result = run_custom_job(custom_job, inv)
+        else:
+            result = run_local_workers(inv)
         set_properties(model, {**result["properties"], "workers": result["workers"], "code_version": code_version})
         return
     from dpbert.stages.pretrain import pretrain

@@ -6,16 +6,16 @@ submits the job, polls it, and fails with the job's error.
 * ``build_custom_job`` (compile time, offline): the CustomJob template the MLMPretrainer task
   carries as its ``custom_job`` parameter — worker pools ``[chief × 1, worker × (W − 1)]`` on
   ``vertex.machine_type`` (+ ``vertex.accelerator_type`` × ``accelerator_count``), every replica
-  running ``python -m components.workers`` in the pipeline's image, and
+  running ``python -m dpbert.trainer_workers`` in the pipeline's image, and
   ``scheduling.restartJobOnWorkerRestart``: a replica Vertex AI restarts alone could not rejoin a
   MultiWorkerMirroredStrategy cluster, so the whole job restarts and the chief resumes its chain
   (write-ahead step log, last checkpoint). Checked with ``aiplatform_v1.types.CustomJob.from_json``.
 * ``run_custom_job`` (run time, in the pipeline step): the template + this execution's
-  ``components.workers.Invocation`` as every replica's argument; submit, poll every
+  ``dpbert.trainer_workers.Invocation`` as every replica's argument; submit, poll every
   ``POLL_S``, then the chief's result (or what it failed with) from ``Invocation.result_uri``.
 
 Vertex AI gives each replica ``CLUSTER_SPEC`` and ``TF_CONFIG`` (workerpool0 = ``chief``,
-workerpool1 = ``worker``); ``components.workers`` takes the rank from ``TF_CONFIG``. A lost replica
+workerpool1 = ``worker``); ``dpbert.trainer_workers`` takes the rank from ``TF_CONFIG``. A lost replica
 inside the job is bounded by MultiWorkerMirroredStrategy's own failure detection: TF 2.16 starts
 its coordination service (leader: the chief) and then turns the Python health check (30 s period)
 off; the service's heartbeat fails the survivors' blocked collectives with UnavailableError (on
@@ -44,7 +44,7 @@ from dpbert.config import Config, ConfigError
 log = logging.getLogger("dpbert.trainer")
 
 #: The command of every replica (the image's interpreter; the argument is the Invocation JSON).
-WORKER_COMMAND = ["python", "-m", "components.workers"]
+WORKER_COMMAND = ["python", "-m", "dpbert.trainer_workers"]
 #: Seconds between two looks at the job (TFX polls every 60 s too).
 POLL_S = 60.0
 #: Consecutive connection errors tolerated while polling (the client is recreated after each).
@@ -158,10 +158,10 @@ def submit_and_wait(template: dict, job: dict, client=None, client_factory: Call
 def run_custom_job(template_json: str, inv, client=None, sleep: Callable[[float], None] = time.sleep,
                    poll_s: float = POLL_S) -> dict:
     """The trainer step on Vertex AI: submit this execution's job, wait, return the chief's
-    result (``components.workers.run_local_workers``'s); a failed job raises what the chief
+    result (``dpbert.trainer_workers.run_local_workers``'s); a failed job raises what the chief
     recorded when it did, else :class:`CustomJobFailed`."""
     from dpbert import storage
-    from components.workers import error_uri, raise_recorded
+    from dpbert.trainer_workers import error_uri, raise_recorded
 
     template = json.loads(template_json)
     job = job_for(template, inv.to_json(), os.path.basename(inv.result_uri).split(".")[0][:12])

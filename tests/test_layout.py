@@ -32,6 +32,7 @@ ORDER = (
     "evaluate",         # canaries, NER, membership, the white-box audit's harness
     "local_privacy",    # dχ-privacy (uses the model and the evaluators)
     "stages",           # the DAG's stages
+    "trainer_workers",  # the trainer stage in W worker processes (python -m dpbert.trainer_workers)
     "release", "report",  # what leaves the trust boundary; the run's report
 )
 #: What the math layer must never import.

@@ -15,7 +15,8 @@ from tests.pyproject_meta import REPO, load_pyproject, package_includes, top_lev
 # Top-level folders with an __init__.py that are not installed, with the reason.
 NOT_INSTALLED = {"tests": "the test suite runs from the checkout"}
 # Files inside installed packages that are not shipped: the image's build files, read by docker only.
-NOT_SHIPPED = {"kubeflow/Dockerfile", "kubeflow/Dockerfile.dockerignore"}
+NOT_SHIPPED = {"kubeflow/Dockerfile", "kubeflow/Dockerfile.dockerignore", "kubeflow/Dockerfile.cuda",
+               "kubeflow/Dockerfile.cuda.dockerignore"}
 # Planted in the wheel test's copy, not shipped by pyproject.toml: a data file no glob matches and
 # a module in a folder without __init__.py.
 PLANTED = {"dpbert/resources/planted.json", "dpbert/planted_folder/module.py"}

@@ -23,7 +23,8 @@ def test_bad_config_value_exits_2_naming_the_field(capsys):
 
 def test_missing_corpus_exits_2_naming_the_path(tmp_path, capsys):
     missing = tmp_path / "nope.jsonl"
-    assert main(["run", "--corpus", str(missing), "--output", str(tmp_path / "o")]) == 2
+    assert main(["run", "--corpus", str(missing), "--output", str(tmp_path / "o"),
+                 "--set", "corpus.dataset_id=notes"]) == 2
     err = capsys.readouterr().err
     assert str(missing) in err and "does not exist" in err
     assert not (tmp_path / "o").exists()  # nothing written

@@ -43,7 +43,7 @@ def test_run_with_patient_unit_on_a_corpus_without_patient_ids_exits_2(tmp_path,
     corpus.mkdir()
     (corpus / "a.txt").write_text("the patient was admitted with chest pain and discharged home " * 30)
     code = main(["run", "--output", str(tmp_path / "out"), "--set", f"corpus.path={corpus}",
-                 "--set", "privacy.unit=patient", "--set", "training.dataset_patients=100",
+                 "--set", "corpus.dataset_id=notes", "--set", "privacy.unit=patient", "--set", "training.dataset_patients=100000",
                  "--set", "training.dataset_size=1000"])
     err = capsys.readouterr().err
     assert code == 2, err

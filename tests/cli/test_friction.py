@@ -34,7 +34,8 @@ def test_every_command_without_config_uses_the_demo_preset_and_says_so(capsys):
 def test_budget_without_config_plans_the_demo_and_reads_no_corpus(capsys, tmp_path):
     """Fails on the previous main (exit 2: "dataset_size not set"). A corpus that does not exist
     changes nothing: budget plans from the public sizes alone."""
-    code = main(["budget", "--json", "--set", f"corpus.path={tmp_path / 'no-such-corpus'}"])
+    code = main(["budget", "--json", "--set", f"corpus.path={tmp_path / 'no-such-corpus'}",
+                 "--set", "corpus.dataset_id=notes"])
     data = json.loads(capsys.readouterr().out)
     assert code == exit_codes.OK and data["dataset_size_source"] == "public"
     # the demo's public patient count, 30 % held out for the membership attacks

@@ -1,4 +1,4 @@
-"""``training.workers`` in the DAG (components/workers.py): ``dpbert run`` starts the trainer's W
+"""``training.workers`` in the DAG (dpbert/trainer_workers.py): ``dpbert run`` starts the trainer's W
 worker processes on loopback and supervises them.
 
 1. ``--set training.workers=2``: exit 0, the ε of the one-worker plan (the mechanism is the same:
@@ -83,7 +83,7 @@ def test_two_workers_train_the_dag_with_one_workers_epsilon(tmp_path):
 
 
 def _worker_pid(parent: int, rank: int):
-    """The process of ``rank`` among ``parent``'s children running components.workers (by its TF_CONFIG)."""
+    """The process of ``rank`` among ``parent``'s children running dpbert.trainer_workers (by its TF_CONFIG)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -93,7 +93,7 @@ def _worker_pid(parent: int, rank: int):
             environ = (entry / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
-        if ppid != parent or b"components.workers" not in cmdline:
+        if ppid != parent or b"dpbert.trainer_workers" not in cmdline:
             continue
         config = next((e[len(b"TF_CONFIG="):] for e in environ if e.startswith(b"TF_CONFIG=")), None)
         if config and json.loads(config)["task"]["index"] == rank:

@@ -33,7 +33,7 @@ def test_compiled_trainer_carries_a_custom_job_with_one_chief_and_w_minus_1_work
         assert pool.machine_spec.machine_type == "n1-highmem-8"
         assert pool.machine_spec.accelerator_type.name == "NVIDIA_TESLA_T4" and pool.machine_spec.accelerator_count == 1
         assert pool.container_spec.image_uri == IMAGE
-        assert list(pool.container_spec.command) == ["python", "-m", "components.workers"]
+        assert list(pool.container_spec.command) == ["python", "-m", "dpbert.trainer_workers"]
         assert not pool.container_spec.args  # the invocation is the running step's (its artifact URIs)
     assert job.job_spec.scheduling.restart_job_on_worker_restart
     assert job.job_spec.service_account == "trainer@my-project.iam.gserviceaccount.com"
@@ -100,7 +100,7 @@ class FakeJobService:
 
 
 def _invocation(tmp_path):
-    from components.workers import Invocation
+    from dpbert.trainer_workers import Invocation
 
     return Invocation("gs://b/t", "gs://b/v", "gs://b/m", "{}", json.dumps({"workers": 4}), "{}", "{}", "gs://b",
                       str(tmp_path / "result.json"))

@@ -1,4 +1,4 @@
-"""The local supervisor of a multi-worker trainer (dpbert/model/engine/workers.py, components/workers.py),
+"""The local supervisor of a multi-worker trainer (dpbert/model/engine/workers.py, dpbert/trainer_workers.py),
 without TensorFlow: the first worker to exit non-zero stops the others at once; the layout every
 process trains with; ranks from TF_CONFIG; a stopped chief's lease released only when it is that
 chief's; the worker command runs this checkout's module from any folder."""
@@ -101,7 +101,7 @@ def test_only_the_stopped_chiefs_lease_is_released(tmp_path):
     """A lease held by a process the supervisor stopped is deleted (the re-run need not wait for it
     to expire); the positive control: a live holder's lease, named by another pid, stays."""
     from dpbert import schema, storage
-    from components.workers import release_dead_lease
+    from dpbert.trainer_workers import release_dead_lease
 
     state = str(tmp_path / "state")
     lock = storage.join(state, schema.STATE_LOCK_FILE)
@@ -117,7 +117,7 @@ def test_only_the_stopped_chiefs_lease_is_released(tmp_path):
 
 
 def test_the_worker_command_runs_this_checkout_from_a_folder_that_shadows_it(tmp_path):
-    from components.workers import MODULE
+    from dpbert.trainer_workers import MODULE
     from dpbert.model.noise_check import module_command
 
     (tmp_path / "pipeline").mkdir()
@@ -125,4 +125,4 @@ def test_the_worker_command_runs_this_checkout_from_a_folder_that_shadows_it(tmp
     (tmp_path / "pipeline" / "workers.py").write_text("print('the shadow ran')\n")
     result = subprocess.run(module_command(MODULE), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "the shadow ran" not in result.stdout
-    assert result.returncode == 2 and "usage: python -m components.workers" in result.stderr
+    assert result.returncode == 2 and "usage: python -m dpbert.trainer_workers" in result.stderr

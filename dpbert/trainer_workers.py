@@ -9,7 +9,7 @@ with the stage's own helpers, waits for the chief's records of this chain (its r
 its DP count when there is no public n) and trains in the chief's state directory with
 ``train_mlm`` (non-chief: no lock, no writes; checkpoints restored from the chief's).
 
-    python -m components.workers '<Invocation JSON>'      (one process; TF_CONFIG set)
+    python -m dpbert.trainer_workers '<Invocation JSON>'      (one process; TF_CONFIG set)
 
 ``run_local_workers`` (``dpbert run``) starts the W processes on loopback and supervises them
 (``dpbert.model.engine.workers.supervise``): the first to exit non-zero stops the others and the
@@ -31,7 +31,7 @@ from dpbert import schema, storage
 
 log = logging.getLogger("dpbert.trainer")
 
-MODULE = "components.workers"
+MODULE = "dpbert.trainer_workers"
 #: How long a non-chief waits for the chief's records of the chain (it fails after that: a state
 #: directory it cannot find is never trained in blind).
 WAIT_FOR_CHIEF_S = 900.0
@@ -128,7 +128,7 @@ def _run_chief(inv: Invocation):
                           canaries_dir=inv.canaries_dir, non_private=inv.non_private, vocab_event=inv.vocab_event,
                           ledger_target=inv.ledger_target)
         if result.state_dir != stage_state_dir(inv):
-            raise RuntimeError(f"components.workers.stage_state_dir is out of date: the stage trained in "
+            raise RuntimeError(f"dpbert.trainer_workers.stage_state_dir is out of date: the stage trained in "
                                f"{result.state_dir}, the other workers looked for {stage_state_dir(inv)}")
     except BaseException as err:
         _record_failure(inv, 0, err)
@@ -254,7 +254,7 @@ def release_dead_lease(state: str, pid: int) -> bool:
 
 
 def worker_command(inv: Invocation):
-    """``python -m components.workers INVOCATION`` from any working directory (``sys.path[0]`` is
+    """``python -m dpbert.trainer_workers INVOCATION`` from any working directory (``sys.path[0]`` is
     the folder holding this checkout's packages, not the current one)."""
     from dpbert.model.noise_check import module_command
 
@@ -292,26 +292,18 @@ def result_uri_for(pipeline_root: str) -> str:
     return storage.join(pipeline_root, STATE_ROOT, "_worker_results", f"{uuid.uuid4().hex}.json")
 
 
-def train_on_workers(tuples_dir: str, vocabulary_dir: str, model_dir: str, model_config: str, training_config: str,
-                     privacy_config: str, membership_config: str, *, pipeline_root: str,
-                     canaries_dir: Optional[str] = None, non_private: bool = False, vocab_event=None,
-                     custom_job: str = "", ledger_target: str = "") -> dict:
-    """The trainer component's multi-worker path: the chief's result (``{"properties", "workers",
-    "state_dir"}``) from W local processes, or from the Vertex AI custom job ``custom_job`` (a
-    CustomJob template, ``kubeflow.custom_job.build_custom_job``) when given."""
+def invocation(tuples_dir: str, vocabulary_dir: str, model_dir: str, model_config: str, training_config: str,
+               privacy_config: str, membership_config: str, *, pipeline_root: str, canaries_dir: Optional[str] = None,
+               non_private: bool = False, vocab_event=None, ledger_target: str = "") -> Invocation:
+    """What every worker process of the trainer component is given (its private state root marked)."""
     from dpbert.model.engine.chain import mark_state_root_private
 
     if isinstance(vocab_event, (dict, list)):
         vocab_event = json.dumps(vocab_event)
     mark_state_root_private(pipeline_root)
-    inv = Invocation(tuples_dir, vocabulary_dir, model_dir, model_config, training_config, privacy_config,
-                     membership_config, pipeline_root, result_uri_for(pipeline_root), canaries_dir,
-                     bool(non_private), vocab_event, ledger_target)
-    if custom_job:
-        from kubeflow.custom_job import run_custom_job
-
-        return run_custom_job(custom_job, inv)
-    return run_local_workers(inv)
+    return Invocation(tuples_dir, vocabulary_dir, model_dir, model_config, training_config, privacy_config,
+                      membership_config, pipeline_root, result_uri_for(pipeline_root), canaries_dir,
+                      bool(non_private), vocab_event, ledger_target)
 
 
 def main(argv=None) -> int:
