@@ -39,8 +39,13 @@ pipeline root keeps the original files (operator-only).
 
 ``write_bundle`` copies the released files of one run into a directory with ``manifest.json``:
 for every file its path, size, sha256 and the ε, δ, unit and adjacency that cover it — the ε of
-the run's PrivacyReport (the accountant's), never a recomputed or planned value. It writes into a
-temporary directory next to the target and renames it at the end: on any error nothing is left.
+the run's PrivacyReport (the accountant's), never a recomputed or planned value. Artifacts are read
+through ``dpbert.storage`` (a local folder, Vertex AI's ``gs://``, ``ram://``: the same bundle);
+symbolic links, which only a local disk has, are refused. A local bundle is written into a
+temporary directory next to the target and renamed at the end: on any error nothing is left. A
+remote bundle (``--to gs://…``; object storage has no rename) is written object by object, each
+created only if absent, ``manifest.json`` last: a bundle is complete when its manifest exists, and
+on an error the objects written are deleted.
 
 ``released_view`` is the same boundary for the run report (``dpbert report --released``): an
 allow-list of the report's DP values; everything computed on private data without noise (the
@@ -54,9 +59,9 @@ import math
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
-from dpbert import schema
+from dpbert import schema, storage
 
 MANIFEST_FILE = "manifest.json"
 AUDIT_FILE = "audit/audit.json"
@@ -102,14 +107,6 @@ class ReleaseError(RuntimeError):
     cannot be written; the message names the run or the path."""
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _released_artifact(run, short_type: str):
     """The run's artifact of that type that may be released: not private, not non-private."""
     for artifact in run.artifacts(schema.type_name(short_type)):
@@ -125,8 +122,7 @@ def _finite(value) -> bool:
 def _recorded_report(report) -> Dict[str, Any]:
     """The accountant's ``privacy_report.json`` of the PrivacyReport artifact ({} when unreadable)."""
     try:
-        with open(os.path.join(report.uri, "privacy_report.json"), encoding="utf-8") as f:
-            recorded = schema.loads(f.read())
+        recorded = schema.loads(storage.read_text(storage.join(report.uri, "privacy_report.json")))
     except (OSError, ValueError):
         return {}
     return recorded if isinstance(recorded, dict) else {}
@@ -188,11 +184,39 @@ def audit_record(run) -> Optional[Dict[str, Any]]:
     return None
 
 
-def _check_target(bundle_dir: str):
-    if os.path.lexists(bundle_dir) and not os.path.isdir(bundle_dir):
-        raise ReleaseError(f"{bundle_dir} exists and is not a directory; choose a new bundle directory")
-    if os.path.isdir(bundle_dir) and os.listdir(bundle_dir):
-        raise ReleaseError(f"{bundle_dir} exists and is not empty; choose a new bundle directory")
+# ------------------------------------------------------------------ reading artifacts (any URI)
+def _name(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _refuse_link(uri: str):
+    """A symbolic link in a released path could point anywhere (a private artifact's file): it is
+    refused, never followed. Only a local disk has links (gs:// and ram:// objects cannot be
+    one), so this is the one check of the walk that looks at the local filesystem directly."""
+    if storage.is_remote(uri):
+        return
+    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    if os.path.islink(path):
+        raise ReleaseError(f"{uri} is a symbolic link: refused")
+
+
+def _walk(store, root: str, rel: str) -> Iterator[tuple]:
+    """``os.walk`` through the storage layer, top-down and sorted: (folder relative to ``root``,
+    sub-folder names, file names). The caller checks a folder's entries before the walk goes into
+    them. The layer's own bookkeeping files (``.dpbert-storage.lock``) are not listed; a listed
+    name that does not exist is skipped (TensorFlow's ``ram://`` lists ``a/1`` with a ``7`` taken
+    from its sibling ``a/17``)."""
+    folder = storage.join(root, rel) if rel else root
+    dirs, names = [], []
+    for name in store.listdir(folder):
+        uri = storage.join(folder, name)
+        if store.isdir(uri):
+            dirs.append(name)
+        elif store.exists(uri):
+            names.append(name)
+    yield rel, dirs, names
+    for name in dirs:
+        yield from _walk(store, root, f"{rel}/{name}" if rel else name)
 
 
 # ------------------------------------------------------------------------- TensorBoard events
@@ -201,26 +225,41 @@ def _is_event_file(name: str) -> bool:
     return "tfevents" in name
 
 
-def read_event_file(path: str) -> list:
-    """The ``Event`` protos of a TensorBoard event file, read with TensorBoard's own TFRecord reader
-    (``tensorboard.compat.tensorflow_stub``: no TensorFlow import; both checksums of every record
-    verified); ValueError naming the file when it is not one (truncated, corrupt, not Events)."""
-    from tensorboard.compat.proto import event_pb2
-    from tensorboard.compat.tensorflow_stub import errors
+def _record_reader(data: bytes, name: str):
+    """TensorBoard's TF-free ``PyRecordReader_New`` over bytes read through ``dpbert.storage``. Its
+    constructor opens a path with TensorBoard's own gfile (no gs:// without TensorFlow, and not our
+    storage layer), so it is skipped and the reader gets an in-memory file; the framing and both
+    checksums stay TensorBoard's."""
+    import io
+
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
 
-    reader, events = PyRecordReader_New(path), []
+    reader = PyRecordReader_New.__new__(PyRecordReader_New)
+    reader.filename, reader.start_offset, reader.compression_type, reader.status = name, 0, None, None
+    reader.curr_event, reader.file_handle, reader._buffer, reader._buffer_pos = None, io.BytesIO(data), b"", 0
+    return reader
+
+
+def read_event_file(uri: str) -> list:
+    """The ``Event`` protos of a TensorBoard event file (a local path, ``gs://``, ``ram://``: read
+    through ``dpbert.storage``), parsed by TensorBoard's own TFRecord reader (both checksums of
+    every record verified); ValueError naming the file when it is not one (truncated, corrupt, not
+    Events), OSError when it cannot be read."""
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.compat.tensorflow_stub import errors
+
+    reader, events = _record_reader(storage.storage_for(uri).read_bytes(uri), uri), []
     while True:
         try:
             reader.GetNext()
         except errors.OutOfRangeError:
             return events
         except errors.OpError as err:  # DataLossError: truncated or a failed checksum
-            raise ValueError(f"{path}: not a readable TensorBoard event file ({err.message})") from None
+            raise ValueError(f"{uri}: not a readable TensorBoard event file ({err.message})") from None
         try:
             events.append(event_pb2.Event.FromString(reader.record()))
         except Exception as err:  # protobuf's DecodeError
-            raise ValueError(f"{path}: a record is not an Event ({type(err).__name__})") from None
+            raise ValueError(f"{uri}: a record is not an Event ({type(err).__name__})") from None
 
 
 def encode_event_file(events) -> bytes:
@@ -246,7 +285,7 @@ def released_events(paths: List[str]) -> list:
     files = []
     for path in paths:
         events = read_event_file(path)
-        files.append((events[0].wall_time if events else 0.0, os.path.basename(path), events))
+        files.append((events[0].wall_time if events else 0.0, _name(path), events))
     files.sort(key=lambda f: (f[0], f[1]))
     version, out = None, []
     for _, _, events in files:
@@ -265,9 +304,10 @@ def released_events(paths: List[str]) -> list:
 
 
 def _plan(run, report) -> List[tuple]:
-    """(source file, bundle path, covered_by) for every released file — the source is the list of
+    """(source URI, bundle path, covered_by) for every released file — the source is the list of
     released ``Event`` protos for a rewritten TensorBoard file; ReleaseError when a part or a
-    required file is missing, a released path is a symbolic link, or an event file is unreadable."""
+    required file is missing, a released path is a symbolic link, or an event file is unreadable.
+    Everything is found through ``dpbert.storage``: the same plan for local, gs:// and ram://."""
     copies = []
     for part in RELEASED:
         artifact = report if part.artifact_type == schema.PRIVACY_REPORT else \
@@ -277,42 +317,77 @@ def _plan(run, report) -> List[tuple]:
         if artifact is None:
             raise ReleaseError(f"run {run.run_id} has no released {part.artifact_type} "
                                "(not private, not non-private): nothing can be released")
+        store = storage.storage_for(artifact.uri)
         for rel in part.required:
-            if not os.path.exists(os.path.join(artifact.uri, rel)):
-                raise ReleaseError(f"run {run.run_id}: {os.path.join(artifact.uri, rel)} does not exist "
+            if not store.exists(storage.join(artifact.uri, rel)):
+                raise ReleaseError(f"run {run.run_id}: {storage.join(artifact.uri, rel)} does not exist "
                                    f"(the {part.artifact_type} artifact's files are missing)")
         for rel in part.paths:
-            source = os.path.join(artifact.uri, rel)
-            if os.path.islink(source):
-                raise ReleaseError(f"{source} is a symbolic link: refused")
-            if os.path.isfile(source):
+            source = storage.join(artifact.uri, rel)
+            _refuse_link(source)
+            if store.isdir(source):
+                copies.extend(_folder_plan(store, artifact.uri, rel, part))
+            elif store.exists(source):
                 copies.append((source, f"{part.bundle_dir}/{rel}", part.covered_by))
-            elif os.path.isdir(source):
-                tensorboard = rel == schema.TENSORBOARD_DIR
-                for root, dirs, names in os.walk(source):
-                    dirs.sort()
-                    for name in sorted(dirs + names):
-                        path = os.path.join(root, name)
-                        if os.path.islink(path):
-                            raise ReleaseError(f"{path} is a symbolic link: refused")
-                    if tensorboard:
-                        # Rewritten (module docstring): one neutral file per directory, no other file.
-                        event_files = [os.path.join(root, n) for n in sorted(names) if _is_event_file(n)]
-                        if event_files:
-                            relative = os.path.relpath(os.path.join(root, TENSORBOARD_EVENTS_FILE),
-                                                       artifact.uri).replace(os.sep, "/")
-                            try:
-                                events = released_events(event_files)
-                            except (OSError, ValueError) as err:
-                                raise ReleaseError(f"{err}: a released TensorBoard file must be readable to be "
-                                                   f"rewritten without wall-clock time; refused") from None
-                            copies.append((events, f"{part.bundle_dir}/{relative}", part.covered_by))
-                        continue
-                    for name in sorted(names):
-                        path = os.path.join(root, name)
-                        relative = os.path.relpath(path, artifact.uri).replace(os.sep, "/")
-                        copies.append((path, f"{part.bundle_dir}/{relative}", part.covered_by))
     return copies
+
+
+def _folder_plan(store, root: str, rel: str, part: ReleasedPart) -> List[tuple]:
+    """``_plan`` of one released folder of an artifact (``root``): every file, except under
+    ``tensorboard/``, whose event files are read now and become one rewritten file per folder."""
+    copies = []
+    for folder, dirs, names in _walk(store, root, rel):
+        for name in dirs + names:
+            _refuse_link(storage.join(root, folder, name))
+        if rel != schema.TENSORBOARD_DIR:
+            copies.extend((storage.join(root, folder, name), f"{part.bundle_dir}/{folder}/{name}", part.covered_by)
+                          for name in names)
+            continue
+        # Rewritten (module docstring): one neutral file per directory, no other file.
+        event_files = [storage.join(root, folder, name) for name in names if _is_event_file(name)]
+        if event_files:
+            try:
+                events = released_events(event_files)
+            except (OSError, ValueError) as err:
+                raise ReleaseError(f"{err}: a released TensorBoard file must be readable to be "
+                                   f"rewritten without wall-clock time; refused") from None
+            copies.append((events, f"{part.bundle_dir}/{folder}/{TENSORBOARD_EVENTS_FILE}", part.covered_by))
+    return copies
+
+
+def _contents(copies, audit) -> Iterator[tuple]:
+    """(bundle path, bytes, covered_by) of every released file, read one at a time through
+    ``dpbert.storage`` (TensorBoard events encoded), then ``audit/audit.json``."""
+    for source, relative, covered_by in copies:
+        if isinstance(source, list):  # TensorBoard events, rewritten (_plan)
+            yield relative, encode_event_file(source), covered_by
+            continue
+        try:
+            data = storage.storage_for(source).read_bytes(source)
+        except OSError as err:
+            raise ReleaseError(f"cannot read the released file {source}: {err}") from None
+        yield relative, data, covered_by
+    if audit is not None:
+        yield AUDIT_FILE, (schema.dumps(audit, indent=2, sort_keys=True) + "\n").encode("utf-8"), "epsilon_total"
+
+
+def _manifest_bytes(manifest: Dict[str, Any]) -> bytes:
+    return (schema.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+# ------------------------------------------------------------------------- writing the bundle
+def _check_target(bundle_dir: str):
+    if os.path.lexists(bundle_dir) and not os.path.isdir(bundle_dir):
+        raise ReleaseError(f"{bundle_dir} exists and is not a directory; choose a new bundle directory")
+    if os.path.isdir(bundle_dir) and os.listdir(bundle_dir):
+        raise ReleaseError(f"{bundle_dir} exists and is not empty; choose a new bundle directory")
+
+
+def _check_remote_target(store, bundle_dir: str):
+    if store.exists(bundle_dir) and not store.isdir(bundle_dir):
+        raise ReleaseError(f"{bundle_dir} exists and is not a directory; choose a new bundle directory")
+    if store.isdir(bundle_dir) and store.listdir(bundle_dir):
+        raise ReleaseError(f"{bundle_dir} exists and is not empty; choose a new bundle directory")
 
 
 def _umask() -> int:
@@ -333,34 +408,18 @@ def _remove_empty(directory: str, top: Optional[str]):
         directory = os.path.dirname(directory)
 
 
-def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
-    """Copy the released files of ``run`` (a ``dpbert.metadata.RunInfo``) into ``bundle_dir`` and
-    write the manifest. Returns the manifest. Refuses (``ReleaseError``, nothing written) a run
-    without a privacy report, a non-private run, a run over its budget, a run whose released files
-    are missing, and a ``bundle_dir`` that exists and is not an empty directory."""
-    # The ledger of a non-private run says so (non_private, ε = ∞): it is found, then refused.
-    report = next((a for a in run.artifacts(schema.type_name(schema.PRIVACY_REPORT)) if not a.private), None)
-    if report is None:
-        raise ReleaseError(f"run {run.run_id} has no privacy report: nothing can be released")
-    ledger = exact_ledger(report)
-    epsilon = ledger.get(schema.EPSILON_TOTAL_PLD)
-    if ledger.get(schema.NON_PRIVATE) or not _finite(epsilon):
-        raise ReleaseError(f"run {run.run_id} is not differentially private (ε = ∞): nothing to release")
-    if ledger.get(schema.WITHIN_BUDGET) in (False, 0):
-        raise ReleaseError(f"run {run.run_id} is over its privacy budget (ε = {epsilon:.4g} > "
-                           f"{ledger.get(schema.EPSILON_BUDGET)}): refused")
-    _check_target(bundle_dir)
-    coverage = {
-        "epsilon_vocab": {"epsilon": ledger.get(schema.EPSILON_VOCAB), "delta": ledger.get(schema.DELTA_VOCAB)},
-        "epsilon_total": {"epsilon": epsilon, "delta": ledger.get(schema.DELTA)},
-    }
-    unit = ledger.get(schema.UNIT)
-    if not isinstance(unit, str):
-        raise ReleaseError(f"run {run.run_id}: its privacy report names no unit of privacy")
-    adjacency = _adjacency(run, report)
-    copies = _plan(run, report)
-    audit = audit_record(run)
+def _put_local(folder: str, relative: str, data: bytes):
+    """One file of a local bundle's temporary folder (the bundle is not an artifact: plain files,
+    no storage-layer lock files in it)."""
+    path = os.path.join(folder, *relative.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
 
+
+def _write_local(bundle_dir: str, contents, manifest_of) -> Dict[str, Any]:
+    """A local bundle, atomically: every file into a temporary folder next to the target, renamed
+    at the end; on any error nothing is left (nor the parent folders this call created)."""
     target = os.path.abspath(bundle_dir)
     parent = os.path.dirname(target)
     created = parent
@@ -372,36 +431,13 @@ def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
     except OSError as err:
         raise ReleaseError(f"cannot write the bundle next to {bundle_dir}: {err}") from None
-    files: List[Dict[str, Any]] = []
-
-    def entry(relative: str, covered_by: str) -> Dict[str, Any]:
-        path = os.path.join(tmp, *relative.split("/"))
-        return {"path": relative, "bytes": os.path.getsize(path), "sha256": _sha256(path),
-                "covered_by": covered_by, **coverage[covered_by], "unit": unit, "adjacency": adjacency}
-
     try:
-        for source, relative, covered_by in copies:
-            destination = os.path.join(tmp, *relative.split("/"))
-            os.makedirs(os.path.dirname(destination), exist_ok=True)
-            if isinstance(source, list):  # TensorBoard events, rewritten (_plan)
-                with open(destination, "wb") as f:
-                    f.write(encode_event_file(source))
-            else:
-                shutil.copyfile(source, destination)
-            files.append(entry(relative, covered_by))
-        if audit is not None:
-            path = os.path.join(tmp, *AUDIT_FILE.split("/"))
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(schema.dumps(audit, indent=2, sort_keys=True) + "\n")
-            files.append(entry(AUDIT_FILE, "epsilon_total"))
-        manifest = {"run_id": run.run_id, "pipeline": run.pipeline, "unit": unit, "adjacency": adjacency,
-                    **{name: ledger.get(key) for name, key in MANIFEST_NUMBERS.items()}, "files": files}
-        approximate = sorted(name for name, key in MANIFEST_NUMBERS.items() if ledger.get(key + schema.APPROX_SUFFIX))
-        if approximate:  # rounded by ML Metadata and not in privacy_report.json: said, not hidden
-            manifest["approximate"] = approximate
-        with open(os.path.join(tmp, MANIFEST_FILE), "w", encoding="utf-8") as f:
-            f.write(schema.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        files = []
+        for relative, data, entry in contents:
+            _put_local(tmp, relative, data)
+            files.append(entry)
+        manifest = manifest_of(files)
+        _put_local(tmp, MANIFEST_FILE, _manifest_bytes(manifest))
         os.chmod(tmp, 0o777 & ~_umask())
         _check_target(bundle_dir)  # again: another process may have written there meanwhile
         if os.path.isdir(target):
@@ -414,6 +450,92 @@ def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
             raise ReleaseError(f"cannot write the bundle {bundle_dir}: {err}") from None
         raise
     return manifest
+
+
+def _write_remote(bundle_dir: str, contents, manifest_of) -> Dict[str, Any]:
+    """A bundle on object storage (``--to gs://…``), which has no rename: objects written one by
+    one, ``manifest.json`` LAST, so a reader that finds the manifest finds every file it lists.
+    Every object is created only if absent (generation 0): two releases racing into one target
+    cannot mix files under one manifest. On any error the objects this call wrote are deleted (by
+    generation, never another writer's); a bundle without ``manifest.json`` is incomplete."""
+    store = storage.storage_for(bundle_dir)
+    written = []
+    try:
+        files = []
+        for relative, data, entry in contents:
+            uri = storage.join(bundle_dir, relative)
+            written.append((uri, store.write_bytes(uri, data, if_generation_match=0)))
+            files.append(entry)
+        manifest = manifest_of(files)
+        uri = storage.join(bundle_dir, MANIFEST_FILE)
+        written.append((uri, store.write_bytes(uri, _manifest_bytes(manifest), if_generation_match=0)))
+    except BaseException as err:
+        for uri, generation in reversed(written):
+            try:
+                store.delete(uri, if_generation_match=generation)
+            except (OSError, storage.PreconditionFailed):
+                pass  # gone, or replaced by another writer: not ours to delete
+        if isinstance(err, (OSError, storage.PreconditionFailed)):
+            raise ReleaseError(f"cannot write the bundle {bundle_dir}: {err}") from None
+        raise
+    return manifest
+
+
+def _checked_ledger(run):
+    """(PrivacyReport artifact, exact ledger, ε, unit) of a run that may be released; ReleaseError
+    for a run without a privacy report, a non-private run, a run over its budget, no unit."""
+    # The ledger of a non-private run says so (non_private, ε = ∞): it is found, then refused.
+    report = next((a for a in run.artifacts(schema.type_name(schema.PRIVACY_REPORT)) if not a.private), None)
+    if report is None:
+        raise ReleaseError(f"run {run.run_id} has no privacy report: nothing can be released")
+    ledger = exact_ledger(report)
+    epsilon = ledger.get(schema.EPSILON_TOTAL_PLD)
+    if ledger.get(schema.NON_PRIVATE) or not _finite(epsilon):
+        raise ReleaseError(f"run {run.run_id} is not differentially private (ε = ∞): nothing to release")
+    if ledger.get(schema.WITHIN_BUDGET) in (False, 0):
+        raise ReleaseError(f"run {run.run_id} is over its privacy budget (ε = {epsilon:.4g} > "
+                           f"{ledger.get(schema.EPSILON_BUDGET)}): refused")
+    unit = ledger.get(schema.UNIT)
+    if not isinstance(unit, str):
+        raise ReleaseError(f"run {run.run_id}: its privacy report names no unit of privacy")
+    return report, ledger, epsilon, unit
+
+
+def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
+    """Copy the released files of ``run`` (a ``dpbert.metadata.RunInfo``; its artifacts local,
+    ``gs://`` or ``ram://``) into ``bundle_dir`` and write the manifest. Returns the manifest.
+    Refuses (``ReleaseError``, nothing written) a run without a privacy report, a non-private run,
+    a run over its budget, a run whose released files are missing, and a ``bundle_dir`` that exists
+    and is not an empty directory. A local ``bundle_dir`` is written atomically (``_write_local``),
+    a remote one object by object with the manifest last (``_write_remote``)."""
+    report, ledger, epsilon, unit = _checked_ledger(run)
+    remote = storage.is_remote(bundle_dir)
+    if storage.scheme(bundle_dir) == "file":
+        bundle_dir = bundle_dir[len("file://"):]
+    if remote:
+        _check_remote_target(storage.storage_for(bundle_dir), bundle_dir)
+    else:
+        _check_target(bundle_dir)
+    coverage = {
+        "epsilon_vocab": {"epsilon": ledger.get(schema.EPSILON_VOCAB), "delta": ledger.get(schema.DELTA_VOCAB)},
+        "epsilon_total": {"epsilon": epsilon, "delta": ledger.get(schema.DELTA)},
+    }
+    adjacency = _adjacency(run, report)
+    copies = _plan(run, report)
+    contents = ((relative, data, {"path": relative, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                                  "covered_by": covered_by, **coverage[covered_by], "unit": unit,
+                                  "adjacency": adjacency})
+                for relative, data, covered_by in _contents(copies, audit_record(run)))
+
+    def manifest_of(files: List[Dict[str, Any]]) -> Dict[str, Any]:
+        manifest = {"run_id": run.run_id, "pipeline": run.pipeline, "unit": unit, "adjacency": adjacency,
+                    **{name: ledger.get(key) for name, key in MANIFEST_NUMBERS.items()}, "files": files}
+        approximate = sorted(name for name, key in MANIFEST_NUMBERS.items() if ledger.get(key + schema.APPROX_SUFFIX))
+        if approximate:  # rounded by ML Metadata and not in privacy_report.json: said, not hidden
+            manifest["approximate"] = approximate
+        return manifest
+
+    return (_write_remote if remote else _write_local)(bundle_dir, contents, manifest_of)
 
 
 # --------------------------------------------------------------------------- the report's view
@@ -486,8 +608,10 @@ def released_view(report: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def bundle_files(bundle_dir: str) -> List[str]:
-    """Every file under a bundle, as ``/``-separated paths (for tests and the CLI's summary)."""
-    out = []
-    for root, _, names in os.walk(bundle_dir):
-        out.extend(os.path.relpath(os.path.join(root, n), bundle_dir).replace(os.sep, "/") for n in names)
-    return sorted(out)
+    """Every file under a bundle (local or remote, read through ``dpbert.storage``), as
+    ``/``-separated paths (for tests and the CLI's summary)."""
+    store = storage.storage_for(bundle_dir)
+    if not store.isdir(bundle_dir):
+        return []
+    return sorted(f"{folder}/{name}" if folder else name
+                  for folder, _, names in _walk(store, bundle_dir, "") for name in names)

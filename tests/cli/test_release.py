@@ -1,6 +1,7 @@
 """The release boundary (issue 14): `dpbert release` writes only the files of dpbert.release.RELEASED
 with a manifest naming the ε/δ/unit covering each; `dpbert report --released` prints only the
-released view. The store is the synthetic one of tests/dashboard/fakestore.py with real files."""
+released view. The store is the synthetic one of tests/dashboard/fakestore.py with real files
+(artifacts on ram:// / fake:// and a remote --to: test_release_storage.py)."""
 import hashlib
 import json
 import os
@@ -207,17 +208,15 @@ def test_refusals_exit_2_and_write_nothing(store, tmp_path, capsys, case):
 
 
 def test_a_failure_while_copying_leaves_nothing(store, tmp_path, monkeypatch):
-    import shutil
+    real, calls = release._put_local, []
 
-    real, calls = shutil.copyfile, []
-
-    def failing(src, dst, *a, **k):
-        calls.append(src)
+    def failing(folder, relative, data):
+        calls.append(relative)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        return real(src, dst, *a, **k)
+        return real(folder, relative, data)
 
-    monkeypatch.setattr(shutil, "copyfile", failing)
+    monkeypatch.setattr(release, "_put_local", failing)
     target = tmp_path / "new" / "deeper" / "bundle"
     with pytest.raises(release.ReleaseError, match="No space left"):
         release.write_bundle(_run(store, fakestore.RELEASE_RUN), str(target))
