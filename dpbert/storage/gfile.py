@@ -86,7 +86,10 @@ class GFileStorage(Storage):
         if not self.isdir(uri):
             raise FileNotFoundError(f"no such folder: {uri}")
         names = {n.rstrip("/") for n in _gfile().listdir(uri)}
-        return sorted(n for n in names if ".dpbert-tmp-" not in n)
+        # TF's ram:// listing matches by string prefix: listing .../1 also yields "7" from a
+        # sibling .../17; keep only names that exist under this folder.
+        base = _norm(uri).rstrip("/")
+        return sorted(n for n in names if ".dpbert-tmp-" not in n and _gfile().exists(f"{base}/{n}"))
 
     def glob(self, pattern) -> List[str]:
         return sorted(p for p in _gfile().glob(pattern) if ".dpbert-tmp-" not in p)
@@ -102,7 +105,12 @@ class GFileStorage(Storage):
     def rmtree(self, uri) -> None:
         with _LOCK:
             if self.exists(uri):
-                _gfile().rmtree(uri)
+                try:
+                    _gfile().rmtree(uri)
+                except Exception:  # ram:// rmtree can fail on its own listing: delete file by file
+                    for folder, _dirs, files in list(_gfile().walk(_norm(uri))):
+                        for name in files:
+                            _gfile().remove(f"{_norm(folder).rstrip('/')}/{name}")
             prefix = _norm(uri) + "/"
             for key in [k for k in _GENERATIONS if k.startswith(prefix)]:
                 del _GENERATIONS[key]

@@ -171,3 +171,16 @@ def test_update_json_gives_up_after_its_retries(backend):
     with pytest.raises(PreconditionFailed):
         update_json(uri, always_raced, retries=3)
     assert len(calls) == 3 and read_json(uri) == {"n": 3}
+
+
+def test_ram_listing_keeps_only_the_folders_own_names():
+    """TF's ram:// listing matches by prefix: listing .../1 also returned "7" of a sibling .../17."""
+    from dpbert import storage
+
+    root = "ram://listing-prefix-test"
+    store = storage.storage_for(root)
+    store.write_bytes(f"{root}/1/a", b"x")
+    store.write_bytes(f"{root}/17/b", b"y")
+    assert store.listdir(f"{root}/1") == ["a"]
+    store.rmtree(root)
+    assert not store.exists(f"{root}/1/a") and not store.exists(f"{root}/17/b")
