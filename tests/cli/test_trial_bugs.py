@@ -272,6 +272,7 @@ def _json(result):
 SMALL = ("--set", "training.dataset_patients=120", "--set", "training.batch_size=16")
 
 
+@pytest.mark.slow  # make test-all (≈ 30 s); docs/development.md
 def test_target_epsilon_targets_the_whole_run_and_budget_exits_3_over_the_budget(in_process):
     """11. `budget --target-epsilon 0.5` with a budget of 3 printed a whole-run ε of 3.433 and exit 0."""
     training = in_process("budget", "--target-epsilon", "0.5", "--target", "training",

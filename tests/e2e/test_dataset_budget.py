@@ -50,6 +50,7 @@ def _pld_of_one_run(config):
                                                                                    epsilon_budget=None)))
 
 
+@pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
 def test_a_budget_lowered_after_an_interrupt_counts_the_reserved_run(tmp_path):
     first = config_of(tmp_path / "out", "privacy.epsilon_budget=1000")
     charge_like_a_run(first, finalize_training=False)  # interrupted: the trainer's entry stays reserved
@@ -63,6 +64,7 @@ def test_a_budget_lowered_after_an_interrupt_counts_the_reserved_run(tmp_path):
     assert main(["ledger", "--json", "--set", f"pipeline.output_dir={tmp_path / 'out'}", *set_args(OVERRIDES)]) == 0
 
 
+@pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
 def test_a_new_learning_rate_is_a_second_charge_not_a_fresh_budget(tmp_path):
     plan = _pld_of_one_run(config_of(tmp_path / "out"))
     vocab = {"mechanism": "dp_histogram", "planned": [composition.ledger_record(plan["vocab_event"])]}
@@ -96,6 +98,7 @@ def _run(out, budget):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
 @pytest.mark.e2e
 def test_a_second_output_folder_is_refused_and_the_ledger_lists_the_first(tmp_path, capsys):
     config = config_of(tmp_path / "a")

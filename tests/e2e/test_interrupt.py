@@ -76,6 +76,7 @@ def _interrupt(out):
     return command, step, checkpoint
 
 
+@pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
 def test_sigint_during_training_exits_130_with_one_line_and_marks_the_run_cancelled(tmp_path):
     out = tmp_path / "run"
     _, step, _ = _interrupt(out)

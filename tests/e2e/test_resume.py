@@ -41,6 +41,7 @@ def executions(out):
     return [(name.split(".", 1)[1], state) for name, state in rows]
 
 
+@pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
 def test_interrupted_run_resumes_without_recounting_or_resetting_the_ledger(tmp_path):
     out = tmp_path / "run"
     first = run(out, crash_after=3)  # checkpoint at step 2; step 3 runs, then the process "crashes"

@@ -56,6 +56,7 @@ def _executions(out):
     return sqlite3.connect(out / "metadata.sqlite").execute("SELECT COUNT(*) FROM Execution").fetchone()[0]
 
 
+@pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
 def test_a_resume_over_the_budget_is_refused_before_it_runs(tmp_path):
     out = tmp_path / "run"
     budget = _budget_of_the_plan()

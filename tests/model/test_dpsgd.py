@@ -126,6 +126,7 @@ def test_noise_paper_mode_reports_effective_sigma():
     assert config.effective_noise_multiplier == pytest.approx(math.sqrt(8))
 
 
+@pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
 def test_two_replicas_training_in_subprocess(tmp_path):
     """P = 2 needs two logical CPUs configured before TensorFlow starts: its own process. The run
     passes its run-time noise check (the clean sum's own all-reduce on two replicas); the

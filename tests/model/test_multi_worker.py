@@ -61,6 +61,7 @@ def runs(replicas: int):
     }
 
 
+@pytest.mark.slow  # make test-all (≈ 30 s); docs/development.md
 def test_broken_noise_placements_fail_the_two_worker_noise_check():
     """Positive controls (``broken_mechanisms.PLACEMENTS``, applied by the test worker script in its
     own two processes): full σ per worker before the SUM (ratio √2), the same draw before the SUM

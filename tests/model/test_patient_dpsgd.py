@@ -80,6 +80,7 @@ def test_patient_mode_noise_std_single_replica(accumulation):
     _assert_noise(result, 1, accumulation)
 
 
+@pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
 def test_patient_mode_two_replicas_noise_and_training_in_subprocess(tmp_path):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("patient_replicas_worker.py")),

@@ -74,6 +74,7 @@ def test_dp_training_learns_with_small_noise_and_records(corpus, tmp_path):
     assert json.loads((tmp_path / "dp_steps.json").read_text())["steps_executed"] == 40
 
 
+@pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
 def test_resume_after_crash_keeps_every_step(corpus, tmp_path):
     kwargs = dict(steps=8, checkpoint_every=3, accumulation_steps=2)
     with pytest.raises(SimulatedCrash):
