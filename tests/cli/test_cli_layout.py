@@ -87,7 +87,7 @@ EPOCHS_1_1 = ["--config", DEFAULTS, "--examples", "50", "--set", "training.batch
               "--set", "training.accumulation_steps=1", "--json"]
 
 
-@pytest.mark.parametrize("extra", [[], ["--target-epsilon", "8"]])
+@pytest.mark.parametrize("extra", [[], pytest.param(["--target-epsilon", "8"], marks=pytest.mark.slow)])
 def test_budget_plans_through_the_training_plan(capsys, extra):
     """epochs = 1.1, n = 50, B = 5: ceil(1.1·50/5) would be 12 (float rounding); the plan says 11,
     and so does `dpbert budget` in both modes."""

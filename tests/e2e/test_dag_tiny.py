@@ -54,7 +54,7 @@ def test_report_ledger_is_recomputed_from_recorded_events(tiny_run):
     assert report["canary"]["baseline_audit_epsilon_lower_bound"] >= 0
     # the white-box audit of the configured DP-SGD, next to the ledger's ε_T
     audit = report["audit"]
-    assert audit["canaries"] == 1000 and audit["steps"] == 4 and audit["consistent"]
+    assert audit["canaries"] == 200 and audit["steps"] == 4 and audit["consistent"]
     assert 0 <= audit["epsilon_lower_bound"] <= audit["epsilon_upper_bound"] <= privacy["epsilon_train"] + 1e-6
     assert audit["epsilon_train_ledger"] == pytest.approx(privacy["epsilon_train"], rel=1e-6)
     assert audit["positive_control_lower_bound"] >= audit["epsilon_lower_bound"]

@@ -27,7 +27,7 @@ TINY_DAG = CLASSIC + [
     "training.train_non_private_baseline=true",
     "privacy.epsilon_budget=null",
     "audit.enabled=true",
-    "audit.canaries=1000",
+    "audit.canaries=200",
 ]
 
 
