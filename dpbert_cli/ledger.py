@@ -47,7 +47,7 @@ def ledger_view(uri: str, dataset_id: str, budget=None) -> dict:
         budget = next((e.get("epsilon_budget") for e in reversed(entries) if e.get("epsilon_budget")), None)
     totals = dataset.within(entries, budget, delta, pld=True) if delta else \
         {"epsilon_rdp": 0.0, "epsilon_pld": 0.0, "within_budget": True, "rule": "rdp_filter"}
-    spent = totals["epsilon_pld"] if totals["rule"] == "one_planned_run_pld" else totals["epsilon_rdp"]
+    spent = dataset.spent(totals)
     return {"dataset_id": dataset_id, "ledger": uri, "unit": doc.get("unit"), "delta": delta, "entries": rows,
             "runs": len({r["run_id"] for r in rows}),
             "totals": {"epsilon_rdp": totals["epsilon_rdp"], "epsilon_pld": totals["epsilon_pld"],

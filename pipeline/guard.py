@@ -93,11 +93,22 @@ def prechecks(config: Config) -> None:
         raise ConfigError(problem)
 
 
-def remaining_budget(config: Config) -> Optional[float]:
-    """The ε the dataset has left to spend (``privacy.epsilon_budget`` minus what its ledger has
-    already charged), for ``dpbert budget``. The dataset ledger is not wired in yet: None (unknown)."""
-    del config
-    return None
+def remaining_budget(config: Optional[Config]) -> Optional[float]:
+    """The ε the dataset has left to spend, for ``dpbert budget``: ``privacy.epsilon_budget`` minus
+    what its ledger (``dpbert.ledger``) has charged, composed as the budget is enforced (the RDP
+    filter; one planned run: its PLD total). None without a budget or a dataset identity. Reads only."""
+    from dpbert.ledger import dataset, identity
+    from dpbert.ledger import target as ledger_target
+
+    budget = None if config is None else config.privacy.epsilon_budget
+    target = None if budget is None else ledger_target.ledger_target(config)
+    if target is None:
+        return None
+    doc = dataset.read_ledger(identity.ledger_uri(identity.location_for(config), target.dataset_id), target.dataset_id)
+    entries = dataset.entries_of(doc)
+    if not entries or not doc.get("delta"):
+        return float(budget)
+    return max(float(budget) - dataset.spent(dataset.within(entries, budget, doc["delta"], pld=True)), 0.0)
 
 
 def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> Optional[int]:

@@ -132,6 +132,12 @@ def within(entries: List[Mapping[str, Any]], budget: Optional[float], delta: flo
     return {**_compose.compose(entries, delta), "within_budget": False, "rule": "rdp_filter"}
 
 
+def spent(totals: Mapping[str, Any]) -> float:
+    """The ε the budget is enforced against in ``totals`` (``within``'s): the PLD total while the
+    ledger is one planned run, else the RDP filter's total."""
+    return totals["epsilon_pld"] if totals["rule"] == "one_planned_run_pld" else totals["epsilon_rdp"]
+
+
 def check_within(doc: Mapping[str, Any], budget: Optional[float], dataset_id: str, mechanism: str,
                  delta: float) -> Dict[str, Any]:
     """``within`` over the ledger's entries; BudgetRefused when over ``budget``."""
