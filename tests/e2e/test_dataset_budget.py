@@ -106,14 +106,15 @@ def test_a_second_output_folder_is_refused_and_the_ledger_lists_the_first(tmp_pa
     first = _run(tmp_path / "a", budget)
     assert first.returncode == 0, first.stderr[-3000:]
     uri = target.ledger_target(config).uri()
-    (entry,) = dataset.entries_of(dataset.read_ledger(uri))  # the vocabulary stage's (the trainer: not wired)
-    assert entry["stage"] == "vocab" and entry["status"] == "finalized"
-    assert entry["pipeline_root"] == str(tmp_path / "a" / "pipeline_root")
+    entries = dataset.entries_of(dataset.read_ledger(uri))  # the vocabulary stage's and the trainer's
+    assert sorted(e["mechanism"] for e in entries) == sorted(["dp_histogram", "dp_sgd"]), entries
+    assert all(e["status"] == "finalized" and e["pipeline_root"] == str(tmp_path / "a" / "pipeline_root")
+               for e in entries)
     second = _run(tmp_path / "b", budget)
     assert second.returncode == 3, second.stderr[-3000:]
     assert "every run on it" in second.stderr and not (tmp_path / "b").exists()
     assert main(["ledger", "--json", *set_args(OVERRIDES)]) == 0
     view = json.loads(capsys.readouterr().out)
-    assert view["dataset_id"] == identity.dataset_id_for(config.corpus) and len(view["entries"]) == 1
-    assert view["entries"][0]["run_id"].startswith("DPVocabularyGen/execution-")
+    assert view["dataset_id"] == identity.dataset_id_for(config.corpus) and len(view["entries"]) == 2
+    assert sorted(e["run_id"].split("/")[0] for e in view["entries"]) == ["DPVocabularyGen", "MLMPretrainer"]
     assert view["totals"]["epsilon_rdp"] > 0 and view["totals"]["remaining"] is not None
