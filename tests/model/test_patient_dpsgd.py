@@ -107,6 +107,7 @@ def _patient_run(out, steps=5, stop_after=None, resume=True):
                      hooks=[CrashAfter(stop_after)] if stop_after is not None else ())
 
 
+@pytest.mark.slow  # make test-all; covered in make test by crash and resume of the loop: tests/model/test_engine_loop.py
 def test_patient_run_resumed_after_a_crash_charges_every_step(tmp_path):
     out = tmp_path / "state"
     with pytest.raises(SimulatedCrash):

@@ -127,6 +127,7 @@ def test_holdout_trains_on_the_split_membership_recomputes(tmp_path, tuples_dir,
     assert stage.training_patients(tuples_dir, MembershipConfig()) == (None, None)
 
 
+@pytest.mark.slow  # make test-all; covered in make test by the stage's crash and resume: tests/stages/test_pretrain_ledger.py
 def test_a_crashed_run_resumes_from_the_state_directory(tmp_path, tuples_dir, vocabulary_dir, monkeypatch):
     from dpbert.model.train import SimulatedCrash
 

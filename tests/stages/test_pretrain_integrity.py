@@ -29,6 +29,7 @@ def _epsilon(tc, steps, n):
     return stage.charged_ledger(None, None, tc.noise_multiplier, plan, n, steps, tc.delta)["epsilon_total_pld"]
 
 
+@pytest.mark.slow  # make test-all; make test covers it: tests/model/test_engine_loop.py (budget)
 def test_a_resume_never_executes_a_step_the_budget_does_not_cover(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
     """Budget = ε of 4 steps (the plan); a crash after 3 steps with no checkpoint; the resume would
     run 4 more (7 in the chain): it runs 1, is refused before the 5th, and records ε of 4."""
