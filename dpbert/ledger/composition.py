@@ -40,7 +40,6 @@ import math
 from typing import Any, Dict, Iterable, List, Mapping
 
 import dp_accounting
-from dp_accounting import rdp as _rdp
 
 from dpbert.privacy import accountant as _accountant
 from dpbert.privacy import events as _events
@@ -158,7 +157,7 @@ def compose(entries: Iterable[Mapping[str, Any]], delta: float, pld: bool = True
     if delta_c <= 0:
         return {**out, "epsilon_rdp": math.inf, "epsilon_pld": math.inf if pld else None}
     event = grouped([_events.dp_event_from_dict(r["event"]) for r in records])
-    rdp = float(_rdp.RdpAccountant().compose(event).get_epsilon(delta_c))
+    rdp = float(_accountant._epsilon(event, delta_c, "rdp"))  # noqa: SLF001 -- memoised
     if not pld:
         return {**out, "epsilon_rdp": rdp, "epsilon_pld": None}
     # The PLD total: the accountant's own evaluation (closed form for Gaussian-only compositions).

@@ -108,7 +108,24 @@ def _gaussian_only(event: dp_accounting.DpEvent) -> Optional[float]:
     return None
 
 
+#: ``_epsilon``'s results by (repr of the event, δ, accountant): an event is a frozen value whose
+#: repr names every field (floats exactly), and a PLD of a subsampled Gaussian takes seconds to build
+#: while plans, guards, ledgers and reports ask for the same ε many times in one process.
+_EPSILON_MEMO: Dict[tuple, float] = {}
+_EPSILON_MEMO_SIZE = 4096
+
+
 def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str) -> float:
+    """ε at δ of ``event`` (memoised: ``_EPSILON_MEMO``; see ``_epsilon_uncached``)."""
+    key = (repr(event), float(delta), kind)
+    if key not in _EPSILON_MEMO:
+        if len(_EPSILON_MEMO) >= _EPSILON_MEMO_SIZE:
+            _EPSILON_MEMO.clear()
+        _EPSILON_MEMO[key] = _epsilon_uncached(event, delta, kind)
+    return _EPSILON_MEMO[key]
+
+
+def _epsilon_uncached(event: dp_accounting.DpEvent, delta: float, kind: str) -> float:
     """ε at δ of ``event``. For "pld", a composition of Gaussian mechanisms only (the vocabulary,
     shuffled DP-SGD) is one Gaussian mechanism with noise multiplier (Σ count/σᵢ²)^(−1/2) — its
     privacy loss distribution is exactly that Gaussian's — so its ε is evaluated in closed form

@@ -24,6 +24,7 @@ TINY_DAG = CLASSIC + [
     "ner.enabled=true",
     "ner.epochs=1",
     "ner.max_train_sentences=64",
+    "ner.synthetic_column=false",
     "training.train_non_private_baseline=true",
     "privacy.epsilon_budget=null",
     "audit.enabled=true",
