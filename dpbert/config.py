@@ -272,6 +272,11 @@ class TrainingConfig:
     #: collectives and the noise draw stay outside the compiled functions, so the step releases
     #: the same S + z as the uncompiled one (``dpbert.model.dpsgd``).
     jit_compile: bool = False
+    #: Read the steps' statistics (loss, counts, the noise probe) from the device every this many
+    #: steps, in one transfer (1: every step). On an accelerator a larger value (e.g. 20) lets
+    #: steps queue without a host round-trip; progress, DP estimates and the checks' looks then come
+    #: up to this many steps late. Checkpoint steps and the audit's probe are always read at once.
+    stats_every: int = 1
     #: δ of the DP-SGD mechanism.
     delta: float = 1e-6
     #: Non-private baseline (no clipping, no noise; ε = ∞).
@@ -356,6 +361,8 @@ class TrainingConfig:
         _check(0 < self.mask_probability < 1, f"{prefix}.mask_probability", "must be in (0, 1)",
                self.mask_probability)
         _check(self.checkpoint_every >= 1, f"{prefix}.checkpoint_every", "must be >= 1", self.checkpoint_every)
+        _check(isinstance(self.stats_every, int) and not isinstance(self.stats_every, bool) and self.stats_every >= 1, f"{prefix}.stats_every",
+               "must be an integer >= 1", self.stats_every)
         _check(self.integrity_check_every >= 0, f"{prefix}.integrity_check_every", "must be >= 0 (0 = off)",
                self.integrity_check_every)
         _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)

@@ -228,6 +228,9 @@ class ProbeHook(Hook):
         self.observed = np.zeros((self.steps_planned, dims), np.float32)
         self.noiseless = np.zeros((self.steps_planned, dims), np.float32) if self.want_noiseless else None
 
+    def needs_read(self, loop, step):
+        return True  # the probe variables hold this step's values only until the next step
+
     def on_step(self, loop, step, rounds, stats, sampled):
         sampler = self.box[0]
         part = sampler.participation(sampled)

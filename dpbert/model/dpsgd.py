@@ -148,19 +148,21 @@ own ``tf.random.Generator`` seeded from OS entropy (a test noise seed: from it),
 strategy's scope (a stream per replica) and never checkpointed; the masks are again i.i.d. across
 slots and independent of the data, as with the uncompiled step's secret global seed.
 
-Noise drawn ahead (compiled step, private): z depends on (seed, DP step, piece) only, never on
-the data, so right after step t's apply the draw of step t + 1 is made into device buffers (one
-replica: on a background thread, so it overlaps the host's sampling and masking and the next
-rounds; several replicas: enqueued after the apply). The apply of step t + 1 uses the buffer only
+Noise drawn ahead (the compiled step, and the uncompiled one on one replica; private): z depends
+on (seed, DP step, piece) only, never on the data, so right after step t's apply the draw of step
+t + 1 is made into device buffers (one replica: on a background thread, so it overlaps the host's
+sampling and masking and the next rounds; several replicas, compiled: enqueued after the apply). The apply of step t + 1 uses the buffer only
 when the DP step it was keyed on is the running one (a restore or a replayed step draws inline):
 the same z, the same single placement after the SUM, and the noise probe still measures what the
 optimizer is handed. The buffers hold the next step's noise: they are never checkpointed or
 written anywhere (whoever held them could subtract the next update's noise). They cost one more
 copy of the trained pieces in device memory.
 
-Statistics: each round's sums stay on the device and are added there; a step reads them once
-(one transfer), and the per-unit norms are read only when asked for (``last_unit_norms``: the
-run-time clipping check's steps).
+Statistics: each round's sums stay on the device and are added there; the training loop reads
+them every ``training.stats_every`` steps, several steps' in one transfer (``run_step(read=False)``,
+``read_stats``), and the per-unit norms only when asked for (``last_unit_norms``: the run-time
+clipping check's steps). Nothing private is decided from them between reads: the step log, the
+budget and the noise do not depend on them.
 
 Noise RNG: the base seed comes from OS entropy (``secrets``) unless an explicit test seed is
 given (several worker processes: the chief's, shared by an all-reduce, above). The base seed is never logged or checkpointed (a resumed run draws a new one).
@@ -173,7 +175,7 @@ import math
 import secrets
 import threading
 from concurrent import futures
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -325,6 +327,33 @@ def plain_gradients(model: tf_keras.Model, inputs, loss_fn: Callable, example_ma
         losses = loss_fn(outputs) * example_mask
         summed = tf.reduce_sum(losses)
     return selection.gradients(tape, summed), losses, outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceStats:
+    """One step's summed statistics, still on the device: ``values[i]`` is ``keys[i]`` (float64)."""
+
+    keys: Tuple[str, ...]
+    values: tf.Tensor
+
+
+def read_stats(steps: Sequence[DeviceStats], extra: Sequence[tf.Tensor] = ()) -> list:
+    """Every step's statistics as python floats, and ``extra`` tensors as float64 numpy arrays, in
+    ONE device-to-host transfer (one concatenated vector): ``[stats dict per step] + [arrays]``."""
+    parts = [s.values for s in steps] + [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in extra]
+    if not parts:
+        return []
+    host = tf.concat(parts, axis=0).numpy()
+    out, at = [], 0
+    for s in steps:
+        n = len(s.keys)
+        out.append({k: float(v) for k, v in zip(s.keys, host[at:at + n])})
+        at += n
+    for t in extra:
+        n = int(np.prod(t.shape))
+        out.append(host[at:at + n].reshape(t.shape))
+        at += n
+    return out
 
 
 @dataclasses.dataclass
@@ -604,13 +633,13 @@ class DPSGDTrainStep:
         return self._unit_norms
 
     def _setup_jit(self):
-        """The compiled functions of ``jit_compile`` and the noise drawn ahead (module docstring)."""
+        """The compiled functions of ``jit_compile``, and the noise drawn ahead: compiled, or
+        uncompiled on one replica (module docstring)."""
         self._noise_buffers = None
-        if not self.config.jit_compile:
-            return
-        self._compiled = {}
-        self._secret_dropout()
-        if self.config.non_private:
+        if self.config.jit_compile:
+            self._compiled = {}
+            self._secret_dropout()
+        if self.config.non_private or not (self.config.jit_compile or self.replicas == 1):
             return
         local = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -761,8 +790,9 @@ class DPSGDTrainStep:
             # the sum (noise before the SUM, no noise, ...), B·update − S is the noise it carried.
             clean = self._all_reduce_sum(self._noise_probe_gather(grads))
         grads = self._sum_replicas(grads)
-        if not self.config.jit_compile:
-            self._release(grads, denominator, canary_sum, clean, apply=True)
+        if not self.config.jit_compile:  # one replica: the buffers drawn ahead, if fresh (else drawn now)
+            noise = self._noise_for_apply() if self._noise_buffers is not None else None
+            self._release_staged(grads, noise, denominator, canary_sum, clean, apply=True)
             return tf.constant(0.0)
         noise = [] if self.config.non_private else (
             self._noise_for_apply() if self._noise_buffers is not None else self._draw_noise())
@@ -922,8 +952,10 @@ class DPSGDTrainStep:
         return self._distribute(round_batch)
 
     def run_step(self, rounds: Sequence[Dict[str, np.ndarray]], num_examples: Optional[float] = None,
-                 canary_sum: Optional[np.ndarray] = None) -> Dict[str, float]:
-        """One logical DP-SGD step over ``rounds`` (R ≥ 1). Returns summed stats (python floats).
+                 canary_sum: Optional[np.ndarray] = None, read: bool = True):
+        """One logical DP-SGD step over ``rounds`` (R ≥ 1). Returns summed stats (python floats);
+        ``read=False``: a :class:`DeviceStats` left on the device (``read_stats`` reads several
+        steps' at once: ``training.stats_every``).
 
         ``canary_sum``: with an ``AuditProbe``, the sum of this step's sampled audit canaries on
         the probe's coordinates (zeros when none was sampled); None takes ``next_canary_sum``."""
@@ -960,9 +992,9 @@ class DPSGDTrainStep:
             self._ahead = None
         self._apply_fn(denominator_t, tf.constant(canary))
         self._draw_ahead()
-        keys = sorted(totals)
-        values = tf.stack([totals[k] for k in keys]).numpy() if keys else []  # the step's one read
-        return {k: float(v) for k, v in zip(keys, values)}
+        keys = tuple(sorted(totals))
+        device = DeviceStats(keys, tf.stack([totals[k] for k in keys]) if keys else tf.zeros([0], tf.float64))
+        return device if not read else read_stats([device])[0]
 
     def _draw_ahead(self):
         """Start the next step's draw (compiled private step; module docstring)."""

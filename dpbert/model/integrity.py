@@ -86,6 +86,7 @@ of the identical update — and only the chief writes ``integrity_checks.json``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import secrets
@@ -566,6 +567,16 @@ class ClippingCheck:
 
 
 # --------------------------------------------------------------------------- all together
+@dataclasses.dataclass(frozen=True)
+class LaunchedStep:
+    """A step that ran (``RunChecks.step``): its statistics and noise-probe snapshots still on the
+    device, and whether it is a look of the checks."""
+
+    stats: "dpsgd.DeviceStats"
+    probe: tuple
+    due: bool
+
+
 class RunChecks:
     """The run-time checks of one training run; ``step`` replaces ``stepper.run_step``.
 
@@ -575,8 +586,9 @@ class RunChecks:
     (one "look") at the same points and at the end (:meth:`finish`). ``seed``: tests only (fixes
     the checks' randomness). A non-private run has no mechanism to check (everything "not run").
 
-    The training loop calls, per step: :meth:`sampled` (the units it drew), :meth:`step` (the
-    step itself), :meth:`released` (the DP diagnostics it released, if any)."""
+    The training loop calls, per step: :meth:`sampled` (the units it drew), :meth:`launch` (the
+    step itself); every ``training.stats_every`` steps :meth:`read` (one transfer), then per step
+    in order :meth:`settle` and :meth:`released` (the DP diagnostics it released, if any)."""
 
     def __init__(self, stepper: dpsgd.DPSGDTrainStep, *, sampling_mode: str, units: int, q: float,
                  batch_size: int, every: int, output_dir, seed: Optional[int] = None):
@@ -617,20 +629,45 @@ class RunChecks:
             self.release.add(exact, released, noise_std)
 
     def step(self, rounds: List[dict], step: int) -> Dict[str, float]:
-        """``stepper.run_step(rounds)`` with the checks around it; ``step``: the optimizer step
-        (0-based) this call takes."""
+        """:meth:`launch`, :meth:`read` and :meth:`settle` of one step: its EXACT statistics."""
+        launched = self.launch(rounds, step)
+        return self.settle(launched, self.read([launched])[0])
+
+    def launch(self, rounds: List[dict], step: int) -> "LaunchedStep":
+        """``stepper.run_step(rounds)`` with the checks around it, its statistics left on the
+        device until :meth:`read` (``training.stats_every``); ``step``: the optimizer step
+        (0-based) this call takes. The brute-force clipping check reads what it needs at once."""
         if not self.enabled:
-            return self.stepper.run_step(rounds)
+            return LaunchedStep(self.stepper.run_step(rounds, read=False), (), False)
         due = self.every > 0 and (self.steps_run == 0 or (int(step) + 1) % self.every == 0)
         pending = self.clipping.before(rounds) if due and self.clipping is not None else None
-        stats_ = self.stepper.run_step(rounds)
+        device = self.stepper.run_step(rounds, read=False)
         self.steps_run += 1
         if due and self.clipping is not None:
             self.clipping.after(pending)
+        probe = ()
+        if self.noise is not None:  # snapshots: the probe variables hold the latest step only
+            probe = (tf.identity(self.stepper.noise_probe_clean), tf.identity(self.stepper.noise_probe_update))
+        return LaunchedStep(device, probe, due)
+
+    @staticmethod
+    def read(launched: Sequence["LaunchedStep"]) -> List[tuple]:
+        """The launched steps' statistics and probe snapshots in ONE device-to-host transfer:
+        ``(stats, probe arrays)`` per step, in order."""
+        host = dpsgd.read_stats([x.stats for x in launched], [t for x in launched for t in x.probe])
+        stats_, arrays = host[:len(launched)], iter(host[len(launched):])
+        return [(st, tuple(next(arrays) for _ in x.probe)) for st, x in zip(stats_, launched)]
+
+    def settle(self, launched: "LaunchedStep", values: tuple) -> Dict[str, float]:
+        """Feed one read step (``read``) to the checks, in step order; evaluate at its look (a
+        failure raises). Returns the step's EXACT statistics (python floats)."""
+        stats_, probe = values
+        if not self.enabled:
+            return stats_
         self.units.add(stats_["units"])
         if self.noise is not None:
-            self.noise.add(self.stepper.noise_probe_clean.numpy(), self.stepper.noise_probe_update.numpy())
-        if due or self.units.wrong_sizes:
+            self.noise.add(*probe)
+        if launched.due or self.units.wrong_sizes:
             self._evaluate()
         return stats_
 

@@ -37,9 +37,15 @@ class _Checks:
     def sampled(self, step, unit_indices):
         self.events.append(("sampled", step, int(self.step_log.count)))
 
-    def step(self, rounds, step):
+    def launch(self, rounds, step):
         self.events.append(("step", step, int(self.step_log.count)))
-        return {}
+        return step
+
+    def read(self, launched):
+        return [({}, ()) for _ in launched]
+
+    def settle(self, launched, values):
+        return values[0]
 
 
 class _Observer(Hook):

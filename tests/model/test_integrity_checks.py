@@ -413,12 +413,12 @@ def wire_hooks(monkeypatch):
             holder["reported"] = step
             super().sampled(step, unit_indices)
 
-        def step(self, rounds, step):
+        def launch(self, rounds, step):
             holder["step"] = step
             drawn = holder.pop("drawn", np.zeros(0, np.int64))
             if holder.get("reported") != step:
                 integrity.RunChecks.sampled(self, step, drawn)
-            return super().step(rounds, step)
+            return super().launch(rounds, step)
 
     class Recording(sampling.PoissonSampler):
         def sample(self, step=0):

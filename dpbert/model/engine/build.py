@@ -338,7 +338,8 @@ def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, 
                          _standard_hooks(tc, plan, stepper, optimizer, checkpoint, manager, chain, start_step, found,
                                          diag, release, gradient_sigma, progress, groups is not None) + list(hooks),
                          start_step=start_step, steps_planned=plan.steps, step_limit=step_limit,
-                         accounted_sigma=accounted, lock_check=None if lease is None else lease.check)
+                         accounted_sigma=accounted, lock_check=None if lease is None else lease.check,
+                         stats_every=int(getattr(tc, "stats_every", 1)))
         return Training(tc, plan, inputs, strategy, spec, models, selection, optimizer, stepper, chain, source, checks,
                         loop, noise_mode, gradient_sigma, accounted, release, export_saved_model, started, stack)
     except BaseException:

@@ -3,7 +3,8 @@ step that is not the mechanism itself.
 
 A hook gets ``on_start(loop)`` before the first step, ``on_step(loop, step, rounds, stats,
 sampled)`` after each step (``step``: the optimizer steps done, 1-based; ``stats``: the step's
-EXACT, private statistics; ``sampled``: the indices of the units that took part), ``on_end(loop)``
+EXACT, private statistics, read every ``training.stats_every`` steps so ``on_step`` may come a few
+steps late unless ``needs_read`` asks for the step; ``sampled``: the indices of the units that took part), ``on_end(loop)``
 after the last step of a run that completed, and ``close(loop)`` always (crash or not). Built-in,
 in this order: :class:`ReleaseDiagnostics` (the DP estimates, ``loop.shown``), :class:`TensorBoard`
 (released values only), :class:`ProgressHook`, :class:`IntegrityHook`, :class:`CheckpointHook`;
@@ -36,6 +37,11 @@ class Hook:
     def close(self, loop):
         pass
 
+    def needs_read(self, loop, step: int) -> bool:
+        """True: the loop reads the statistics right after step ``step`` (this hook's ``on_step``
+        must see the model as it is after that step), whatever ``training.stats_every``."""
+        return False
+
 
 class SimulatedCrash(RuntimeError):
     """Raised by :class:`CrashAfter` (tests): stops like a crash, no final save."""
@@ -47,6 +53,9 @@ class CrashAfter(Hook):
 
     def __init__(self, steps: int):
         self.steps = int(steps)
+
+    def needs_read(self, loop, step):
+        return loop.steps_this_run >= self.steps
 
     def on_step(self, loop, step, rounds, stats, sampled):
         if loop.steps_this_run >= self.steps and step < loop.steps_planned:
@@ -156,6 +165,9 @@ class CheckpointHook(Hook):
             with tempfile.TemporaryDirectory(prefix="dpbert-worker-ckpt-") as tmp:
                 self.checkpoint.write(tmp + "/ckpt")
         self.last_saved = number
+
+    def needs_read(self, loop, step):
+        return step % self.every == 0
 
     def on_step(self, loop, step, rounds, stats, sampled):
         if step % self.every == 0:

@@ -11,8 +11,14 @@ Per step, in this order:
 4. several workers: ``stepper.sync_step`` — the max round count and the chief's go flag, an
    all-reduce that is also the barrier behind the chief's step-log entry, so no worker computes a
    step the chief has not charged;
-5. ``checks.step(rounds, step)``: the step itself, with the run-time integrity checks;
-6. hooks (``dpbert.model.engine.hooks``).
+5. ``checks.launch(rounds, step)``: the step itself, with the run-time integrity checks; its
+   statistics stay on the device;
+6. every ``stats_every`` steps (``training.stats_every``), at the last step, before a budget
+   refusal and whenever a hook asks (``Hook.needs_read``: a checkpoint step, the audit's probe),
+   the steps taken since the last read are read in ONE transfer (``checks.read``), then per step
+   in order ``checks.settle`` (the checks' look: a failure raises) and the hooks
+   (``dpbert.model.engine.hooks``). Between reads nothing depends on the statistics: the step log,
+   the budget and the noise are decided without them, so reading later changes no release.
 """
 from __future__ import annotations
 
@@ -55,13 +61,18 @@ class TrainLoop:
     ``source``: a ``BatchSource``; ``stepper``: the ``dpsgd.DPSGDTrainStep``; ``step_log``: the
     chain's ``StepLog``; ``checks``: ``integrity.RunChecks`` (``step`` runs the stepper);
     ``step_limit``: the most steps the budget lets the step log count (None: no budget);
-    ``lock_check``: raises when the chain's lease was lost (called before each charge)."""
+    ``lock_check``: raises when the chain's lease was lost (called before each charge);
+    ``stats_every``: read the steps' statistics every this many steps (module docstring)."""
 
     def __init__(self, source, stepper, step_log, checks, hooks: Sequence[Hook], *, start_step: int,
                  steps_planned: int, step_limit: Optional[int] = None, accounted_sigma: float = 0.0,
-                 lock_check: Optional[Callable[[], None]] = None):
+                 lock_check: Optional[Callable[[], None]] = None, stats_every: int = 1):
         self.source, self.stepper, self.step_log, self.checks = source, stepper, step_log, checks
         self.hooks = list(hooks)
+        if int(stats_every) < 1:
+            raise ValueError(f"stats_every must be >= 1, got {stats_every!r}")
+        self.stats_every = int(stats_every)
+        self._unread: list = []  # (step, rounds, launched, sampled) not read yet
         self.start_step, self.steps_planned, self.step_limit = int(start_step), int(steps_planned), step_limit
         self.accounted_sigma, self.lock_check = float(accounted_sigma), lock_check
         self.step, self.steps_this_run = self.start_step, 0
@@ -79,6 +90,7 @@ class TrainLoop:
     def _take_step(self):
         go = self._go()
         if self.workers == 1 and not go:
+            self.read()
             raise BudgetExhausted(self.step_log.count, self.step_limit, self.accounted_sigma)
         # The shuffle stream's window: the step log's count of steps ever executed in this chain,
         # not the checkpoint's step, so steps replayed after a crash read NEW windows and every
@@ -94,14 +106,28 @@ class TrainLoop:
             # The barrier behind the chief's step-log entry, the max round count, the chief's go.
             count, go = self.stepper.sync_step(len(rounds), go)
             if not go:
+                self.read()
                 limit = self.step_limit if self.step_limit is not None else self.step_log.count
                 raise BudgetExhausted(self.step_log.count, limit, self.accounted_sigma)
             rounds = rounds + [self.stepper.padding_round(rounds[0])] * (count - len(rounds))
-        stats = self.checks.step(rounds, self.step)
+        launched = self.checks.launch(rounds, self.step)
         self.step += 1
         self.steps_this_run += 1
-        for hook in self.hooks:
-            hook.on_step(self, self.step, rounds, stats, sampled)
+        self._unread.append((self.step, rounds, launched, sampled))
+        if self.step % self.stats_every == 0 or self.step >= self.steps_planned or \
+                any(getattr(hook, "needs_read", lambda *_: False)(self, self.step) for hook in self.hooks):
+            self.read()
+
+    def read(self):
+        """The unread steps' statistics in one transfer; then, per step in order, the checks' look
+        and the hooks' ``on_step``."""
+        unread, self._unread = self._unread, []
+        if not unread:
+            return
+        for (step, rounds, launched, sampled), values in zip(unread, self.checks.read([u[2] for u in unread])):
+            stats = self.checks.settle(launched, values)
+            for hook in self.hooks:
+                hook.on_step(self, step, rounds, stats, sampled)
 
     def run(self) -> "TrainLoop":
         try:
