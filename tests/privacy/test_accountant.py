@@ -322,3 +322,25 @@ def test_dp_count_composes_in_the_training_ledger():
         __import__("dp_accounting").ComposedDpEvent([E.accountable_event(record), E.accountable_event(train)]),
         1e-6, "pld"))
     assert E.validate_record(E.to_json(record)) == record
+
+
+def test_epsilon_is_memoised_by_the_whole_event_and_delta(monkeypatch):
+    """``_epsilon`` computes each (event, δ, accountant) once per process; events that differ in
+    any field (σ, q, count) or another δ are computed on their own."""
+    calls = []
+    accountant = A
+    real = accountant._epsilon_uncached
+
+    def counting(event, delta, kind):
+        calls.append((repr(event), delta, kind))
+        return real(event, delta, kind)
+
+    monkeypatch.setattr(accountant, "_epsilon_uncached", counting)
+    monkeypatch.setattr(accountant, "_EPSILON_MEMO", {})
+    first = accountant.dpsgd_epsilon(1.1, 0.01, 100, 1e-5, accountant="rdp")
+    assert accountant.dpsgd_epsilon(1.1, 0.01, 100, 1e-5, accountant="rdp") == first and len(calls) == 1
+    others = [accountant.dpsgd_epsilon(1.1000001, 0.01, 100, 1e-5, accountant="rdp"),
+              accountant.dpsgd_epsilon(1.1, 0.0100001, 100, 1e-5, accountant="rdp"),
+              accountant.dpsgd_epsilon(1.1, 0.01, 101, 1e-5, accountant="rdp"),
+              accountant.dpsgd_epsilon(1.1, 0.01, 100, 1.1e-5, accountant="rdp")]
+    assert len(calls) == 5 and all(o != first for o in others)
