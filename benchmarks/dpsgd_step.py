@@ -40,21 +40,9 @@ non-DP, and INTERLEAVES their steps (alternating which goes first), so each DP �
 against its own baseline under the same load; the load average (``os.getloadavg``, as ``uptime``)
 before and after each process is in the report next to its figures. Also per process: the first
 step (tracing; XLA compilation), the host's batch preparation (sampling, keyed masking, packing:
-``source.rounds``) and, compiled DP, the noise draw alone (made ahead, off the step's path).
-One run (2026-11-26, the shared 2-core machine; load average 1 min as ``uptime`` before → after
-each process), medians of the timed steps (demo 5, base 3; first step dropped), seconds:
-
-    config / mode    load         non-DP    DP     DP ÷ non-DP (of minimums)   first DP step
-    demo / eager     3.9 → 4.0     1.03    1.43     1.39 (1.41)                  5.7
-    demo / XLA       4.0 → 3.4     1.28    1.31     1.02 (1.07)                 11.6 (compile)
-    base / eager     3.4 → 3.1    10.66    7.88     0.74 (1.12)                 40.7
-    base / XLA       3.1 → 5.6    23.83   24.08     1.01 (1.00)                176.7 (compile)
-
-XLA ÷ eager: demo DP 0.91, non-DP 1.24; base DP 3.06, non-DP 2.24 — on this CPU XLA is slower
-at BERT-base (``training.jit_compile`` is for accelerators; it stays off by default). Host batch
-preparation ≤ 0.007 s per step; the BERT-base noise draw alone 2.6 s at load ≈ 5 (drawn ahead
-on a thread in the compiled DP step). Base eager non-DP had a 12.9 s outlier among 3 steps:
-its median ratio is not meaningful, the ratio of minimums is.
+``source.rounds``) and, DP, the noise draw alone (made ahead, off the step's path).
+BERT-base: 6 timed steps after 2 (the first traces or compiles; the second traces the noise
+drawn ahead). The dated figures are in docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -73,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 CONFIGS = {
     # logical batch B = accumulation (T) micro-rounds of B/T examples (P = 1 replica)
     "tiny": dict(preset="tiny", vocab=8000, seq=128, batch=32, accumulation=1, steps=10, warmup=2),
-    "base": dict(preset="base", vocab=30522, seq=32, batch=64, accumulation=2, steps=3, warmup=1),
+    "base": dict(preset="base", vocab=30522, seq=32, batch=64, accumulation=2, steps=6, warmup=2),
 }
 #: The per-trainable-set rows (``training.trainable``): the demo's model (MiniLM width, 2 layers,
 #: public vocabulary + 19 appended tokens, L = 32) and a logical batch of 64 rows (16 patients × 4).
