@@ -33,9 +33,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # The dataset privacy ledgers (dpbert.ledger): never the home directory. A session folder for
 # what runs outside a test (session fixtures, their subprocesses), and each test its own
 # (``_own_dataset_ledger``): ledgers accumulate by design, tests must not charge each other.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 os.environ["DPBERT_LEDGER"] = tempfile.mkdtemp(prefix="dpbert-test-ledgers-")
+atexit.register(shutil.rmtree, os.environ["DPBERT_LEDGER"], True)  # this process's session folder only
 # tensorflow_privacy's __init__ imports the estimator code, broken on TF 2.16 (see
 # ../shared/ENVIRONMENT.md); dpbert imports only the submodules it uses.
 sys.skip_tf_privacy_import = True

@@ -148,7 +148,8 @@ own ``tf.random.Generator`` seeded from OS entropy (a test noise seed: from it),
 strategy's scope (a stream per replica) and never checkpointed; the masks are again i.i.d. across
 slots and independent of the data, as with the uncompiled step's secret global seed.
 
-Noise drawn ahead (the compiled step, and the uncompiled one on one replica; private): z depends
+Noise drawn ahead (the compiled step, and the uncompiled one on one replica from 2²² trained
+coordinates: ``DPSGDConfig.noise_ahead``; private): z depends
 on (seed, DP step, piece) only, never on the data, so right after step t's apply the draw of step
 t + 1 is made into device buffers (one replica: on a background thread, so it overlaps the host's
 sampling and masking and the next rounds; several replicas, compiled: enqueued after the apply). The apply of step t + 1 uses the buffer only
@@ -329,6 +330,11 @@ def plain_gradients(model: tf_keras.Model, inputs, loss_fn: Callable, example_ma
     return selection.gradients(tape, summed), losses, outputs
 
 
+#: Trained coordinates from which the uncompiled step draws its noise ahead by default (a draw of
+#: 2²² normals takes ≈ 20 ms on one CPU core; BERT-base's 1.1·10⁸ take 0.8 s: docs/benchmarks.md).
+NOISE_AHEAD_MIN_COORDINATES = 1 << 22
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceStats:
     """One step's summed statistics, still on the device: ``values[i]`` is ``keys[i]`` (float64)."""
@@ -380,6 +386,10 @@ class DPSGDConfig:
     group_size: int = 1
     #: XLA-compile the per-replica accumulate and the release at fixed shapes (module docstring).
     jit_compile: bool = False
+    #: Draw the next step's noise ahead (module docstring). None: always when compiled; uncompiled,
+    #: on one replica when the trained pieces hold >= ``NOISE_AHEAD_MIN_COORDINATES`` (below that the
+    #: draw costs less than the extra traced function and buffers).
+    noise_ahead: Optional[bool] = None
 
     def __post_init__(self):
         if int(self.group_size) < 1:
@@ -639,7 +649,11 @@ class DPSGDTrainStep:
         if self.config.jit_compile:
             self._compiled = {}
             self._secret_dropout()
-        if self.config.non_private or not (self.config.jit_compile or self.replicas == 1):
+        ahead = self.config.noise_ahead
+        if ahead is None:
+            ahead = self.config.jit_compile or sum(
+                v.shape.num_elements() for v in self.variables) >= NOISE_AHEAD_MIN_COORDINATES
+        if self.config.non_private or not ahead or not (self.config.jit_compile or self.replicas == 1):
             return
         local = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)

@@ -43,13 +43,13 @@ def test_static_embedding_norm_matches_brute_force_and_the_unique_form(k):
     np.testing.assert_allclose(got, unique, rtol=1e-5)
 
 
-def _stepper(jit: bool, sigma: float = 1.0, dropout: float = 0.0, noise_seed: int = 5):
+def _stepper(jit: bool, sigma: float = 1.0, dropout: float = 0.0, noise_seed: int = 5, noise_ahead=None):
     spec = bert_lib.BertSpec(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                              max_seq_length=12, max_predictions=3, dropout=dropout, attention_dropout=dropout)
     model = bert_lib.build_bert(spec, seed=1).mlm
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, SPECIALS.values(), 4, 0.15)
     config = dpsgd.DPSGDConfig(clip_norm=0.5, noise_multiplier=sigma, expected_batch_size=6.0, noise_seed=noise_seed,
-                               accumulation_steps=2, loss_bound=12.0, jit_compile=jit)
+                               accumulation_steps=2, loss_bound=12.0, jit_compile=jit, noise_ahead=noise_ahead)
     probe = integrity.make_noise_probe(model.trainable_variables, per_variable=4, seed=1)
     stepper = dpsgd.DPSGDTrainStep(model, tf_keras.optimizers.AdamW(1e-2), config, prepare_fn=prepare_fn,
                                    loss_fn=loss_fn, metrics_fn=metrics_fn, noise_probe=probe)
@@ -85,6 +85,25 @@ def test_xla_step_equals_the_uncompiled_step():
     for name in ("noise_probe_clean", "noise_probe_update"):
         np.testing.assert_allclose(getattr(xla, name).numpy(), getattr(eager, name).numpy(), rtol=1e-5, atol=1e-7)
     assert int(xla.dp_step.numpy()) == 2
+
+
+def test_the_uncompiled_step_with_its_noise_drawn_ahead_releases_the_same_updates():
+    """Eager, one replica: the next step's z drawn ahead on a thread (``noise_ahead``) is the z the
+    inline draw makes — the same parameters and noise-probe vectors after three steps; by default a
+    model this small draws inline (below ``NOISE_AHEAD_MIN_COORDINATES``)."""
+    runs = {}
+    for ahead in (False, True):
+        stepper, mask_fn = _stepper(False, noise_ahead=ahead)
+        for step in range(3):
+            stepper.run_step(_rounds(mask_fn, step))
+        runs[ahead] = stepper
+    inline, drawn_ahead = runs[False], runs[True]
+    assert inline._noise_buffers is None and int(drawn_ahead._noise_buffer_step.numpy()) == 3  # pylint: disable=protected-access
+    for a, b in zip(inline.model.trainable_variables, drawn_ahead.model.trainable_variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-8)
+    for name in ("noise_probe_clean", "noise_probe_update"):
+        np.testing.assert_allclose(getattr(drawn_ahead, name).numpy(), getattr(inline, name).numpy(), rtol=1e-6)
+    assert _stepper(False)[0]._noise_buffers is None  # pylint: disable=protected-access
 
 
 def test_xla_dropout_masks_come_from_the_steps_own_keyed_generators(tmp_path):
