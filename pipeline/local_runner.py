@@ -11,19 +11,16 @@ checkpoint, its ledger still counting every step that ever ran.
 from __future__ import annotations
 
 import contextlib
-import glob
-import json
 import logging
-import os
 import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from tfx import v1 as tfx
 
-from dpbert import schema
+from dpbert import schema, storage
 from dpbert.config import Config
 from pipeline.pipeline import create_pipeline, output_paths
 
@@ -86,63 +83,80 @@ class RunRefused(Exception):
                 f"(dpbert report). Raise training.noise_multiplier or privacy.epsilon_budget, or lower training.steps")
 
 
-def budget_refusal(pipeline_root: str, since: float) -> Optional[Dict[str, Any]]:
-    """The trainer's ``schema.BUDGET_REFUSAL_FILE`` written at or after ``since``, or None."""
+def state_snapshot(pipeline_root: str) -> Dict[str, Optional[int]]:
+    """The storage generation of every trainer chain's step log and budget-refusal file under
+    ``pipeline_root`` (any storage: a ``gs://`` root too). Taken before a run; a file whose
+    generation differs afterwards was written by that run."""
+    from dpbert.model.engine.chain import STATE_ROOT, chains
+
+    paths = [c["step_log"] for c in chains(pipeline_root)]
+    pattern = storage.join(pipeline_root, STATE_ROOT, "*", schema.BUDGET_REFUSAL_FILE)
+    paths += storage.storage_for(pattern).glob(pattern)
+    return {str(p): storage.storage_for(str(p)).generation(str(p)) for p in paths}
+
+
+def _written_since(path: str, before: Mapping[str, Optional[int]]) -> Optional[int]:
+    """``path``'s generation when this run wrote it (it differs from ``before``), else None."""
+    generation = storage.storage_for(str(path)).generation(str(path))
+    return generation if generation is not None and generation != before.get(str(path)) else None
+
+
+def budget_refusal(pipeline_root: str, before: Mapping[str, Optional[int]]) -> Optional[Dict[str, Any]]:
+    """The trainer's ``schema.BUDGET_REFUSAL_FILE`` written by this run (``state_snapshot``), or None."""
     from dpbert.model.engine.chain import STATE_ROOT
 
-    for path in glob.glob(os.path.join(pipeline_root, STATE_ROOT, "*", schema.BUDGET_REFUSAL_FILE)):
+    pattern = storage.join(pipeline_root, STATE_ROOT, "*", schema.BUDGET_REFUSAL_FILE)
+    for path in storage.storage_for(pattern).glob(pattern):
         try:
-            if os.path.getmtime(path) >= since:
-                with open(path, encoding="utf-8") as f:
-                    return json.load(f)
+            if _written_since(path, before) is not None:
+                return storage.read_json(path)
         except (OSError, ValueError):
             continue
     return None
 
 
-def trainer_progress(pipeline_root: str, since: float) -> Optional[Dict[str, Any]]:
-    """The state of the trainer that ran in this run: the newest write-ahead ledger under
-    ``<pipeline_root>/_trainer_state`` written at or after ``since`` (seconds since the epoch).
-
-    ``{"steps_executed", "checkpoint_step", "non_private"}`` or None when no trainer ran."""
+def _newest_chain(pipeline_root: str, before: Mapping[str, Optional[int]], dp_only: bool = False):
+    """The chain whose step log this run wrote last (generations order writes), or None."""
     from dpbert.model.engine.chain import chains
 
-    newest, newest_mtime = None, since
+    newest, newest_generation = None, None
     for chain in chains(pipeline_root):
-        try:
-            mtime = os.path.getmtime(chain["step_log"])  # the chain's step log (or its legacy file)
-        except OSError:
+        if dp_only and chain["non_private"]:
             continue
-        if mtime >= newest_mtime:
-            newest, newest_mtime = chain, mtime
+        generation = _written_since(chain["step_log"], before)
+        if generation is not None and (newest_generation is None or generation > newest_generation):
+            newest, newest_generation = chain, generation
+    return newest
+
+
+def trainer_progress(pipeline_root: str, before: Mapping[str, Optional[int]]) -> Optional[Dict[str, Any]]:
+    """The state of the trainer that ran in this run: the chain under ``<pipeline_root>/_trainer_state``
+    whose step log this run wrote last (``state_snapshot`` taken before it).
+
+    ``{"steps_executed", "checkpoint_step", "non_private", "state"}`` or None when no trainer ran."""
+    newest = _newest_chain(pipeline_root, before)
     if newest is None:
         return None
     return {"steps_executed": newest["steps_executed"], "checkpoint_step": newest["checkpoint_step"] or None,
             "non_private": newest["non_private"], "state": newest["state"]}
 
 
-def record_charged(pipeline_root: str, metadata_path: str, started: float,
+def record_charged(pipeline_root: str, metadata_path: str, started: float, before: Mapping[str, Optional[int]],
                    refusal: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """After a run stopped before its accountant: the ε the DP trainer's chain has spent so far
     (``dpbert.stages.pretrain.chain_charged``) recorded on the run in ML Metadata
-    (``dpbert.metadata.mark_charged``; with ``refusal``, marked refused over the budget). Returns
+    (``dpbert.metadata.mark_charged``; with ``refusal``, marked refused over the budget). ``started``:
+    the run's start (seconds; ML Metadata's clock), ``before``: ``state_snapshot`` then. Returns
     what was recorded, or None (no DP trainer ran in this run)."""
     from dpbert.metadata import mark_charged
-    from dpbert.model.engine.chain import chains
     from dpbert.model.engine.charges import chain_charged
 
     since_ms = int(started * 1000)
     if refusal is not None:
         charged = {k: refusal[k] for k in ("epsilon_charged", "delta", "steps_charged")}
     else:
-        newest = None
-        for chain in chains(pipeline_root):
-            if chain["non_private"]:
-                continue
-            mtime = os.path.getmtime(chain["step_log"])
-            if mtime >= started and (newest is None or mtime > newest[0]):
-                newest = (mtime, chain)
-        charged = chain_charged(newest[1]["state"]) if newest else None
+        newest = _newest_chain(pipeline_root, before, dp_only=True)
+        charged = chain_charged(newest["state"]) if newest else None
     if charged is None:
         return None
     try:
@@ -203,16 +217,16 @@ def run_local(config: Config) -> dict:
 
     Raises ``RunInterrupted`` after SIGINT/SIGTERM (the run marked cancelled in ML Metadata)."""
     pipeline_root, metadata_path = output_paths(config.pipeline.output_dir)
-    os.makedirs(pipeline_root, exist_ok=True)
+    storage.storage_for(pipeline_root).makedirs(pipeline_root)
     pipeline = create_pipeline(config, pipeline_root, metadata_path)
     # MLMD's create times are in ms; a second of slack for clocks read differently.
-    started = time.time()
+    started, before = time.time(), state_snapshot(pipeline_root)
     try:
         with _interrupt_on_sigterm(), components_argv():
             tfx.orchestration.LocalDagRunner().run(pipeline)
     except KeyboardInterrupt:
         with _signals_ignored():
-            progress = trainer_progress(pipeline_root, started - 1.0)
+            progress = trainer_progress(pipeline_root, before)
             step = progress["steps_executed"] if progress else None
             try:
                 marked = _mark(metadata_path, int((started - 1.0) * 1000), step,
@@ -220,15 +234,15 @@ def run_local(config: Config) -> dict:
             except Exception as err:  # noqa: BLE001 -- the interrupt is what the user must see
                 log.warning("could not mark the interrupted run cancelled in %s: %s", metadata_path, err)
                 marked = None
-            record_charged(pipeline_root, metadata_path, started - 1.0)
+            record_charged(pipeline_root, metadata_path, started - 1.0, before)
         raise RunInterrupted(
             run_id=marked and marked["run_id"], component=marked and marked["component"], step=step,
             checkpoint_step=progress and progress["checkpoint_step"],
             charged=None if not progress or progress["non_private"] else progress["steps_executed"],
             non_private=bool(progress and progress["non_private"])) from None
     except Exception:
-        refusal = budget_refusal(pipeline_root, started - 1.0)
-        record_charged(pipeline_root, metadata_path, started - 1.0, refusal)  # failed: what was spent
+        refusal = budget_refusal(pipeline_root, before)
+        record_charged(pipeline_root, metadata_path, started - 1.0, before, refusal)  # failed: what was spent
         if refusal is None:
             raise
         raise RunRefused(refusal) from None

@@ -39,9 +39,35 @@ def test_the_runner_finds_the_refusal_of_this_run_only(tmp_path):
     root = tmp_path / "root"
     state = root / "_trainer_state" / "abc"
     state.mkdir(parents=True)
+    before = local_runner.state_snapshot(str(root))
     (state / schema.BUDGET_REFUSAL_FILE).write_text(json.dumps(REFUSAL))
-    assert local_runner.budget_refusal(str(root), time.time() - 60) == REFUSAL
-    assert local_runner.budget_refusal(str(root), time.time() + 60) is None  # an older run's refusal
+    assert local_runner.budget_refusal(str(root), before) == REFUSAL
+    after = local_runner.state_snapshot(str(root))
+    assert local_runner.budget_refusal(str(root), after) is None  # an older run's refusal
+
+
+def test_the_runner_reads_a_refusal_and_the_newest_chain_on_object_storage():
+    """The same detection on a ``fake://`` root (a gs:// stand-in: generations, no mtimes, no
+    local files): the refusal this run wrote, and of two chains written the one written last."""
+    import uuid
+
+    from dpbert import storage
+    from dpbert.storage import fake
+
+    fake.reset()
+    root = f"fake://bucket/{uuid.uuid4().hex}"
+    old, new = (storage.join(root, "_trainer_state", name) for name in ("old", "new"))
+    for chain in (old, new):
+        storage.write_json(storage.join(chain, schema.STEP_LOG_FILE), {"steps_executed": 3})
+        storage.write_json(storage.join(chain, "run_config.json"), {"non_private": False})
+    before = local_runner.state_snapshot(root)
+    assert local_runner.trainer_progress(root, before) is None
+    storage.write_json(storage.join(new, schema.STEP_LOG_FILE), {"steps_executed": 5})
+    storage.write_json(storage.join(old, schema.STEP_LOG_FILE), {"steps_executed": 4})
+    assert local_runner.trainer_progress(root, before)["state"] == old  # written last
+    storage.write_json(storage.join(new, schema.BUDGET_REFUSAL_FILE), REFUSAL)
+    assert local_runner.budget_refusal(root, before) == REFUSAL
+    assert local_runner.budget_refusal(root, local_runner.state_snapshot(root)) is None
     message = local_runner.RunRefused(REFUSAL).message()
     assert "covers 64 DP-SGD steps" in message and "ε = 2.5" in message and "already spent" in message
 

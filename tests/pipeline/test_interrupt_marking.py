@@ -78,19 +78,19 @@ def test_nothing_to_mark_before_the_first_component(running_store, tmp_path):
 
 
 def test_trainer_progress_and_the_one_line(tmp_path):
-    from pipeline.local_runner import RunInterrupted, trainer_progress
+    from pipeline.local_runner import RunInterrupted, state_snapshot, trainer_progress
 
     state = tmp_path / "_trainer_state" / "abc"
     (state / "checkpoints").mkdir(parents=True)
-    started = time.time() - 5
-    assert trainer_progress(str(tmp_path), started) is None
+    before = state_snapshot(str(tmp_path))
+    assert trainer_progress(str(tmp_path), before) is None
     (state / "dp_ledger.json").write_text(json.dumps({"steps_executed": 258}))
     (state / "checkpoints" / "checkpoint").write_text(
         'model_checkpoint_path: "ckpt-250"\nall_model_checkpoint_paths: "ckpt-248"\n')
     (state / "run_config.json").write_text(json.dumps({"non_private": False}))
-    assert trainer_progress(str(tmp_path), started) == {"steps_executed": 258, "checkpoint_step": 250,
-                                                       "non_private": False, "state": str(state)}
-    assert trainer_progress(str(tmp_path), time.time() + 60) is None  # an earlier run's ledger
+    assert trainer_progress(str(tmp_path), before) == {"steps_executed": 258, "checkpoint_step": 250,
+                                                      "non_private": False, "state": str(state)}
+    assert trainer_progress(str(tmp_path), state_snapshot(str(tmp_path))) is None  # an earlier run's ledger
 
     line = RunInterrupted("r", "MLMPretrainer", step=258, checkpoint_step=250, charged=258).message()
     assert line == ("interrupted at step 258 (MLMPretrainer, last checkpoint at step 250); "
