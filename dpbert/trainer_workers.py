@@ -4,10 +4,10 @@ Every process runs the SAME stage code on the same artifact URIs, so the shardin
 plan and the state directory are derived identically in each; ``TF_CONFIG`` gives its rank (the
 chief is rank 0). The chief runs ``dpbert.stages.pretrain.pretrain`` itself — lock, plan, DP count,
 training, the model artifact — and writes the artifact's properties to ``Invocation.result_uri``.
-A worker of rank > 0 must neither lock nor write the state directory: it reads the same rows
-with the stage's own helpers, waits for the chief's records of this chain (its resume key, and
-its DP count when there is no public n) and trains in the chief's state directory with
-``train_mlm`` (non-chief: no lock, no writes; checkpoints restored from the chief's).
+A worker of rank > 0 must neither lock nor write the state directory: it runs
+``dpbert.stages.pretrain.pretrain_worker`` — the same rows, after the chief's records of this
+chain (its resume key, and its DP count when there is no public n), trained in the chief's state
+directory with ``train_mlm`` (non-chief: no lock, no writes; checkpoints restored from the chief's).
 
     python -m dpbert.trainer_workers '<Invocation JSON>'      (one process; TF_CONFIG set)
 
@@ -138,33 +138,12 @@ def _run_chief(inv: Invocation):
 
 
 def _run_other(inv: Invocation):
-    """A worker of rank > 0: the stage's rows, plan and public start, then ``train_mlm`` in the
-    chief's state directory without its lock (``build_training`` writes nothing from rank > 0)."""
-    from dpbert.model.train import train_mlm
-    from dpbert.stages import pretrain as stage
-    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer
+    """A worker of rank > 0: ``pretrain_worker`` in the chief's chain, then wait for the chief."""
+    from dpbert.stages.pretrain import pretrain_worker
 
     mc, tc, pc, membership = inv.sections()
-    state = stage_state_dir(inv)
-    tokenizer = load_tokenizer(inv.vocabulary_dir)
-    rows = stage._read_rows(tokenizer, inv.tuples_dir, membership, mc, pc.unit == "patient")  # noqa: SLF001
-    _wait_for(storage.join(state, schema.RESUME_KEY_FILE), "resume key of this chain")
-    if (tc.dataset_patients if pc.unit == "patient" else tc.dataset_size) is None:
-        # The chief draws the DP count once, under its lock; this worker plans with the same n̂.
-        _wait_for(storage.join(state, schema.DP_COUNT_FILE), "DP count of this chain")
-    plan, _ = stage.plan_for(tc, membership, rows.units, state, privacy=pc)
-    if inv.canaries_dir is not None:
-        stage._insert_canaries(rows, inv.canaries_dir, plan, mc.max_seq_length)  # noqa: SLF001
-    initial_weights, checkpoint = None, None
-    if mc.init == "minilm":
-        initial_weights, _, checkpoint = stage.public_start_weights(mc, tc, tokenizer, inv.vocabulary_dir)
-    vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())] \
-        if mc.init == "minilm" else None
-    train_mlm(rows.token_ids, {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS},
-              tokenizer.get_vocab_size(), mc, tc, state, plan=plan, resume=True, progress=False,
-              vocab_tokens=vocab_tokens, export_saved_model=False, example_ids=rows.row_ids,
-              public_checkpoint_dir=checkpoint, initial_weights=initial_weights, patient_keys=rows.patient_keys,
-              new_token_ids=stage._new_token_ids(inv.vocabulary_dir))  # noqa: SLF001
+    pretrain_worker(inv.tuples_dir, inv.vocabulary_dir, stage_state_dir(inv), model_config=mc, training_config=tc,
+                    privacy_config=pc, membership_config=membership, canaries_dir=inv.canaries_dir, wait=_wait_for)
     # Stay in the cluster until the chief has finished (its result or error written): a worker
     # gone while the chief saves the model puts the chief's coordination agent in error.
     _wait_for(inv.result_uri, "result")

@@ -42,7 +42,7 @@ import dataclasses
 import json
 import logging
 from os import environ
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from dpbert import schema, storage
 from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig
@@ -554,6 +554,37 @@ def _run_reserved(run: _Run, tokenizer, vocabulary_dir: str, model_dir: str, can
              result.steps_this_run, properties["final_mlm_loss"], properties["diagnostics"])
     return PretrainResult(properties=properties, train=result, plan=run.plan, dp_event=record, epsilon=epsilon,
                           state_dir=run.state)
+
+
+def pretrain_worker(tuples_dir: str, vocabulary_dir: str, state: str, *, model_config: ModelConfig,
+                    training_config: TrainingConfig, privacy_config: PrivacyConfig,
+                    membership_config: MembershipConfig, canaries_dir: Optional[str] = None,
+                    wait: Callable[[str, str], None]) -> None:
+    """A worker of rank > 0 of ``pretrain`` (``dpbert.trainer_workers``): the chief's rows, plan,
+    canaries and public start rebuilt from the same inputs, then ``train_mlm`` in the chief's chain
+    ``state`` without its lock (``build_training`` writes nothing from rank > 0). ``wait(uri,
+    what)``: returns once the chief has written ``uri`` (its resume key; the DP count it drew)."""
+    from dpbert.model.train import train_mlm
+    from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer
+
+    mc, tc, pc = model_config, training_config, privacy_config
+    tokenizer = load_tokenizer(vocabulary_dir)
+    rows = _read_rows(tokenizer, tuples_dir, membership_config, mc, pc.unit == "patient")
+    wait(storage.join(state, schema.RESUME_KEY_FILE), "resume key of this chain")
+    if (tc.dataset_patients if pc.unit == "patient" else tc.dataset_size) is None:
+        wait(storage.join(state, schema.DP_COUNT_FILE), "DP count of this chain")  # the chief's n̂
+    plan, _ = plan_for(tc, membership_config, rows.units, state, privacy=pc)
+    if canaries_dir is not None:
+        _insert_canaries(rows, canaries_dir, plan, mc.max_seq_length)
+    initial_weights, checkpoint, vocab_tokens = None, None, None
+    if mc.init == "minilm":
+        initial_weights, _, checkpoint = public_start_weights(mc, tc, tokenizer, vocabulary_dir)
+        vocab_tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
+    train_mlm(rows.token_ids, {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS},
+              tokenizer.get_vocab_size(), mc, tc, state, plan=plan, resume=True, progress=False,
+              vocab_tokens=vocab_tokens, export_saved_model=False, example_ids=rows.row_ids,
+              public_checkpoint_dir=checkpoint, initial_weights=initial_weights, patient_keys=rows.patient_keys,
+              new_token_ids=_new_token_ids(vocabulary_dir))
 
 
 def _tail_mean(values, k: int = 5):
