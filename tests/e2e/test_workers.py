@@ -21,7 +21,9 @@ import pytest
 
 from tests.tiny import set_args
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# xdist_group: clusters of worker processes never run side by side in one session (loopback ports
+# picked free by two clusters at once could collide; a collision hangs the first collective).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("multi_worker")]
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["corpus.synthetic.patients=6", "vocab.sigma=2", "vocab.size=300", "training.batch_size=8",
