@@ -98,6 +98,7 @@ def test_the_uncompiled_step_with_its_noise_drawn_ahead_releases_the_same_update
             stepper.run_step(_rounds(mask_fn, step))
         runs[ahead] = stepper
     inline, drawn_ahead = runs[False], runs[True]
+    drawn_ahead._ahead.result()  # pylint: disable=protected-access  (the draw for step 4, on its thread)
     assert inline._noise_buffers is None and int(drawn_ahead._noise_buffer_step.numpy()) == 3  # pylint: disable=protected-access
     for a, b in zip(inline.model.trainable_variables, drawn_ahead.model.trainable_variables):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-8)
