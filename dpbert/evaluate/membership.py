@@ -441,7 +441,7 @@ def _compiled(fn, n: int, batch_size: int, compile_: Optional[bool]):
 
     if compile_ is None:
         compile_ = -(-n // batch_size) >= 32
-    return tf.function(fn, reduce_retracing=True) if compile_ else fn
+    return tf.function(fn, reduce_retracing=True, autograph=False) if compile_ else fn  # plain Python control flow
 
 
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:

@@ -194,7 +194,7 @@ def pretrain(token_ids, mechanism: DchiMechanism, objective: str, eta: float, *,
     optimizer = tf_keras.optimizers.Adam(learning_rate)
     variables = mlm.trainable_variables
 
-    @tf.function
+    @tf.function(autograph=False)  # no tensor-dependent control flow
     def step(input_ids, positions, labels, weights):
         with tf.GradientTape() as tape:
             logits = mlm({"input_ids": input_ids, "masked_positions": positions}, training=True)

@@ -131,7 +131,7 @@ def warm_up(models, tokenizer, steps: int, seed: int, *, batch_size: int = 32, l
     order = np.empty(0, np.int64)
     mask_key = int(np.random.default_rng([seed, 0x5EED]).integers(2 ** 62))
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)  # no tensor-dependent control flow
     def step(input_ids, positions, labels, weights):
         with tf.GradientTape() as tape:
             logits = models.mlm({"input_ids": input_ids, "masked_positions": positions}, training=True)
