@@ -569,7 +569,7 @@ class ClippingCheck:
 # --------------------------------------------------------------------------- all together
 @dataclasses.dataclass(frozen=True)
 class LaunchedStep:
-    """A step that ran (``RunChecks.step``): its statistics and noise-probe snapshots still on the
+    """A step that ran (``RunChecks.launch``): its statistics and noise-probe snapshots still on the
     device, and whether it is a look of the checks."""
 
     stats: "dpsgd.DeviceStats"

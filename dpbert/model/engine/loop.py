@@ -59,7 +59,7 @@ class TrainLoop:
     """``run()`` takes the steps ``start_step`` … ``steps_planned`` − 1.
 
     ``source``: a ``BatchSource``; ``stepper``: the ``dpsgd.DPSGDTrainStep``; ``step_log``: the
-    chain's ``StepLog``; ``checks``: ``integrity.RunChecks`` (``step`` runs the stepper);
+    chain's ``StepLog``; ``checks``: ``integrity.RunChecks`` (``launch`` runs the stepper);
     ``step_limit``: the most steps the budget lets the step log count (None: no budget);
     ``lock_check``: raises when the chain's lease was lost (called before each charge);
     ``stats_every``: read the steps' statistics every this many steps (module docstring)."""
