@@ -149,11 +149,11 @@ strategy's scope (a stream per replica) and never checkpointed; the masks are ag
 slots and independent of the data, as with the uncompiled step's secret global seed.
 
 Noise drawn ahead (the compiled step, and the uncompiled one on one replica from 2²² trained
-coordinates: ``DPSGDConfig.noise_ahead``; private): z depends
-on (seed, DP step, piece) only, never on the data, so right after step t's apply the draw of step
-t + 1 is made into device buffers (one replica: on a background thread, so it overlaps the host's
-sampling and masking and the next rounds; several replicas, compiled: enqueued after the apply). The apply of step t + 1 uses the buffer only
-when the DP step it was keyed on is the running one (a restore or a replayed step draws inline):
+coordinates: ``DPSGDConfig.noise_ahead``; private): z depends on (seed, DP step, piece) only,
+never on the data, so right after step t's apply the draw of step t + 1 is made into device
+buffers (one replica: on a background thread, so it overlaps the host's sampling and masking and
+the next rounds; several replicas, compiled: enqueued after the apply). The apply of step t + 1
+uses the buffer only when the DP step it was keyed on is the running one (a restore or a replayed step draws inline):
 the same z, the same single placement after the SUM, and the noise probe still measures what the
 optimizer is handed. The buffers hold the next step's noise: they are never checkpointed or
 written anywhere (whoever held them could subtract the next update's noise). They cost one more
