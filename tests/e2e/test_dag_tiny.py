@@ -89,21 +89,34 @@ def test_no_exact_count_or_raw_text_in_the_vocabulary_artifact(tiny_run):
     assert "tuples" not in listing
 
 
-def test_no_canary_secret_outside_the_private_canary_list(tiny_run):
-    """Canary token sequences appear in no log line and in no file outside the CanaryList."""
-    import json
+def _canary_needles(root):
+    """The CanaryList folder, the vocabulary, and regexes for every canary of 3+ pieces: its
+    token-id list, and its text as whole words.
 
-    out, result = tiny_run
-    root = out / "pipeline_root"
+    Canaries of two pieces are left out: two vocabulary words in a row occur in English by
+    chance (CI, 2026-11-26: an "HS" canary read "as d", found in "charged as dp_event"); the
+    set's 3- to 5-piece canaries and the audit's are what a dump or a log line would leak."""
+    import json
+    import re
+
     canary_dir = next((root / "CanaryGen" / "canaries").glob("*"))
     vocab = (next((root / "DPVocabularyGen" / "vocabulary").glob("*")) / "vocab.txt").read_text().split("\n")
     needles = []
     for name in ("canaries.json", "audit_canaries.json"):
-        data = json.loads((canary_dir / name).read_text())
-        for canary in data["canaries"]:
+        for canary in json.loads((canary_dir / name).read_text())["canaries"]:
             tokens = canary["tokens"]
-            needles.append(json.dumps(tokens))
-            needles.append(" ".join(vocab[t] for t in tokens))
+            if len(tokens) >= 3:
+                text = " ".join(vocab[t] for t in tokens)
+                needles += [re.compile(re.escape(json.dumps(tokens))),
+                            re.compile(r"(?<!\w)" + re.escape(text) + r"(?!\w)")]
+    return canary_dir, vocab, needles
+
+
+def test_no_canary_secret_outside_the_private_canary_list(tiny_run):
+    """Canary token sequences appear in no log line and in no file outside the CanaryList."""
+    out, result = tiny_run
+    root = out / "pipeline_root"
+    canary_dir, _, needles = _canary_needles(root)
     assert needles
     haystacks = {"stdout+stderr": result.stdout + result.stderr}
     for path in root.rglob("*"):
@@ -118,7 +131,18 @@ def test_no_canary_secret_outside_the_private_canary_list(tiny_run):
         "SELECT string_value FROM ArtifactProperty") if v is not None)
     for where, text in haystacks.items():
         for needle in needles:
-            assert needle not in text, f"a canary sequence leaked into {where}"
+            assert not needle.search(text), f"a canary sequence leaked into {where}"
+
+
+def test_the_canary_leak_check_finds_a_planted_canary(tiny_run):
+    """Positive control: one canary's text in a log line, its id list in a JSON file."""
+    import json
+
+    canary_dir, vocab, needles = _canary_needles(tiny_run[0] / "pipeline_root")
+    tokens = next(c["tokens"] for c in json.loads((canary_dir / "audit_canaries.json").read_text())["canaries"])
+    line = "INFO step 3: scored '" + " ".join(vocab[t] for t in tokens) + "'."
+    dump = json.dumps({"tokens": tokens})
+    assert any(n.search(line) for n in needles) and any(n.search(dump) for n in needles)
 
 
 def _integers(obj):
