@@ -277,6 +277,11 @@ class TrainingConfig:
     #: steps queue without a host round-trip; progress, DP estimates and the checks' looks then come
     #: up to this many steps late. Checkpoint steps and the audit's probe are always read at once.
     stats_every: int = 1
+    #: Also write the released encoder as a TensorFlow SavedModel (``saved_model/`` in the model
+    #: artifact, for TF Serving). Nothing in the DAG reads it and the release bundle does not carry
+    #: it (the portable copy is ``dpbert export``, Hugging Face layout); tracing it costs about as
+    #: much as a short training's own tracing.
+    export_saved_model: bool = False
     #: δ of the DP-SGD mechanism.
     delta: float = 1e-6
     #: Non-private baseline (no clipping, no noise; ε = ∞).

@@ -283,7 +283,7 @@ class _Run:
         return self.tc.non_private or self.seeded
 
 
-def _train(run: _Run, tokenizer, vocabulary_dir: str, pipeline_root: str, held_lock, export_saved_model: bool,
+def _train(run: _Run, tokenizer, vocabulary_dir: str, pipeline_root: str, held_lock, export_saved_model: Optional[bool],
            hooks: Sequence):
     """(TrainResult, the public start's properties): the public start (no ε) when configured, the
     chain's charge basis, the budget's per-step limit, then ``train_mlm`` in the chain."""
@@ -499,7 +499,7 @@ def _finalize(run: _Run, reservation):
 def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_config: ModelConfig,
              training_config: TrainingConfig, privacy_config: PrivacyConfig,
              membership_config: MembershipConfig, pipeline_root: str,
-             canaries_dir: Optional[str] = None, non_private: bool = False, export_saved_model: bool = True,
+             canaries_dir: Optional[str] = None, non_private: bool = False, export_saved_model: Optional[bool] = None,
              vocab_event=None, hooks: Sequence = (), ledger_target: str = "") -> PretrainResult:
     """Pre-train on the tuples under ``tuples_dir``; write the model artifact into ``model_dir``.
 
@@ -538,7 +538,7 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
 
 
 def _run_reserved(run: _Run, tokenizer, vocabulary_dir: str, model_dir: str, canaries_dir: Optional[str],
-                  pipeline_root: str, held_lock, export_saved_model: bool, hooks: Sequence) -> PretrainResult:
+                  pipeline_root: str, held_lock, export_saved_model: Optional[bool], hooks: Sequence) -> PretrainResult:
     """The stage once the plan is made and the dataset ledger holds its reservation."""
     from dpbert.vocab.wordpiece import TOKENIZER_FILE, VOCAB_FILE
 

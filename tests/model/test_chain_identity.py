@@ -21,3 +21,11 @@ def test_chain_identity_is_the_same_for_any_number_of_workers():
     assert resume_key(mc, dataclasses.replace(one, noise_multiplier=one.noise_multiplier * 2), pc, 0.0, False) \
         not in keys
     assert chain_training_config(process_config(dataclasses.replace(one, workers=2))) == chain_training_config(one)
+
+
+def test_writing_a_saved_model_too_is_no_part_of_the_chain():
+    from dpbert.config import TrainingConfig
+
+    one = TrainingConfig()
+    assert one.export_saved_model is False  # off unless asked for: nothing in the DAG reads it
+    assert chain_training_config(dataclasses.replace(one, export_saved_model=True)) == chain_training_config(one)

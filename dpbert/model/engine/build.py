@@ -265,7 +265,7 @@ def _standard_hooks(tc, plan, stepper, optimizer, checkpoint, manager, chain, st
 def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int], Sequence[int]],
                    vocab_size: int, model_config, training_config, output_dir,
                    plan: Optional[TrainingPlan] = None, resume: bool = True, progress: bool = True, *,
-                   mask_token_id: Optional[int] = None, noise_mode: str = "once", export_saved_model: bool = True,
+                   mask_token_id: Optional[int] = None, noise_mode: str = "once", export_saved_model: Optional[bool] = None,
                    strategy: Optional[tf.distribute.Strategy] = None, vocab_tokens: Optional[Sequence[str]] = None,
                    public_checkpoint_dir=None, example_ids: Optional[np.ndarray] = None,
                    initial_weights: Optional[list] = None, patient_keys: Optional[Sequence[str]] = None,
@@ -341,7 +341,8 @@ def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, 
                          accounted_sigma=accounted, lock_check=None if lease is None else lease.check,
                          stats_every=int(getattr(tc, "stats_every", 1)))
         return Training(tc, plan, inputs, strategy, spec, models, selection, optimizer, stepper, chain, source, checks,
-                        loop, noise_mode, gradient_sigma, accounted, release, export_saved_model, started, stack)
+                        loop, noise_mode, gradient_sigma, accounted, release,
+                        bool(tc.export_saved_model if export_saved_model is None else export_saved_model), started, stack)
     except BaseException:
         stack.close()
         raise

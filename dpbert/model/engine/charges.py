@@ -23,8 +23,10 @@ def chain_training_config(tc):
     replicas = int(tc.replicas) // workers if processed else int(tc.replicas)
     strategy = "default" if processed and replicas == 1 else ("mirrored" if processed else tc.strategy)
     fields = {f.name for f in dataclasses.fields(tc)}
+    # Whether a SavedModel is also written is no part of the chain either.
     return dataclasses.replace(tc, replicas=replicas, strategy=strategy,
-                               **({"workers": 1} if "workers" in fields else {}))
+                               **({"workers": 1} if "workers" in fields else {}),
+                               **({"export_saved_model": False} if "export_saved_model" in fields else {}))
 
 
 def stage_state_dir(pipeline_root: str, tuples_dir: str, vocabulary_dir: str, mc, tc, pc, membership,
