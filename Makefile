@@ -8,7 +8,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PYTHONHASHSEED := 0
 
-.PHONY: venv browser demo test test-all bench lock clean
+.PHONY: venv browser demo test test-slow test-all bench lock clean
 
 # The project last: a PEP 660 editable install of pyproject.toml built with the lock's setuptools and
 # wheel (--no-build-isolation: no build environment is downloaded, nothing outside the lock is installed).
@@ -38,8 +38,14 @@ browser:
 # tests of one xdist_group (the shared tiny DAG run) on one worker.
 PYTEST_XDIST := -n 2 --dist loadgroup
 
+# The dev loop (docs/development.md): everything but the tests marked slow (subprocess and
+# multi-process runs of code the in-process tests cover, the whole-DAG runs).
 test: venv browser
 	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow" tests
+
+# The slow tier only; CI runs `make test` then this (.ci/run).
+test-slow: venv browser
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m slow tests
 
 test-all: venv browser
 	$(PY) -m pytest -q $(PYTEST_XDIST) tests

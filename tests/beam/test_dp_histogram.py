@@ -229,6 +229,7 @@ def test_seed_of_a_word_is_stable():
 
 # ----------------------------------------------------------------------------- runners
 
+@pytest.mark.slow  # make test-slow (CI): worker processes; the same job runs in process below
 def test_run_dp_histogram_multi_processing(tmp_path, tuples, exact):
     from dpbert.data.tfrecord import write_tuples
 

@@ -146,6 +146,7 @@ def tuples_dir(tmp_path_factory):
 # ----------------------------------------------------------------------------- the job service run
 
 @pytest.mark.e2e
+@pytest.mark.slow  # make test-slow (CI): a job-service subprocess; the job itself runs in process in test_dp_histogram.py
 @pytest.mark.timeout(240)
 def test_vocabulary_job_through_a_beam_job_service(tmp_path, tuples_dir):
     from dpbert.data.tfrecord import read_tuples

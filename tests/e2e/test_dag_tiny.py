@@ -1,4 +1,6 @@
-"""A tiny end-to-end run of the whole DAG on LocalDagRunner + Beam DirectRunner (in CI)."""
+"""A tiny end-to-end run of the whole DAG on LocalDagRunner + Beam DirectRunner: a subprocess
+run, in the slow tier (``make test-slow``, run by CI); tests/e2e/test_dag_ram.py runs the same DAG in
+one process."""
 import sqlite3
 
 import pytest
@@ -7,7 +9,7 @@ from tests.e2e.tiny_dag import REPO, TINY_DAG as TINY, run_cli  # noqa: F401  (T
 
 # One DAG run (the session fixture ``tiny_dag_run``, tests/conftest.py) shared with the dashboard's
 # browser test; the group keeps every test using it on one xdist worker.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("tiny_dag")]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("tiny_dag")]
 
 
 @pytest.fixture(scope="session")

@@ -389,6 +389,7 @@ sys.exit(code)
 '''
 
 
+@pytest.mark.slow  # make test-slow (CI): a subprocess; compiling is covered in process above
 def test_compile_is_offline(tmp_path):
     """A fresh interpreter with every IPv4/IPv6 connection and DNS lookup refused compiles the
     Dataflow variant and loads it as a Vertex PipelineJob, without even trying the network."""

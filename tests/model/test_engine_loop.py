@@ -107,7 +107,8 @@ def test_the_budget_refuses_before_the_write_ahead_entry(state):
     assert chain_lib.read_step_log(state)["steps_executed"] == 2 and len(checks.events) == 4
 
 
-@pytest.mark.parametrize("where", ["local", "ram"])
+# local: in the slow tier (the stage tests resume chains in local folders)
+@pytest.mark.parametrize("where", [pytest.param("local", marks=pytest.mark.slow), "ram"])
 def test_train_mlm_crash_and_resume_in_a_chain_on_storage(tmp_path, where):
     """The real loop: a crash after 3 steps (checkpoint at 2), the resume finishes the plan, the
     step log charged every executed step; the chain's files are on that storage."""
