@@ -6,8 +6,10 @@ input parameters from the task's constants, input artifacts from the upstream ta
 Storage) — substitutes it for ``{{$}}`` in the executor's container args and runs the
 executor's container command (``python -m tfx.orchestration.kubeflow.v2.container.
 kubeflow_v2_run_executor ...``) in a fresh process, from a directory outside the source tree.
-What differs from Vertex AI: the artifact URIs are local paths instead of ``gs://``, the process
-runs in this environment instead of the image, and no ML Metadata/caching is involved.
+What differs from Vertex AI: the artifact URIs are local paths instead of ``gs://``, so is the
+dataset ledger's location (``ROOT/.ledgers``: a rehearsal never charges the real dataset's ledger,
+nor needs its credentials), the process runs in this environment instead of the image, and no ML
+Metadata/caching is involved.
 
 A trainer task that carries a custom job (``training.workers`` > 1, ``kubeflow.custom_job``) runs
 it here too: ``DPBERT_CUSTOM_JOB_CLIENT=local`` makes its step start the job's replicas as local
@@ -22,6 +24,7 @@ The rehearsal's folder is a pipeline root as Vertex AI's is (``dpbert.pipeline_r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -31,6 +34,18 @@ from typing import Dict, List, Optional, Sequence
 from kubeflow.spec_check import executors, load_spec, pipeline_spec
 
 INVOCATION_PLACEHOLDER = "{{$}}"
+#: The components' dataset-ledger parameter (``dpbert.ledger.LedgerTarget`` JSON).
+LEDGER_PARAMETER = "ledger_target"
+
+
+def local_ledger_target(text: str, root_dir: str) -> str:
+    """The ledger target with its location under the rehearsal's folder (``ROOT/.ledgers``)."""
+    from dpbert.ledger.target import LedgerTarget
+
+    target = LedgerTarget.from_json(text)
+    if target is None:
+        return text
+    return dataclasses.replace(target, location=os.path.join(os.path.abspath(root_dir), ".ledgers")).to_json()
 
 
 def task_order(spec: dict) -> List[str]:
@@ -62,9 +77,14 @@ def executor_input(spec: dict, task_name: str, root_dir: str,
     for name, param in task.get("inputs", {}).get("parameters", {}).items():
         runtime = param.get("runtimeValue", {})
         if "constantValue" in runtime:      # schema 2.0.0 (pipeline_spec Value)
-            inputs["parameters"][name] = runtime["constantValue"]
+            value = runtime["constantValue"]
+            if name == LEDGER_PARAMETER and "stringValue" in value:
+                value = {"stringValue": local_ledger_target(value["stringValue"], root_dir)}
+            inputs["parameters"][name] = value
         elif "constant" in runtime:         # schema 2.1.0 (protobuf Value)
-            inputs["parameterValues"][name] = runtime["constant"]
+            value = runtime["constant"]
+            inputs["parameterValues"][name] = local_ledger_target(value, root_dir) \
+                if name == LEDGER_PARAMETER and isinstance(value, str) else value
         else:
             raise NotImplementedError(f"{task_name}.{name}: only constant parameters are rehearsed, got {param}")
     for name, art in task.get("inputs", {}).get("artifacts", {}).items():

@@ -87,3 +87,17 @@ def test_whole_dag_rehearses_under_the_v2_entrypoint(compile_spec, tmp_path):
     spec = compile_spec(TINY)
     outputs = run_spec_locally(spec, str(tmp_path))
     assert set(outputs) == task_names(spec)
+
+
+def test_the_rehearsal_keeps_its_ledger_under_its_own_folder(tmp_path):
+    """A compiled spec names the real (remote) dataset ledger; the rehearsal charges a local one."""
+    import json
+
+    from dpbert.ledger.target import LedgerTarget
+    from kubeflow.local_v2 import local_ledger_target
+
+    real = LedgerTarget("notes", "patient", 1e-6, 8.0, "gs://my-bucket/dpbert/ledgers").to_json()
+    local = LedgerTarget.from_json(local_ledger_target(real, str(tmp_path)))
+    assert local.location == str(tmp_path / ".ledgers")
+    assert json.loads(local.to_json()) == dict(json.loads(real), location=str(tmp_path / ".ledgers"))
+    assert local_ledger_target("", str(tmp_path)) == ""  # no dataset identity: nothing to move
