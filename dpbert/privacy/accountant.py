@@ -71,11 +71,14 @@ import dp_accounting
 from dp_accounting import pld as _pld
 from dp_accounting import rdp as _rdp
 
-from dpbert.privacy import _checks
+from dpbert.privacy import _checks, pld_vectorized
 from dpbert.privacy import events as _events
 from dpbert.privacy import diagnostics as _diagnostics
 from dpbert.privacy import histogram as _histogram
 from dpbert.privacy.plan import plan_training, steps_for  # noqa: F401  (steps_for: re-exported)
+
+# dp-accounting's PLD construction with its per-ε Python loop vectorized (same formulas).
+pld_vectorized.install()
 
 ACCOUNTANTS = ("pld", "rdp")
 PLD_DISCRETIZATION = _histogram.PLD_DISCRETIZATION

@@ -1,8 +1,8 @@
 """One worker process of tests/model/test_multi_worker.py (started by ``noise_check.launch_workers``,
 ``TF_CONFIG`` set): ``MultiWorkerMirroredStrategy`` first, then, by ``argv``:
 
-* ``<out dir>``: the two tiny training runs of ``runs()`` (per tuple and per patient) into
-  ``<out dir>/<name>``;
+* ``<out dir> [<name> ...]``: the tiny training runs of ``runs()`` (per tuple and per patient; the
+  named ones only, if any) into ``<out dir>/<name>``;
 * ``noise <placement> ...``: ``noise_check`` (the shipped loop, 2 workers) under each named broken
   placement of ``broken_mechanisms.PLACEMENTS`` — the positive controls reach the worker processes
   through this test-only script, never through a flag of ``dpbert``.
@@ -37,5 +37,7 @@ from test_multi_worker import runs  # noqa: E402
 
 out = {}
 for name, kwargs in runs(replicas=2).items():
+    if sys.argv[2:] and name not in sys.argv[2:]:
+        continue
     out[name] = train_with(output_dir=str(Path(sys.argv[1]) / name), strategy=strategy, **kwargs).to_dict()
 print(json.dumps(out))

@@ -68,7 +68,7 @@ def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
     assert all(1 <= e <= 2 for e in report["rows"]["dp"]["best_epochs"])
     # without the baseline the artifact may be released (and the linear probe: ner.mode = probe)
     # (and the second column, the in-domain synthetic task: ner.synthetic_column, on by default)
-    probe = NerConfig(**{**cfg.__dict__, "mode": "probe", "learning_rate": 0.05, "epochs": 3,
+    probe = NerConfig(**{**cfg.__dict__, "mode": "probe", "learning_rate": 0.05, "epochs": 3, "seeds": 1,
                          "synthetic_column": True, "synthetic_train_sentences": 16, "synthetic_test_sentences": 8})
     alone = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report2"), probe, 24)
     assert alone.properties[schema.PRIVATE] == 0 and alone.properties[stage.UTILITY]["gain_kept_ner_f1"] is None
