@@ -116,13 +116,15 @@ def test_an_unreadable_lease_counts_as_expired(backend):
 def test_keep_alive_renews_until_release_and_reports_a_lost_lease(backend):
     _, root = backend
     uri = join(root, "lock")
-    lock = LeaseLock(uri, ttl_s=0.3, owner="alive").acquire().keep_alive(interval_s=0.05)
-    time.sleep(0.6)                                            # twice the ttl
+    # Margins for a loaded machine (2 busy cores): a renewal thread starved for a whole ttl, or a
+    # first renewal landing before the thief, would be the test's failure, not the lock's.
+    lock = LeaseLock(uri, ttl_s=1.0, owner="alive").acquire().keep_alive(interval_s=0.05)
+    time.sleep(1.5)                                            # 1.5 ttl: only renewals keep it
     with pytest.raises(LockHeld):
-        LeaseLock(uri, ttl_s=0.3, owner="other").acquire()
+        LeaseLock(uri, ttl_s=1.0, owner="other").acquire()
     assert lock.release() and lock._thread is None
-    lock = LeaseLock(uri, ttl_s=0.2, owner="slow").acquire().keep_alive(interval_s=0.4)
-    time.sleep(0.25)                                           # expired before its first renewal
+    lock = LeaseLock(uri, ttl_s=0.2, owner="slow").acquire().keep_alive(interval_s=1.0)
+    time.sleep(0.3)                                            # expired long before its first renewal
     LeaseLock(uri, ttl_s=60, owner="thief").acquire()
     deadline = time.time() + 5
     while lock.lost is None and time.time() < deadline:
