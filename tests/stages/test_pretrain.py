@@ -40,7 +40,9 @@ def _draws(count, seed=13):
             yield {"epochs": round(rng.uniform(0.05, max_epochs), rng.choice([1, 2, 3])) or 0.1, "steps": None}, B, n
 
 
-@pytest.mark.parametrize("draw", list(_draws(2)), ids=lambda d: f"{d[0]}-B{d[1]}-n{d[2]}")
+# The issue's case in make test; the random draws in the slow tier (CI).
+@pytest.mark.parametrize("draw", [d if d == FIRST_DRAW else pytest.param(d, marks=pytest.mark.slow)
+                                  for d in _draws(2)], ids=lambda d: f"{d[0]}-B{d[1]}-n{d[2]}")
 def test_planned_steps_equal_executed_steps(tmp_path, tuples_dir, vocabulary_dir, draw):
     """The budget guard's plan and the trainer stage agree on the number of steps (one TrainingPlan)."""
     from dpbert.config import load_config
