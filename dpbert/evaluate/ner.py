@@ -512,10 +512,14 @@ class _FineTuner:
         self.optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
         self.variables = self.encoder.trainable_variables + self.classifier.trainable_variables
         self.all_variables = self.encoder.variables + self.classifier.variables
-        self.train_step = tf.function(self._train_step, autograph=False, reduce_retracing=True)
+        # One trace each for every batch shape (dynamic_length trims batches to their longest
+        # sentence): tracing per new shape cost more than the steps of a short fine-tune.
+        ids_spec = tf.TensorSpec([None, None], tf.int32)
+        self.train_step = tf.function(self._train_step, autograph=False, input_signature=[
+            ids_spec, tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.float32)])
         self.predict_step = tf.function(
             lambda ids: tf.argmax(self._logits(ids, False), axis=-1, output_type=tf.int32),
-            autograph=False, reduce_retracing=True)
+            autograph=False, input_signature=[ids_spec])
 
     def _logits(self, ids, training):
         # ``call`` skips the functional input-shape check: a batch may be shorter than L.

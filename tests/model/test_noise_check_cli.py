@@ -23,9 +23,10 @@ pytestmark = pytest.mark.xdist_group("multi_worker")
 LAUNCHER = "import sys\nfrom dpbert_cli.main import main\nsys.exit(main())\n"
 
 
-# two workers: slow tier (CI); test_multi_worker.py launches two workers in make test
-@pytest.mark.parametrize("layout", [["--replicas", "2", "--accumulation", "4"],
-                                    pytest.param(["--workers", "2"], marks=pytest.mark.slow)],
+# Slow tier (CI): the child command's import path from such a folder is covered by
+# tests/model/test_worker_supervisor.py, the command itself in process by tests/model/test_dpsgd.py.
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [["--replicas", "2", "--accumulation", "4"], ["--workers", "2"]],
                          ids=["two_replicas", "two_workers"])
 def test_noise_check_cli_runs_from_a_folder_holding_a_dpbert_folder(tmp_path, layout):
     parent = tmp_path / "parent"

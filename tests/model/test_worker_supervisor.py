@@ -123,6 +123,10 @@ def test_the_worker_command_runs_this_checkout_from_a_folder_that_shadows_it(tmp
     (tmp_path / "pipeline").mkdir()
     (tmp_path / "pipeline" / "__init__.py").write_text("")
     (tmp_path / "pipeline" / "workers.py").write_text("print('the shadow ran')\n")
+    # and a folder named like the package, with no __init__.py (the clone, seen from its parent):
+    # ``python -m`` imported it as a namespace package and the noise check's workers failed
+    (tmp_path / "dpbert").mkdir()
+    (tmp_path / "dpbert" / "README.md").write_text("not the package\n")
     result = subprocess.run(module_command(MODULE), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "the shadow ran" not in result.stdout
     assert result.returncode == 2 and "usage: python -m dpbert.trainer_workers" in result.stderr
