@@ -503,7 +503,22 @@ class ClippingCheck:
         def run(batch, rows):
             return strategy.experimental_local_results(strategy.run(replica_fn, args=(batch, rows)))
 
-        return tf.function(run, autograph=False)
+        return run
+
+    def _function(self):
+        """The check's function: run eagerly the first time a step object is checked, traced from
+        its second check on (kept on the step object: every run's checks reuse it). A check is
+        often made once per run (steps < ``integrity_check_every``), where tracing and
+        optimising the brute-force graph cost seconds and eager dispatch a fraction of one."""
+        stepper = self.stepper
+        calls = getattr(stepper, "_integrity_checks_made", 0)
+        stepper._integrity_checks_made = calls + 1  # pylint: disable=protected-access
+        if calls == 0:
+            return self._build()
+        fn = getattr(stepper, "_integrity_clip_fn", None)
+        if fn is None:
+            fn = stepper._integrity_clip_fn = tf.function(self._build(), autograph=False)  # pylint: disable=protected-access
+        return fn
 
     def before(self, rounds: List[dict]) -> Optional[tuple]:
         """Choose a unit of this step's batch and recompute it (the weights the step will use)."""
@@ -518,9 +533,7 @@ class ClippingCheck:
         mask = np.asarray(rounds[r]["example_mask"], np.float32)
         only = np.zeros_like(mask)
         only[p, j * self.k:(j + 1) * self.k] = mask[p, j * self.k:(j + 1) * self.k]
-        fn = getattr(self.stepper, "_integrity_clip_fn", None)
-        if fn is None:  # traced once per step object (every run's checks reuse it)
-            fn = self.stepper._integrity_clip_fn = self._build()  # pylint: disable=protected-access
+        fn = self._function()
         tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
         tf.config.experimental.enable_tensor_float_32_execution(False)  # full float32 on both sides
         try:

@@ -280,18 +280,24 @@ def _run(rig, tmp_path, steps, every=1):
 
 
 def test_clipping_check_passes_the_real_ghost_path_and_catches_broken_norms(rig, tmp_path):
+    rig.stepper._integrity_checks_made = 0  # the first check of a step object runs eagerly, then traced
     results = _run(rig, tmp_path, 2).finish()
     clip = results["clipping"]
     assert clip["ran"] and clip["passed"] and clip["checks"] == 2 and clip["compared_with_step_norm"]
     assert max(clip["max_relative_error"].values()) < 1e-5
+    assert rig.stepper._integrity_clip_fn is not None  # the second check was the traced function
     saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())
     assert saved["clipping"]["passed"]
-    # Positive controls: a ghost norm without the LayerNorm terms; a norm scaled by 1.001.
+    # Positive controls: a ghost norm without the LayerNorm terms; a norm scaled by 1.001; each
+    # caught by the eager first check and by the traced one.
     for variable, value in ((rig.ln_keep, 0.0), (rig.norm_scale, 1.001)):
         variable.assign(value)
         try:
-            with pytest.raises(IntegrityCheckFailed, match="clipping"):
-                _run(rig, tmp_path, 1)
+            for first in (True, False):
+                if first:
+                    rig.stepper._integrity_checks_made = 0
+                with pytest.raises(IntegrityCheckFailed, match="clipping"):
+                    _run(rig, tmp_path, 1)
         finally:
             variable.assign(1.0)
     assert not json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["clipping"]["passed"]
