@@ -460,8 +460,8 @@ class ClippingCheck:
 
     name = "clipping"
 
-    def __init__(self, stepper: dpsgd.DPSGDTrainStep, seed: Optional[int] = None):
-        self.stepper = stepper
+    def __init__(self, stepper: dpsgd.DPSGDTrainStep, seed: Optional[int] = None, eager_first: bool = True):
+        self.stepper, self.eager_first = stepper, bool(eager_first)
         self.k = int(stepper.config.group_size)
         self.clip_norm = float(stepper.config.clip_norm)
         self.rng = _rng(seed, 2)
@@ -506,14 +506,15 @@ class ClippingCheck:
         return run
 
     def _function(self):
-        """The check's function: run eagerly the first time a step object is checked, traced from
-        its second check on (kept on the step object: every run's checks reuse it). A check is
-        often made once per run (steps < ``integrity_check_every``), where tracing and
-        optimising the brute-force graph cost seconds and eager dispatch a fraction of one."""
+        """The check's function: with ``eager_first``, run eagerly the first time a step object is
+        checked, traced from its second check on (kept on the step object: every run's checks
+        reuse it). A check is often made once per run (steps < ``integrity_check_every``), where
+        tracing and optimising the brute-force graph cost seconds and eager dispatch about one;
+        checked every step, it is traced at once."""
         stepper = self.stepper
         calls = getattr(stepper, "_integrity_checks_made", 0)
         stepper._integrity_checks_made = calls + 1  # pylint: disable=protected-access
-        if calls == 0:
+        if calls == 0 and self.eager_first:
             return self._build()
         fn = getattr(stepper, "_integrity_clip_fn", None)
         if fn is None:
@@ -620,7 +621,7 @@ class RunChecks:
             self.noise = NoiseCheck(stepper.config.effective_noise_multiplier, stepper.config.clip_norm,
                                     stepper.config.expected_batch_size,
                                     [(name, c.size) for name, (_, c) in zip(names, probe.groups())])
-        self.clipping = ClippingCheck(stepper, seed) if self.every > 0 else None
+        self.clipping = ClippingCheck(stepper, seed, eager_first=self.every > 1) if self.every > 0 else None
         self.release = ReleaseCheck()
 
     def sampled(self, step: int, unit_indices: np.ndarray):

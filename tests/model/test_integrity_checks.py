@@ -280,8 +280,9 @@ def _run(rig, tmp_path, steps, every=1):
 
 
 def test_clipping_check_passes_the_real_ghost_path_and_catches_broken_norms(rig, tmp_path):
-    rig.stepper._integrity_checks_made = 0  # the first check of a step object runs eagerly, then traced
-    results = _run(rig, tmp_path, 2).finish()
+    # every = 2: a step object's first check runs eagerly, the next one traced (every = 1: traced at once)
+    rig.stepper._integrity_checks_made = 0
+    results = _run(rig, tmp_path, 2, every=2).finish()
     clip = results["clipping"]
     assert clip["ran"] and clip["passed"] and clip["checks"] == 2 and clip["compared_with_step_norm"]
     assert max(clip["max_relative_error"].values()) < 1e-5
@@ -293,11 +294,10 @@ def test_clipping_check_passes_the_real_ghost_path_and_catches_broken_norms(rig,
     for variable, value in ((rig.ln_keep, 0.0), (rig.norm_scale, 1.001)):
         variable.assign(value)
         try:
-            for first in (True, False):
-                if first:
-                    rig.stepper._integrity_checks_made = 0
+            for eager in (True, False):
+                rig.stepper._integrity_checks_made = 0
                 with pytest.raises(IntegrityCheckFailed, match="clipping"):
-                    _run(rig, tmp_path, 1)
+                    _run(rig, tmp_path, 1, every=2 if eager else 1)
         finally:
             variable.assign(1.0)
     assert not json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["clipping"]["passed"]
