@@ -225,7 +225,9 @@ class LoRAProjection(tf_keras.layers.Layer):
         else:
             raise NotImplementedError(f"LoRA on the attention projection {base.equation!r} (rank-3 inputs only)")
 
-    def call(self, x):
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent control flow (see below)
+    def call(self, x, training=None):  # (Keras reads the wrapper's signature as taking `training`)
+        del training
         return self.base(x) + self.scale * self.lora_b(self.lora_a(x))
 
     def delta(self) -> tf.Tensor:
@@ -241,6 +243,12 @@ class LoRAMultiHeadAttention(tf_keras.layers.MultiHeadAttention):
     def __init__(self, *args, lora: LoRASpec, lora_seed=None, **kwargs):
         super().__init__(*args, **kwargs)
         self._lora, self._lora_seed = lora, lora_seed
+
+    # Keras hands a user-defined layer's call to AutoGraph, which converted MultiHeadAttention's
+    # whole call chain (≈ 10 s per LoRA model built); it has no tensor-dependent control flow.
+    @tf.autograph.experimental.do_not_convert
+    def call(self, *args, **kwargs):
+        return super().call(*args, **kwargs)
 
     def _build_from_signature(self, query, value, key=None):
         super()._build_from_signature(query, value, key=key)
