@@ -62,6 +62,7 @@ def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
         assert 0 <= row["ner_f1_mean"] <= 1 and row["ner_f1_std"] >= 0
         assert row["ner_synthetic_f1_mean"] is None  # ner.synthetic_column off
     assert props["f1"] == utility["rows"]["dp"]["ner_f1_mean"]
+    assert [row["model"] for row in props["table"]] == ["random", "dp", "non_private"]
     assert props[schema.PRIVATE] == 1  # the non-private row: operator-only
     report = json.loads((tmp_path / "report" / stage.REPORT_FILE).read_text())
     assert len(report["rows"]["dp"]["f1_seeds"]) == 2 and report["seeds"] == [0, 1]
