@@ -84,7 +84,7 @@ def test_a_perfect_scorer_reaches_the_white_box_grid_bound_on_a_real_half_draw()
     m = 10_000
     grid = wa.whitebox_k_grid(m)
     assert len(grid) == 12 and (4500, 4500) in grid and max(a + b for a, b in grid) == 9000
-    for seed in range(3):
+    for seed in range(1):  # one real draw (its number of canaries in is not m/2): ~3 s per draw
         included = audit.draw_inclusion(m, np.random.default_rng(seed))
         perfect = audit.audit_best_of(included.astype(float), included, grid, beta=0.05, delta=DELTA)
         assert perfect["accuracy"] == 1.0
