@@ -189,7 +189,10 @@ REHEARSED = ["corpus.synthetic.patients=6", "vocab.sigma=2", "vocab.size=300", "
              "beam.direct_num_workers=1", "training.workers=2", "vertex.project=my-project"]
 
 
+# A cluster of worker processes: never beside another (loopback ports picked free by two clusters
+# at once can collide, and a collision hangs the first collective; tests/e2e/test_workers.py).
 @pytest.mark.slow
+@pytest.mark.xdist_group("multi_worker")
 def test_the_rehearsal_runs_the_custom_job_as_two_replicas_and_reports_it(compile_spec, tmp_path):
     """kubeflow/local_v2 runs the compiled trainer step, whose custom job's replicas start here with
     Vertex AI's CLUSTER_SPEC / TF_CONFIG (workerpool0 = chief); dpbert report reads the rehearsal:
