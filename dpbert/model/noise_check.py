@@ -56,6 +56,7 @@ import argparse
 import json
 import math
 import os
+import random
 import secrets
 import signal
 import socket
@@ -63,7 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -251,11 +252,38 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
 WORKER_TIMEOUT_S = 300.0
 
 
-def free_ports(count: int) -> List[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
-    socks = []
+def _ephemeral_range() -> Tuple[int, int]:
+    """The kernel's range for port 0 binds and outgoing connections (Linux; else IANA's)."""
     try:
-        for _ in range(count):
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as handle:
+            low, high = (int(x) for x in handle.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def free_ports(count: int) -> List[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 for a loopback cluster, drawn at random BELOW
+    the ephemeral range and checked by binding them together (then released). A port 0 bind
+    would come from the ephemeral range, which every process's outgoing connections and port-0
+    servers draw from: in the seconds before the worker binds it (its TensorFlow import),
+    another process could take it and the cluster's first collective would hang."""
+    low, _ = _ephemeral_range()
+    lo, hi = max(10000, low - 16384), max(10000, low - 1)
+    rng = random.SystemRandom()
+    socks: List[socket.socket] = []
+    try:
+        for _ in range(100 * count):
+            if len(socks) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("127.0.0.1", rng.randint(lo, hi) if hi > lo else 0))
+            except OSError:
+                sock.close()
+                continue
+            socks.append(sock)
+        while len(socks) < count:  # nothing free below the range: the kernel's choice
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.bind(("127.0.0.1", 0))
             socks.append(sock)

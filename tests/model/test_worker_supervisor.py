@@ -130,3 +130,18 @@ def test_the_worker_command_runs_this_checkout_from_a_folder_that_shadows_it(tmp
     result = subprocess.run(module_command(MODULE), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "the shadow ran" not in result.stdout
     assert result.returncode == 2 and "usage: python -m dpbert.trainer_workers" in result.stderr
+
+
+def test_cluster_ports_are_free_distinct_and_below_the_ephemeral_range():
+    """Not from the range port-0 binds and outgoing connections draw from (another process could
+    take such a port before the worker binds it, and the cluster would hang)."""
+    import socket
+
+    from dpbert.model.noise_check import _ephemeral_range, free_ports
+
+    low, _ = _ephemeral_range()
+    ports = free_ports(4)
+    assert len(set(ports)) == 4 and all(10000 <= p < low for p in ports)
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))
