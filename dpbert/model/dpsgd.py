@@ -25,7 +25,8 @@ The logical batch is split into P·T shards (p, t); S = Σ_p Σ_t S_{p,t}.
    (SyncOnRead) buffer, the buffers are all-reduced with SUM (S on every replica), and then every
    replica adds THE SAME draw z ~ N(0, σ²C²I): ``tf.random.stateless_normal`` with a seed that
    depends only on (secret base seed, DP step counter): one draw over every trained coordinate,
-   split into the variables in order (``_draw_noise``), identical on all replicas. The released sum is S + z: one draw per logical batch, std σC per coordinate.
+   split into the variables in order (``_draw_noise``), identical on all replicas. The released
+   sum is S + z: one draw per logical batch, std σC per coordinate.
 3. Divided by the public constant B, the update's per-coordinate noise std is σC/B (measured by
    ``dpbert.model.noise_check``), not σC√(P·T)/B.
 4. Equivalent formulation (not used): each shard adds an independent N(0, σ²C²/(P·T)) draw; the

@@ -71,7 +71,8 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     ``mask_token_id``. ``model.init: minilm`` takes the sizes from the public checkpoint
     (``dpbert.model.init_public``) and needs ``vocab_tokens`` (the new vocabulary's token strings).
     ``example_ids`` ``[n]``: each row's own record id (default the row index), which keys its MLM
-    masks. ``export_saved_model``: None = ``training.export_saved_model``. ``initial_weights``: the MLM model's starting weights (e.g. the public start of
+    masks. ``export_saved_model``: None = ``training.export_saved_model``. ``initial_weights``:
+    the MLM model's starting weights (e.g. the public start of
     ``dpbert.model.public_warmup``); a resumed run restores its checkpoint over them.
     ``patient_keys`` ``[n]``: each row's patient, required by a plan with ``unit == "patient"``
     (user-level DP-SGD: patients Poisson-sampled at q, ≤ k rows each chosen by a secret PRF, the
