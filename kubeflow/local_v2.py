@@ -6,10 +6,11 @@ input parameters from the task's constants, input artifacts from the upstream ta
 Storage) — substitutes it for ``{{$}}`` in the executor's container args and runs the
 executor's container command (``python -m tfx.orchestration.kubeflow.v2.container.
 kubeflow_v2_run_executor ...``) in a fresh process, from a directory outside the source tree.
-What differs from Vertex AI: the artifact URIs are local paths instead of ``gs://``, so is the
-dataset ledger's location (``ROOT/.ledgers``: a rehearsal never charges the real dataset's ledger,
-nor needs its credentials), the process runs in this environment instead of the image, and no ML
-Metadata/caching is involved.
+What differs from Vertex AI: the artifact URIs are local paths instead of ``gs://``; for the
+embedded synthetic corpus (public data) so is the dataset ledger's location (``ROOT/.ledgers``:
+no credentials needed, no real ledger touched), while a real dataset's rehearsal charges the
+ledger the spec names, since its releases come from the same patients; the process runs in this
+environment instead of the image, and no ML Metadata/caching is involved.
 
 A trainer task that carries a custom job (``training.workers`` > 1, ``kubeflow.custom_job``) runs
 it here too: ``DPBERT_CUSTOM_JOB_CLIENT=local`` makes its step start the job's replicas as local
@@ -39,11 +40,14 @@ LEDGER_PARAMETER = "ledger_target"
 
 
 def local_ledger_target(text: str, root_dir: str) -> str:
-    """The ledger target with its location under the rehearsal's folder (``ROOT/.ledgers``)."""
+    """The ledger target with its location under the rehearsal's folder (``ROOT/.ledgers``) when
+    its dataset is the public synthetic corpus; a real dataset's target unchanged (its budget
+    belongs to the dataset: a rehearsal's DP releases are charged where every other run's are)."""
+    from dpbert.ledger.identity import SYNTHETIC_PREFIX
     from dpbert.ledger.target import LedgerTarget
 
     target = LedgerTarget.from_json(text)
-    if target is None:
+    if target is None or not target.dataset_id.startswith(SYNTHETIC_PREFIX):
         return text
     return dataclasses.replace(target, location=os.path.join(os.path.abspath(root_dir), ".ledgers")).to_json()
 

@@ -26,12 +26,16 @@ LEDGER_ENV = "DPBERT_LEDGER"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
+#: The embedded (public) synthetic corpus's dataset ids start with this.
+SYNTHETIC_PREFIX = "synthetic-"
+
+
 def synthetic_dataset_id(corpus: CorpusConfig) -> str:
     """``synthetic-<hash>`` of the generator parameters (patients, admissions, notes, seed)."""
     s = corpus.synthetic
     material = json.dumps({"patients": s.patients, "admissions_per_patient": s.admissions_per_patient,
                            "notes_per_admission": s.notes_per_admission, "seed": s.seed}, sort_keys=True)
-    return "synthetic-" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:12]
+    return SYNTHETIC_PREFIX + hashlib.sha256(material.encode("utf-8")).hexdigest()[:12]
 
 
 def dataset_id_for(corpus: CorpusConfig) -> Optional[str]:

@@ -89,15 +89,20 @@ def test_whole_dag_rehearses_under_the_v2_entrypoint(compile_spec, tmp_path):
     assert set(outputs) == task_names(spec)
 
 
-def test_the_rehearsal_keeps_its_ledger_under_its_own_folder(tmp_path):
-    """A compiled spec names the real (remote) dataset ledger; the rehearsal charges a local one."""
+def test_a_synthetic_rehearsal_keeps_its_ledger_under_its_own_folder_a_real_dataset_does_not(tmp_path):
+    """The public synthetic corpus: a local ledger (no credentials). A real dataset: the ledger the
+    spec names, unchanged (a rehearsal's releases come from the same patients)."""
     import json
 
+    from dpbert.config import CorpusConfig
+    from dpbert.ledger.identity import synthetic_dataset_id
     from dpbert.ledger.target import LedgerTarget
     from kubeflow.local_v2 import local_ledger_target
 
-    real = LedgerTarget("notes", "patient", 1e-6, 8.0, "gs://my-bucket/dpbert/ledgers").to_json()
-    local = LedgerTarget.from_json(local_ledger_target(real, str(tmp_path)))
-    assert local.location == str(tmp_path / ".ledgers")
-    assert json.loads(local.to_json()) == dict(json.loads(real), location=str(tmp_path / ".ledgers"))
+    remote = "gs://my-bucket/dpbert/ledgers"
+    public = LedgerTarget(synthetic_dataset_id(CorpusConfig()), "patient", 1e-6, 8.0, remote).to_json()
+    local = LedgerTarget.from_json(local_ledger_target(public, str(tmp_path)))
+    assert json.loads(local.to_json()) == dict(json.loads(public), location=str(tmp_path / ".ledgers"))
+    real = LedgerTarget("notes", "patient", 1e-6, 8.0, remote).to_json()
+    assert local_ledger_target(real, str(tmp_path)) == real
     assert local_ledger_target("", str(tmp_path)) == ""  # no dataset identity: nothing to move

@@ -7,7 +7,8 @@ the directory may be local, ``gs://…`` or ``ram://…``::
     run_config.json     the privacy-relevant parameters; a resume with different ones is refused
     shuffle_key.json    the secret key of the shuffle stream (shuffle sampling only)
     checkpoints/        tf.train.CheckpointManager: model, optimizer (its step counter), dp_step
-    model/, saved_model/, tensorboard/, train_result.json, integrity_checks.json
+    model/, saved_model/ (training.export_saved_model), tensorboard/, train_result.json,
+    integrity_checks.json
     resume_key.json, charge_basis.json, dp_count.json, budget_refusal.json (the trainer stage)
 
 Three ledgers, named apart: the chain's write-ahead count is the **step log**
