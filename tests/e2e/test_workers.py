@@ -139,8 +139,12 @@ def test_a_killed_worker_fails_the_run_fast_and_the_rerun_charges_every_executed
     assert f"the step log charged {executed} step(s)" in line
     assert 6 <= executed < 12 and checkpoint <= executed  # every step started is in the write-ahead log
 
-    rerun = subprocess.run(_run_args(out, overrides), cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                           timeout=900)
+    try:  # bounded below pytest's timeout, so a hang shows the re-run's own output
+        rerun = subprocess.run(_run_args(out, overrides), cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                               timeout=400)
+    except subprocess.TimeoutExpired as err:
+        stderr = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else str(err.stderr)
+        raise AssertionError(f"the re-run did not finish in 400 s:\n{stderr[-4000:]}") from None
     assert rerun.returncode == 0, rerun.stderr[-4000:]
     total = executed + 12 - checkpoint  # the lost steps after the checkpoint ran again, and are charged again
     assert _chain(out)["steps_executed"] == total

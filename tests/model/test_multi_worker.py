@@ -183,3 +183,34 @@ def test_config_names_multi_worker_and_refuses_shuffle_with_it(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ValueError, match="TF_CONFIG"):
         make_strategy("multi_worker", 2)
+
+
+def test_one_strategy_per_process(monkeypatch):
+    """``multi_worker_strategy`` builds ONE MultiWorkerMirroredStrategy per process: the trainer
+    worker's (dpbert.trainer_workers, before any op) is the one the stage trains with. A second one
+    re-enabled the collectives on the live context and hung the first broadcast when a worker
+    reached it before the chief built its second strategy (the killed-worker re-run,
+    tests/e2e/test_workers.py)."""
+    import tensorflow as tf
+
+    from dpbert.model.engine import devices
+
+    built = []
+
+    class FakeStrategy:
+        num_replicas_in_sync = 2
+
+        def __init__(self, **kwargs):
+            built.append(kwargs)
+
+    monkeypatch.setattr(devices, "_MULTI_WORKER", {}, raising=False)
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", FakeStrategy)
+    cluster = {"worker": ["localhost:1", "localhost:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}))
+    first = devices.multi_worker_strategy(2)
+    assert devices.make_strategy("multi_worker", 2) is first and len(built) == 1
+    with pytest.raises(ValueError, match="training.replicas says 4"):
+        devices.multi_worker_strategy(4)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(RuntimeError, match="another TF_CONFIG"):
+        devices.multi_worker_strategy(2)

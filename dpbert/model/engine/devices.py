@@ -70,26 +70,41 @@ def make_strategy(name: str, replicas: int) -> tf.distribute.Strategy:
     raise ValueError(f"unknown strategy {name!r}")
 
 
+#: This process's ``MultiWorkerMirroredStrategy`` and the ``TF_CONFIG`` it joined (one per process).
+_MULTI_WORKER: dict = {}
+
+
 def multi_worker_strategy(replicas: int) -> tf.distribute.MultiWorkerMirroredStrategy:
     """``MultiWorkerMirroredStrategy`` over the cluster in ``$TF_CONFIG`` (Vertex AI custom jobs and
     Kubeflow's TFJob set it): every process of the job calls this, with the same ``replicas`` = R,
     the replicas of all workers together. Must run before TensorFlow executes its first op in the
-    process (the collectives are configured then). Ring all-reduce on CPUs; NCCL picked by TF on GPUs."""
+    process (the collectives are configured then). Ring all-reduce on CPUs; NCCL picked by TF on GPUs.
+
+    ONE strategy per process, returned again on every later call: a second one re-enables the
+    collectives on the live context, which replaces the process's collective manager. A peer whose
+    first collective reached the old manager (a worker that started training while the chief was
+    still building its strategy) then waits forever and so does the chief: the first variable's
+    broadcast hung that way (tests/model/test_multi_worker.py::test_one_strategy_per_process)."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if not resolver.cluster_spec().jobs:
         raise ValueError("training.strategy multi_worker needs the cluster in $TF_CONFIG (set by Vertex AI "
                          "custom jobs and Kubeflow's TFJob; see README 'Scaling out')")
-    gpus = tf.config.list_physical_devices("GPU")
-    implementation = tf.distribute.experimental.CommunicationImplementation.AUTO if gpus else \
-        tf.distribute.experimental.CommunicationImplementation.RING
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver,
-        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation))
+    tf_config = environ.get("TF_CONFIG", "")
+    if not _MULTI_WORKER:
+        gpus = tf.config.list_physical_devices("GPU")
+        implementation = tf.distribute.experimental.CommunicationImplementation.AUTO if gpus else \
+            tf.distribute.experimental.CommunicationImplementation.RING
+        _MULTI_WORKER.update(tf_config=tf_config, strategy=tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver,
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation)))
+    elif _MULTI_WORKER["tf_config"] != tf_config:
+        raise RuntimeError("this process already joined the cluster of another TF_CONFIG; a process trains in "
+                           "one multi-worker cluster")
+    strategy = _MULTI_WORKER["strategy"]
     if strategy.num_replicas_in_sync != replicas:
         raise ValueError(f"the TF_CONFIG cluster has {strategy.num_replicas_in_sync} replicas in sync, "
                          f"training.replicas says {replicas}")
     return strategy
-
 
 
 def non_chief_worker(training_config, strategy) -> bool:
