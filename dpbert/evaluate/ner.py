@@ -511,6 +511,9 @@ class _FineTuner:
         self._logits(tf.zeros((1, max_seq_length), tf.int32), False)  # build the head
         self.optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
         self.variables = self.encoder.trainable_variables + self.classifier.trainable_variables
+        # Adam's slots made here, not by the first step: a tf.function that creates variables is
+        # traced twice (once to lift them), and that trace cost more than a short fine-tune.
+        self.optimizer.build(self.variables)
         self.all_variables = self.encoder.variables + self.classifier.variables
         # One trace each for every batch shape (dynamic_length trims batches to their longest
         # sentence): tracing per new shape cost more than the steps of a short fine-tune.
@@ -717,6 +720,7 @@ def _probe_and_score(encoder_builder, train: EncodedNer, dev: Optional[EncodedNe
         len(labels), kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02, seed=seed))])
     head.build((None, x_train.shape[1]))
     optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
+    optimizer.build(head.trainable_variables)  # slots outside the step: one trace, not two
 
     @tf.function(autograph=False, reduce_retracing=True)
     def step(x, y):

@@ -193,6 +193,7 @@ def pretrain(token_ids, mechanism: DchiMechanism, objective: str, eta: float, *,
     mlm = models.mlm
     optimizer = tf_keras.optimizers.Adam(learning_rate)
     variables = mlm.trainable_variables
+    optimizer.build(variables)  # slots outside the step: a tf.function creating them is traced twice
 
     @tf.function(autograph=False)  # no tensor-dependent control flow
     def step(input_ids, positions, labels, weights):

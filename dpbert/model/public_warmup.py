@@ -127,6 +127,7 @@ def warm_up(models, tokenizer, steps: int, seed: int, *, batch_size: int = 32, l
     ids = special_ids(tokenizer)
     variables = _trainable(models, scope)
     optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
+    optimizer.build(variables)  # slots outside the step: a tf.function creating them is traced twice
     rng = np.random.default_rng(seed)
     order = np.empty(0, np.int64)
     mask_key = int(np.random.default_rng([seed, 0x5EED]).integers(2 ** 62))

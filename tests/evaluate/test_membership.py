@@ -354,7 +354,7 @@ def test_run_attacks_end_to_end_on_a_tiny_bert():
     from dpbert.model import dpsgd, masking
     from dpbert.model.bert import BertSpec, build_bert
 
-    spec = BertSpec(vocab_size=40, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+    spec = BertSpec(vocab_size=40, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                     max_seq_length=16, max_predictions=4, dropout=0.0, attention_dropout=0.0)
     models = build_bert(spec, seed=0)
     rng = np.random.default_rng(0)

@@ -14,14 +14,15 @@ def test_early_stopping_restores_the_best_dev_epoch():
     best dev epoch's (their dev F1, measured again after the restore, equals the best)."""
     rng = np.random.default_rng(0)
     train, dev, test = synthetic_sentences(60, rng), synthetic_sentences(30, rng), synthetic_sentences(20, rng)
-    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test, epochs=8, max_seq_length=16,
-                                    batch_size=8, learning_rate=3.0, seed=1, dev_sentences=dev, patience=None)
+    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test, epochs=6, max_seq_length=16,
+                                    batch_size=8, learning_rate=2.0, seed=1, dev_sentences=dev, patience=None)
     history = result["dev_f1_history"]
-    assert len(history) == result["epochs_run"] == 8
+    assert len(history) == result["epochs_run"] == 6
     assert result["best_epoch"] == 1 + int(np.argmax(history))  # the first best on ties
     assert result["best_dev_f1"] == max(history)
-    # this seed and rate: the best is epoch 2 (dev F1 0.68, 1.0, …, 0.68), not the first nor the last
-    assert 1 < result["best_epoch"] < 8 and history[-1] < max(history)
+    # this seed and rate: the best is epoch 3 (dev F1 0.94, 0.76, 1.0, 0.96, 1.0, 0.68), not the
+    # first nor the last (the task saturates at 1.0: re-pick them when the dropout stream changes)
+    assert 1 < result["best_epoch"] < 6 and history[-1] < max(history)
     assert result["restored_dev_f1"] == pytest.approx(result["best_dev_f1"])
 
 

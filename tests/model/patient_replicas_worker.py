@@ -25,6 +25,6 @@ keys = [f"P{i % 20}" for i in range(60)]  # 20 patients of 3 tuples
 tc = TrainingConfig(batch_size=8, steps=4, replicas=2, accumulation_steps=2, strategy="mirrored",
                     noise_multiplier=0.5, clip_norm=1.0, checkpoint_every=2, warmup_steps=1)
 plan = plan_training(tc, 20, unit="patient", max_contributions=2)
-result = train_mlm(ids, SPECIALS, 40, ModelConfig(preset="tiny", max_seq_length=16), tc, sys.argv[1], plan=plan,
+result = train_mlm(ids, SPECIALS, 40, ModelConfig(preset="tiny", num_layers=1, max_seq_length=16), tc, sys.argv[1], plan=plan,
                    progress=False, export_saved_model=False, patient_keys=keys)
 print(json.dumps({"noise": noise, "train": result.to_dict()}))

@@ -17,7 +17,7 @@ from dpbert.model.train import train_mlm  # noqa: E402
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from conftest import SPECIALS, repetitive_corpus  # noqa: E402
 
-result = train_mlm(repetitive_corpus(), SPECIALS, 40, ModelConfig(preset="tiny", max_seq_length=16),
+result = train_mlm(repetitive_corpus(), SPECIALS, 40, ModelConfig(preset="tiny", num_layers=1, max_seq_length=16),
                    TrainingConfig(batch_size=8, steps=6, replicas=2, accumulation_steps=2, strategy="mirrored",
                                   noise_multiplier=0.5, clip_norm=1.0, checkpoint_every=3, warmup_steps=1),
                    sys.argv[1], progress=False, export_saved_model=False)

@@ -118,7 +118,7 @@ def test_train_mlm_crash_and_resume_in_a_chain_on_storage(tmp_path, where):
     out = str(tmp_path / "state") if where == "local" else f"ram://train-tests/{uuid.uuid4().hex}"
     tc = TrainingConfig(batch_size=8, steps=5, warmup_steps=1, clip_norm=1.0, noise_multiplier=0.5,
                         checkpoint_every=2, noise_seed=3, integrity_check_every=0)
-    model = ModelConfig(preset="tiny", max_seq_length=16, dropout=0.0)
+    model = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
     observer = _Observer()
 
     def run(hooks):

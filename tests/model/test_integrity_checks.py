@@ -396,7 +396,7 @@ def _train(out, new_token_ids=None, **overrides):
     params.update(overrides)
     tc = TrainingConfig(**params)
     plan = plan_training(tc, 64)
-    model = ModelConfig(preset="tiny", max_seq_length=16, dropout=0.0)
+    model = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
     return tc, plan, train_mlm(repetitive_corpus(), SPECIALS, VOCAB, model, tc, out, plan=plan, progress=False,
                                export_saved_model=False, new_token_ids=new_token_ids)
 

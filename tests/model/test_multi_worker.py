@@ -40,7 +40,7 @@ def runs(replicas: int):
     from dpbert.config import ModelConfig, TrainingConfig
     from dpbert.privacy.plan import plan_training
 
-    model = ModelConfig(preset="tiny", max_seq_length=16, dropout=0.0)
+    model = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
     accumulation = 4 // replicas  # m = B/(P·T) = 2 in both layouts (the packing differs anyway)
 
     def training(**kw):

@@ -102,7 +102,7 @@ def _patient_run(out, steps=5, stop_after=None, resume=True):
     tc = TrainingConfig(batch_size=4, steps=steps, noise_multiplier=0.8, clip_norm=1.0, checkpoint_every=2,
                         warmup_steps=1)
     plan = plan_training(tc, 16, unit="patient", max_contributions=2)
-    return train_mlm(ids, SPECIALS, 40, ModelConfig(preset="tiny", max_seq_length=16), tc, out, plan=plan,
+    return train_mlm(ids, SPECIALS, 40, ModelConfig(preset="tiny", num_layers=1, max_seq_length=16), tc, out, plan=plan,
                      resume=resume, progress=False, export_saved_model=False, patient_keys=keys,
                      hooks=[CrashAfter(stop_after)] if stop_after is not None else ())
 
@@ -128,5 +128,5 @@ def test_patient_plan_needs_patient_keys(tmp_path):
     tc = TrainingConfig(batch_size=4, steps=1, noise_multiplier=0.8, clip_norm=1.0)
     plan = plan_training(tc, 16, unit="patient", max_contributions=2)
     with pytest.raises(ValueError, match="patient_keys"):
-        train_mlm(repetitive_corpus(n=8), SPECIALS, 40, ModelConfig(preset="tiny", max_seq_length=16), tc,
+        train_mlm(repetitive_corpus(n=8), SPECIALS, 40, ModelConfig(preset="tiny", num_layers=1, max_seq_length=16), tc,
                   tmp_path / "s", plan=plan, progress=False, export_saved_model=False)

@@ -23,7 +23,7 @@ def _train(out, stats_every, steps=7, **overrides):
                   noise_multiplier=0.3, checkpoint_every=3, noise_seed=1, integrity_check_every=0, seed=2,
                   stats_every=stats_every)
     params.update(overrides)
-    model = ModelConfig(preset="tiny", max_seq_length=16, dropout=0.0)
+    model = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
     return train_mlm(repetitive_corpus(), SPECIALS, VOCAB, model, TrainingConfig(**params), str(out),
                      progress=False, export_saved_model=False)
 

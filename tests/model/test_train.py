@@ -12,7 +12,7 @@ from dpbert.privacy.plan import plan_training
 from .conftest import SPECIALS
 
 VOCAB = 40
-MODEL = ModelConfig(preset="tiny", max_seq_length=16, dropout=0.0)
+MODEL = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
 
 
 def _train(corpus, out, resume=True, **overrides):

@@ -237,7 +237,7 @@ def test_train_mlm_subset_same_dp_event_merged_export_and_resume_refused(corpus,
 
     from .conftest import SPECIALS
 
-    model = ModelConfig(preset="tiny", max_seq_length=16, dropout=0.0)
+    model = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
     whole = TrainingConfig(batch_size=16, steps=1, clip_norm=1.0, noise_multiplier=0.8, noise_seed=1,
                            integrity_check_every=1, dataset_size=64)
     subset = dataclasses.replace(whole, trainable=["lora", "new_tokens"], lora_rank=2)

@@ -107,6 +107,7 @@ def test_the_uncompiled_step_with_its_noise_drawn_ahead_releases_the_same_update
     assert _stepper(False)[0]._noise_buffers is None  # pylint: disable=protected-access
 
 
+@pytest.mark.slow  # make test-slow: XLA beyond the step's equivalence (docs/development.md)
 def test_xla_dropout_masks_come_from_the_steps_own_keyed_generators(tmp_path):
     """XLA's own stateful RNG ignores seeds and starts from the same state in every process (masks
     a public function of the slot). The compiled step's Dropout layers draw from generators keyed
@@ -123,6 +124,7 @@ def test_xla_dropout_masks_come_from_the_steps_own_keyed_generators(tmp_path):
     assert not [name for name, _ in tf.train.list_variables(path) if "generator" in name.lower()]
 
 
+@pytest.mark.slow  # make test-slow: XLA beyond the step's equivalence (docs/development.md)
 def test_xla_non_private_baseline_equals_the_uncompiled_one():
     weights = []
     for jit in (False, True):
@@ -164,6 +166,7 @@ def _train(**overrides):
                      f"ram://xla-tests/{uuid.uuid4().hex}", progress=False, export_saved_model=False)
 
 
+@pytest.mark.slow  # make test-slow: XLA beyond the step's equivalence (docs/development.md)
 def test_the_shipped_loop_compiles_and_its_integrity_checks_pass_under_xla():
     checks = _train().integrity_checks
     assert checks["clipping"]["ran"] and checks["clipping"]["passed"], checks["clipping"]
@@ -172,6 +175,7 @@ def test_the_shipped_loop_compiles_and_its_integrity_checks_pass_under_xla():
     assert all(c["passed"] is not False for c in checks.values()), checks
 
 
+@pytest.mark.slow  # make test-slow: XLA beyond the step's equivalence (docs/development.md)
 def test_control_no_noise_under_xla_fails_the_noise_check():
     """The draw zeroed on every piece (in the buffers drawn ahead too): B·update − S is 0."""
     with broken.no_noise_on(lambda name: True):

@@ -14,8 +14,8 @@ from dpbert.stages import audit
 from tests.tiny import CLASSIC
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = CLASSIC + ["model.max_seq_length=32", "training.steps=8", "corpus.synthetic.patients=8", "vocab.size=300",
-        "training.batch_size=8", "training.dataset_size=200", "training.warmup_steps=0"]
+TINY = CLASSIC + ["model.max_seq_length=32", "model.num_layers=1", "training.steps=8", "corpus.synthetic.patients=8",
+        "vocab.size=300", "training.batch_size=8", "training.dataset_size=200", "training.warmup_steps=0"]
 CLI_KEYS = {"epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_bound", "canaries", "confidence",
             "positive_control_lower_bound"}
 
