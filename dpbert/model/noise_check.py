@@ -311,6 +311,27 @@ def module_command(module: str, *args: str) -> List[str]:
     return [sys.executable, "-c", bootstrap, root, module, *map(str, args)]
 
 
+def die_with_parent():
+    """A ``preexec_fn`` (Linux; None elsewhere): the child gets SIGKILL when the supervisor dies. A
+    supervisor killed outright (SIGKILL, an OOM kill) runs no ``finally``, and workers in their own
+    sessions would otherwise live on, waiting in a collective for the dead peer. ctypes is loaded
+    here, in the parent: the forked child only makes the call (no import after fork)."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm():
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the supervisor died before the call
+            os._exit(1)
+
+    return arm
+
+
 def launch_workers(command: Sequence[str], workers: int, timeout: float = WORKER_TIMEOUT_S,
                    env: Optional[Dict[str, str]] = None) -> List[str]:
     """Run ``command`` as ``workers`` processes of one loopback ``MultiWorkerMirroredStrategy``
@@ -324,6 +345,7 @@ def launch_workers(command: Sequence[str], workers: int, timeout: float = WORKER
         raise ValueError(f"workers must be >= 1, got {workers}")
     ports = free_ports(workers)
     base = dict(os.environ if env is None else env, TF_USE_LEGACY_KERAS="1")
+    arm = die_with_parent()
     tmp = tempfile.mkdtemp(prefix="dpbert-workers-")
     procs, outs, errs = [], [], []
     try:
@@ -331,7 +353,7 @@ def launch_workers(command: Sequence[str], workers: int, timeout: float = WORKER
             outs.append(open(os.path.join(tmp, f"{i}.out"), "w+"))
             errs.append(open(os.path.join(tmp, f"{i}.err"), "w+"))
             procs.append(subprocess.Popen(list(command), stdout=outs[i], stderr=errs[i], start_new_session=True,
-                                          env=dict(base, TF_CONFIG=tf_config(ports, i))))
+                                          env=dict(base, TF_CONFIG=tf_config(ports, i)), preexec_fn=arm))
         deadline = time.monotonic() + float(timeout)
         failed = None
         while any(p.poll() is None for p in procs):

@@ -29,6 +29,10 @@ TINY_DAG = CLASSIC + [
     "privacy.epsilon_budget=null",
     "audit.enabled=true",
     "audit.canaries=200",
+    # Both audit gates fail an honest run with probability <= beta (by design: a 0.146 lower bound
+    # over the ledger's 0.104 once failed this run at 0.05); their catches are tested with controls.
+    "canary.audit_beta=0.001",
+    "audit.beta=0.001",
 ]
 
 

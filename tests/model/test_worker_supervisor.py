@@ -42,6 +42,40 @@ def test_a_killed_worker_is_named_by_its_signal_and_success_returns():
     assert supervise([ok, ok, ok], _env()) is None
 
 
+def test_workers_die_with_a_supervisor_killed_outright(tmp_path):
+    """A supervisor SIGKILLed runs no ``finally``: its workers (their own sessions) get SIGKILL from
+    the kernel (PR_SET_PDEATHSIG) instead of living on in a collective with a dead peer."""
+    pids = tmp_path / "pids"
+    record = [sys.executable, "-c", f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
+              "time.sleep(60)"]
+    script = ("import json, os, sys; from dpbert.model.engine.workers import supervise; "
+              f"supervise([{record!r}] * 2, [dict(os.environ)] * 2)")
+    supervisor = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(pids.read_text().split()) < 2 if pids.exists() else True:
+            assert time.monotonic() < deadline and supervisor.poll() is None
+            time.sleep(0.05)
+        workers = [int(p) for p in pids.read_text().split()]
+        os.kill(supervisor.pid, signal.SIGKILL)
+        supervisor.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, "a worker outlived its supervisor"
+            time.sleep(0.05)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie is dead (its parent, init here, has not reaped it yet)
+
+
 def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace():
     from dpbert.model.engine.workers import WorkerFailed, supervise
 

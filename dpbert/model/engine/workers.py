@@ -9,7 +9,8 @@ only one that locks and writes the state directory). ``supervise`` starts them a
   ``GRACE_S``): a worker waiting in a collective for a dead peer would otherwise wait for the
   collective's own timeout, so the failure is bounded by the poll interval + ``GRACE_S``,
   whatever the training's length, and needs no collective timeout;
-* ``timeout`` (optional) is a last-resort bound on the whole run.
+* ``timeout`` (optional) is a last-resort bound on the whole run;
+* a supervisor killed outright takes its workers with it (Linux: ``PR_SET_PDEATHSIG``).
 
 What this module does not do: judge what a failure cost. The caller reads the chain's step log
 (``dpbert.model.engine.chain.read_step_log``) for the last step charged before the loss.
@@ -113,21 +114,24 @@ def supervise(commands: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]],
     run's); the others' go to temporary files whose tail a failure carries. Raises
     :class:`WorkerFailed` at the first non-zero exit (every other worker stopped first) or past
     ``timeout`` seconds; returns None when every worker exited 0."""
+    from dpbert.model.noise_check import die_with_parent
+
     if len(commands) != len(envs) or not commands:
         raise ValueError(f"one environment per command, got {len(commands)} commands and {len(envs)} environments")
     with tempfile.TemporaryDirectory(prefix="dpbert-workers-") as tmp:
         procs: List[subprocess.Popen] = []
         errs: List[Optional[str]] = []
+        arm = die_with_parent()
         try:
             for rank, (command, env) in enumerate(zip(commands, envs)):
                 err = None if rank == 0 and inherit_rank0 else os.path.join(tmp, f"{rank}.err")
                 errs.append(err)
+                popen = dict(env=env, cwd=cwd, start_new_session=True, preexec_fn=arm)
                 if err is None:
-                    procs.append(subprocess.Popen(list(command), env=env, cwd=cwd, start_new_session=True))
+                    procs.append(subprocess.Popen(list(command), **popen))
                     continue
                 with open(err, "w") as stream:  # a local pipe file; the child keeps its own descriptor
-                    procs.append(subprocess.Popen(list(command), env=env, cwd=cwd, start_new_session=True,
-                                                  stdout=stream, stderr=stream))
+                    procs.append(subprocess.Popen(list(command), stdout=stream, stderr=stream, **popen))
                 log.info("worker %d of %d started (pid %d)", rank, len(commands), procs[-1].pid)
             _wait(procs, errs, timeout, grace_s, poll_s)
         finally:
