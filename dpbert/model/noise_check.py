@@ -267,7 +267,7 @@ def free_ports(count: int) -> List[int]:
     the ephemeral range and checked by binding them together (then released). A port 0 bind
     would come from the ephemeral range, which every process's outgoing connections and port-0
     servers draw from: in the seconds before the worker binds it (its TensorFlow import),
-    another process could take it and the cluster's first collective would hang."""
+    another process could take it first."""
     low, _ = _ephemeral_range()
     lo, hi = max(10000, low - 16384), max(10000, low - 1)
     rng = random.SystemRandom()
