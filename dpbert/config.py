@@ -45,8 +45,15 @@ class SyntheticCorpusConfig:
             _check(getattr(self, name) >= 1, f"{prefix}.{name}", "must be >= 1", getattr(self, name))
 
 
-#: ``corpus.dataset_id``: a ledger object's name on any storage (``dpbert.ledger``).
-DATASET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: ``corpus.dataset_id``: a ledger object's name on any storage (``dpbert.ledger``), normalised.
+DATASET_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+
+
+def normalise_dataset_id(dataset_id) -> str:
+    """The one form of a dataset id: surrounding whitespace stripped, case-folded (``Ward7``,
+    `` ward7 `` and ``ward7`` name one dataset, hence one ledger and one budget). Defined here,
+    the bottom layer, so the configuration and ``dpbert.ledger.identity`` apply the same rule."""
+    return str(dataset_id).strip().casefold()
 
 
 @dataclasses.dataclass
@@ -82,8 +89,11 @@ class CorpusConfig:
                and ".." not in self.glob.split("/"), f"{prefix}.glob",
                "must be a file-name pattern inside the corpus directory, e.g. *.txt", self.glob)
         self.synthetic.validate(prefix + ".synthetic")
-        _check(self.dataset_id is None or bool(DATASET_ID.fullmatch(str(self.dataset_id))), f"{prefix}.dataset_id",
-               "must be 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit", self.dataset_id)
+        if self.dataset_id is not None:  # stored normalised: every later comparison sees one form
+            self.dataset_id = normalise_dataset_id(self.dataset_id)
+        _check(self.dataset_id is None or bool(DATASET_ID.fullmatch(self.dataset_id)), f"{prefix}.dataset_id",
+               "must be 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit (case and "
+               "surrounding spaces are ignored)", self.dataset_id)
 
 
 @dataclasses.dataclass
