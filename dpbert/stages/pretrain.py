@@ -354,6 +354,19 @@ def _dp_records(run: _Run, result):
     return record, records, ledger(None, records, tc.delta)["epsilon_train"]
 
 
+#: Next to the model: the vocabulary's DP record (its ``dp_event.json``) and δ_T, so that
+#: ``dpbert export MODEL`` checks the vocabulary was DP and recomputes the ledger from the artifact.
+VOCAB_DP_EVENT_FILE = "vocab_dp_event.json"
+
+
+def _write_vocab_record(run: _Run, vocabulary_dir: str, model_dir: str):
+    from dpbert.privacy import events
+
+    record = storage.read_json(storage.join(vocabulary_dir, "dp_event.json"), default=None) or run.vocab_record
+    storage.write_text(storage.join(model_dir, VOCAB_DP_EVENT_FILE),
+                       events.to_json({"vocab_event": record, "training_delta": run.tc.delta}))
+
+
 def _write_records(model_dir: str, canary_counts: Optional[dict], records: list):
     from dpbert.privacy import events
 
@@ -547,6 +560,7 @@ def _run_reserved(run: _Run, tokenizer, vocabulary_dir: str, model_dir: str, can
     result, public_properties = _train(run, tokenizer, vocabulary_dir, pipeline_root, held_lock,
                                        export_saved_model, hooks)
     copy_artifact_files(run.state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
+    _write_vocab_record(run, vocabulary_dir, model_dir)
     record, records, epsilon = _dp_records(run, result)
     _write_records(model_dir, run.rows.canary_counts, records)
     properties = _properties(run, result, record, records, epsilon, public_properties)
