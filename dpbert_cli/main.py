@@ -2,7 +2,8 @@
 
 Exit codes (``dpbert.exit_codes``): 0 success; 2 bad input (configuration, corpus, parameters,
 files) with a one-line message naming the field/file; 3 the planned ε exceeds
-``privacy.epsilon_budget`` (nothing was written); 4 the environment refused (a port in use);
+``privacy.epsilon_budget`` (nothing was written); 4 the environment refused (a port in use, a
+``gs://`` URI without usable Google Cloud credentials: one line naming the URI and the fix);
 5 a privacy audit failed; 130 interrupted. No user error prints a Python traceback; a closed
 stdout (``dpbert report | head``) ends the command quietly.
 
@@ -18,7 +19,7 @@ import os
 import sys
 from typing import List, Optional
 
-from dpbert import exit_codes
+from dpbert import exit_codes, storage
 from dpbert.config import ConfigError
 from dpbert.data.readers import CorpusError
 from dpbert_cli import commands
@@ -33,6 +34,10 @@ QUIET_WARNINGS = (
     ("apache_beam", "python-snappy"),
     ("tensorflow", "compiled metrics have yet to be built"),
     ("tensorflow", "triggered tf.function retracing"),
+    # google.auth probing for a Compute Engine metadata server off Google Cloud: a missing
+    # credential is reported in one line instead (storage.CredentialsMissing, exit 4).
+    ("google.auth", "Compute Engine Metadata server unavailable"),
+    ("google.auth", "Authentication failed using Compute Engine authentication"),
 )
 #: Without --verbose only these dpbert loggers speak at INFO: training progress (one line every
 #: 30 s off a terminal). Stage summaries are in the report; the ε is printed at the end of a run.
@@ -272,10 +277,36 @@ def _file_error(err: OSError) -> str:
     return str(err)
 
 
+def _credentials_missing(err: BaseException) -> Optional[storage.CredentialsMissing]:
+    """The ``storage.CredentialsMissing`` that ``err`` is or was raised from (a stage or the
+    runner may wrap it), or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, storage.CredentialsMissing):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
+    try:
+        return _dispatch(args)
+    except Exception as err:  # noqa: BLE001 -- only a missing credential is mapped; the rest re-raised
+        # The environment refused: a gs:// URI (ledger, pipeline root, output) and no Google Cloud
+        # credentials. One line naming the URI and the fix, never the client's traceback.
+        missing = _credentials_missing(err)
+        if missing is None:
+            raise
+        print_error(args.command, missing)
+        return exit_codes.ENVIRONMENT
+
+
+def _dispatch(args) -> int:
+    """Run the command; bad input (exit 2) as one line."""
     try:
         code = args.func(args)
         sys.stdout.flush()

@@ -8,8 +8,10 @@ survives; a plain path (or ``file://``) is local.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import posixpath
 import re
+import sys
 from typing import List, Optional, Tuple
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -29,6 +31,66 @@ class LockHeld(RuntimeError):
 
 class LockLost(RuntimeError):
     """Our lease was taken over (it expired and another owner acquired it) or deleted."""
+
+
+#: What a person does about missing Google Cloud credentials (the tail of CredentialsMissing).
+CREDENTIALS_FIX = ("run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to a "
+                   "service account key file")
+
+
+class CredentialsMissing(RuntimeError):
+    """A ``gs://`` URI needed Google Cloud credentials and the environment has none that work.
+
+    One line naming the URI, the client's error type (``cause``, kept as ``__cause__`` too) and
+    the fix; the CLI prints it and exits 4 (the environment refused), never a traceback. Not an
+    OSError: callers that treat a missing file as "nothing there yet" must not swallow it."""
+
+    def __init__(self, uri, cause: Optional[BaseException] = None):
+        self.uri, self.cause = str(uri), cause
+        why = "" if cause is None else f" ({_error_name(cause)})"  # the client's words, one line
+        super().__init__(f"{self.uri}: no usable Google Cloud credentials{why}: {CREDENTIALS_FIX}")
+
+
+def _error_name(err: BaseException) -> str:
+    """``google.auth DefaultCredentialsError``: the package and class of a client's error."""
+    package = ".".join(type(err).__module__.split(".")[:2])
+    detail = (str(err).strip().splitlines() or [""])[0][:200]
+    return f"{package} {type(err).__name__}" + (f": {detail}" if detail else "")
+
+
+def is_credentials_error(err: BaseException) -> bool:
+    """Whether a client's error says the environment has no usable Google Cloud credentials:
+    google.auth's DefaultCredentialsError (none found) or RefreshError (found, but no token could
+    be had: expired, revoked), as google-cloud-storage raises them, or TensorFlow's
+    UnauthenticatedError (tf.io.gfile's gs://). By type, from modules already imported: an error
+    of one of these types means its module is loaded, so nothing is imported here."""
+    kinds = []
+    auth = sys.modules.get("google.auth.exceptions")
+    if auth is not None:
+        kinds += [auth.DefaultCredentialsError, auth.RefreshError]
+    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
+    if tf_errors is not None:
+        kinds.append(tf_errors.UnauthenticatedError)
+    return bool(kinds) and isinstance(err, tuple(kinds))
+
+
+def gs_credentials(method):
+    """Decorate a backend method whose first argument is a URI: on a ``gs://`` URI, a credentials
+    error (``is_credentials_error``, raised creating the client or refreshing its token on any
+    request) becomes CredentialsMissing naming that URI."""
+
+    @functools.wraps(method)
+    def wrapper(self, uri, *args, **kwargs):
+        try:
+            return method(self, uri, *args, **kwargs)
+        except CredentialsMissing:
+            raise
+        except Exception as err:
+            if scheme(str(uri)) != "gs" or not is_credentials_error(err):
+                raise
+            raise CredentialsMissing(uri, err) from err
+
+    return wrapper
 
 
 def scheme(uri: str) -> str:

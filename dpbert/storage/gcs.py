@@ -4,7 +4,8 @@
 Folders are prefixes; ``makedirs`` writes a ``name/`` placeholder as tf.io.gfile does. The client
 is created on first use or injected (``GCSStorage(client=...)``). Offline, this module is tested
 only against a fake client that enforces generations like GCS (tests/storage/fake_gcs.py);
-real GCS is untested offline.
+real GCS is untested offline. Every method turns google.auth's "no credentials" errors into
+``CredentialsMissing`` naming its URI (``base.gs_credentials``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import contextlib
 import threading
 from typing import List, Optional, Tuple
 
-from dpbert.storage.base import (PreconditionFailed, Storage, glob_match, literal_prefix,
+from dpbert.storage.base import (PreconditionFailed, Storage, glob_match, gs_credentials, literal_prefix,
                                  split_segments)
 
 
@@ -60,6 +61,7 @@ class GCSStorage(Storage):
         prefix = name + "/" if name else ""
         return [b.name for b in self.client.list_blobs(bucket, prefix=prefix)]
 
+    @gs_credentials
     def read(self, uri):
         from google.api_core import exceptions as gexc
         bucket, name = split(uri)
@@ -75,11 +77,13 @@ class GCSStorage(Storage):
                     continue
         raise PreconditionFailed(f"{uri}: changed during every read attempt")
 
+    @gs_credentials
     def generation(self, uri) -> Optional[int]:
         bucket, name = split(uri)
         blob = self.client.bucket(bucket).get_blob(name) if name else None
         return None if blob is None else int(blob.generation)
 
+    @gs_credentials
     def write_bytes(self, uri, data: bytes, *, if_generation_match=None, private: bool = False) -> int:
         blob = self._blob(uri)
         with _translated(uri):
@@ -87,24 +91,29 @@ class GCSStorage(Storage):
                                     if_generation_match=if_generation_match)
         return int(blob.generation)
 
+    @gs_credentials
     def delete(self, uri, *, if_generation_match=None) -> None:
         with _translated(uri):
             self._blob(uri).delete(if_generation_match=if_generation_match)
 
+    @gs_credentials
     def exists(self, uri) -> bool:
         return self.generation(uri) is not None or self.isdir(uri)
 
+    @gs_credentials
     def isdir(self, uri) -> bool:
         bucket, name = split(uri)
         prefix = name + "/" if name else ""
         return not name or any(True for _ in self.client.list_blobs(bucket, prefix=prefix, max_results=1))
 
+    @gs_credentials
     def makedirs(self, uri) -> None:
         bucket, name = split(uri)
         if name and not self.isdir(uri):
             with contextlib.suppress(PreconditionFailed), _translated(uri):
                 self.client.bucket(bucket).blob(name + "/").upload_from_string(b"", if_generation_match=0)
 
+    @gs_credentials
     def listdir(self, uri) -> List[str]:
         if not self.isdir(uri):
             raise FileNotFoundError(f"no such folder: {uri}")
@@ -112,6 +121,7 @@ class GCSStorage(Storage):
         prefix = prefix + "/" if prefix else ""
         return sorted({n[len(prefix):].split("/")[0] for n in self._names(uri)} - {""})
 
+    @gs_credentials
     def glob(self, pattern) -> List[str]:
         bucket, name = split(pattern)
         found = set()
@@ -120,6 +130,7 @@ class GCSStorage(Storage):
             found |= {"/".join(parts[:i]) for i in range(1, len(parts) + 1)}
         return sorted(f"gs://{bucket}/{n}" for n in found if glob_match(name, n))
 
+    @gs_credentials
     def copytree(self, src, dst) -> None:
         (sb, sname), (db, dname) = split(src), split(dst)
         source, target = self.client.bucket(sb), self.client.bucket(db)
@@ -129,6 +140,7 @@ class GCSStorage(Storage):
             with _translated(src):
                 source.copy_blob(source.blob(name), target, new)
 
+    @gs_credentials
     def rmtree(self, uri) -> None:
         bucket = self.client.bucket(split(uri)[0])
         for name in self._names(uri):

@@ -3,7 +3,9 @@
 gfile has no preconditions, so generations are emulated IN THIS PROCESS: a dict of
 ``uri -> generation`` and one ``threading.Lock`` around every compare + write. That is sound only
 within one process (``ram://`` is per process anyway); two processes sharing a gfile store must
-not rely on it. TensorFlow is imported on first use, not when dpbert.storage is imported.
+not rely on it. TensorFlow is imported on first use, not when dpbert.storage is imported. A
+``gs://`` URI given to this backend directly (``storage_for`` sends gs:// to GCSStorage) raises
+``CredentialsMissing`` when TensorFlow finds no credentials (``base.gs_credentials``).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import threading
 import uuid
 from typing import Dict, List, Optional
 
-from dpbert.storage.base import Storage, check_precondition, join
+from dpbert.storage.base import Storage, check_precondition, gs_credentials, join
 
 _LOCK = threading.RLock()
 _GENERATIONS: Dict[str, int] = {}
@@ -30,6 +32,7 @@ def _norm(uri) -> str:
 class GFileStorage(Storage):
     """Files through ``tf.io.gfile``; generations emulated per process (see module docstring)."""
 
+    @gs_credentials
     def generation(self, uri) -> Optional[int]:
         with _LOCK:
             gfile = _gfile()
@@ -41,6 +44,7 @@ class GFileStorage(Storage):
                 _GENERATIONS[_norm(uri)] = _COUNTER[0]
             return _GENERATIONS[_norm(uri)]
 
+    @gs_credentials
     def read(self, uri):
         with _LOCK:
             gen = self.generation(uri)
@@ -49,6 +53,7 @@ class GFileStorage(Storage):
             with _gfile().GFile(uri, "rb") as f:
                 return f.read(), gen
 
+    @gs_credentials
     def write_bytes(self, uri, data: bytes, *, if_generation_match=None, private: bool = False) -> int:
         gfile = _gfile()
         parent = _norm(uri).rsplit("/", 1)[0] if "/" in _norm(uri).split("://")[-1] else None
@@ -64,6 +69,7 @@ class GFileStorage(Storage):
             _GENERATIONS[_norm(uri)] = _COUNTER[0]
             return _COUNTER[0]
 
+    @gs_credentials
     def delete(self, uri, *, if_generation_match=None) -> None:
         with _LOCK:
             current = self.generation(uri)
@@ -73,15 +79,19 @@ class GFileStorage(Storage):
             _gfile().remove(uri)
             _GENERATIONS.pop(_norm(uri), None)
 
+    @gs_credentials
     def exists(self, uri) -> bool:
         return _gfile().exists(uri)
 
+    @gs_credentials
     def isdir(self, uri) -> bool:
         return _gfile().isdir(uri)
 
+    @gs_credentials
     def makedirs(self, uri) -> None:
         _gfile().makedirs(uri)
 
+    @gs_credentials
     def listdir(self, uri) -> List[str]:
         if not self.isdir(uri):
             raise FileNotFoundError(f"no such folder: {uri}")
@@ -91,9 +101,11 @@ class GFileStorage(Storage):
         base = _norm(uri).rstrip("/")
         return sorted(n for n in names if ".dpbert-tmp-" not in n and _gfile().exists(f"{base}/{n}"))
 
+    @gs_credentials
     def glob(self, pattern) -> List[str]:
         return sorted(p for p in _gfile().glob(pattern) if ".dpbert-tmp-" not in p)
 
+    @gs_credentials
     def copytree(self, src, dst) -> None:
         src = _norm(src)
         for folder, _dirs, files in _gfile().walk(src):
@@ -102,6 +114,7 @@ class GFileStorage(Storage):
             for name in files:
                 self.write_bytes(join(dst, rel, name), self.read_bytes(join(folder, name)))
 
+    @gs_credentials
     def rmtree(self, uri) -> None:
         with _LOCK:
             if self.exists(uri):
