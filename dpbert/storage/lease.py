@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -41,7 +42,17 @@ def _parse(data: bytes) -> dict:
 
 
 def _when(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def held_message(uri: str, holder: dict, now: float) -> str:
+    """Why the lock is refused and what to do: its holder may be alive (wait) or dead (a killed
+    process keeps its lease until it expires; then the next run takes it over by itself)."""
+    expires = holder["expires_at"]
+    seconds = max(0, math.ceil(expires - now))
+    return (f"lock {uri} is held by {holder['owner']} until {_when(expires)} ({seconds} s from now); "
+            f"if that process is still running, wait for it to finish; if it died, its lease is stale "
+            f"and expires then: re-run after {_when(expires)} and the lock is taken over")
 
 
 class LeaseLock:
@@ -86,8 +97,7 @@ class LeaseLock:
                 break
             holder = _parse(data)
             if holder["expires_at"] > self.clock():
-                raise LockHeld(f"lock {self.uri} is held by {holder['owner']} until "
-                               f"{_when(holder['expires_at'])}", holder)
+                raise LockHeld(held_message(self.uri, holder, self.clock()), holder)
             try:
                 self._gen = self.storage.write_bytes(self.uri, self._body(), if_generation_match=stale)
                 log.warning("lock %s: took over the expired lease of %s", self.uri, holder["owner"])

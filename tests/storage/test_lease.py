@@ -113,25 +113,73 @@ def test_an_unreadable_lease_counts_as_expired(backend):
     assert LeaseLock(uri, owner="me").acquire().held
 
 
-def test_keep_alive_renews_until_release_and_reports_a_lost_lease(backend):
+def _wait_for(condition, what: str, timeout_s: float = 30.0):
+    """Poll until ``condition()``; a generous deadline only against a hang (no timing is asserted)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_keep_alive_renews_until_release(backend):
+    """An injected clock: each half-ttl step of it is followed by a renewal before the clock moves
+    again, so after 1.5 ttl only the renewals keep the lease live (no wall-clock margins)."""
     _, root = backend
-    uri = join(root, "lock")
-    # Margins for a loaded machine (2 busy cores): a renewal thread starved for a whole ttl, or a
-    # first renewal landing before the thief, would be the test's failure, not the lock's.
-    lock = LeaseLock(uri, ttl_s=1.0, owner="alive").acquire().keep_alive(interval_s=0.05)
-    time.sleep(1.5)                                            # 1.5 ttl: only renewals keep it
-    with pytest.raises(LockHeld):
-        LeaseLock(uri, ttl_s=1.0, owner="other").acquire()
-    assert lock.release() and lock._thread is None
-    lock = LeaseLock(uri, ttl_s=0.2, owner="slow").acquire().keep_alive(interval_s=1.0)
-    time.sleep(0.3)                                            # expired long before its first renewal
-    LeaseLock(uri, ttl_s=60, owner="thief").acquire()
-    deadline = time.time() + 5
-    while lock.lost is None and time.time() < deadline:
-        time.sleep(0.05)
+    uri, clock = join(root, "lock"), Clock()
+    lock = LeaseLock(uri, ttl_s=10, owner="alive", clock=clock).acquire().keep_alive(interval_s=0.01)
+    for _ in range(3):
+        clock.t += 5
+        _wait_for(lambda: read_json(uri)["expires_at"] == clock.t + 10, "a renewal")
+    with pytest.raises(LockHeld):                              # t0 + 15: past the first expiry
+        LeaseLock(uri, ttl_s=10, owner="other", clock=clock).acquire()
+    assert lock.release() and lock._thread is None and read_json(uri, default=None) is None
+
+
+class _HeldRenewals(Storage):
+    """Renewals (writes matched on an existing generation) wait until ``open`` is set: the lease
+    expires and is taken over before its holder's first renewal reaches the store."""
+
+    def __init__(self, inner):
+        self.inner, self.open = inner, threading.Event()
+
+    def read(self, uri):
+        return self.inner.read(uri)
+
+    def delete(self, uri, *, if_generation_match=None):
+        return self.inner.delete(uri, if_generation_match=if_generation_match)
+
+    def write_bytes(self, uri, data, *, if_generation_match=None, private=False):
+        if if_generation_match:
+            assert self.open.wait(timeout=30), "renewal never let through"
+        return self.inner.write_bytes(uri, data, if_generation_match=if_generation_match)
+
+
+def test_keep_alive_reports_a_lease_lost_before_its_renewal(backend):
+    storage, root = backend
+    uri, clock, held = join(root, "lock"), Clock(), _HeldRenewals(storage)
+    lock = LeaseLock(uri, ttl_s=10, owner="slow", clock=clock, storage=held).acquire().keep_alive(interval_s=0.01)
+    clock.t += 11                                              # expired before any renewal
+    LeaseLock(uri, ttl_s=60, owner="thief", clock=clock).acquire()
+    held.open.set()
+    _wait_for(lambda: lock.lost is not None, "the keep-alive thread to see the lost lease")
     with pytest.raises(LockLost):
         lock.check()
     assert lock.release() is False and read_json(uri)["owner"] == "thief"
+
+
+def test_the_held_message_says_when_a_dead_holder_s_lease_expires_and_what_to_do(backend):
+    _, root = backend
+    uri, clock = join(root, "lock"), Clock(t=1_800_000_000.0)  # 2027-01-15 08:00:00 UTC
+    LeaseLock(uri, ttl_s=120, owner="host:4242:abcd", clock=clock).acquire()
+    clock.t += 30
+    with pytest.raises(LockHeld) as err:
+        LeaseLock(uri, ttl_s=120, owner="next", clock=clock).acquire()
+    text = str(err.value)
+    assert uri in text and "held by host:4242:abcd" in text and "\n" not in text
+    assert "until 2027-01-15 08:02:00 UTC (90 s from now)" in text
+    assert "if it died" in text and "stale" in text and "re-run after 2027-01-15 08:02:00 UTC" in text
+    assert "wait for it to finish" in text
 
 
 _HOLDER = """
