@@ -4,7 +4,14 @@ Adapter over ``dpbert.stages.pretrain``, which holds out patients, inserts the c
 the run (one ``TrainingPlan``), trains in a stable state directory under the pipeline root (so a
 re-run resumes and the ledger charges every step ever executed) and builds the DP event from
 the steps actually taken, which the accountant recomputes ε from.
+
+The pipeline root is a parameter the DAG passes (``pipeline_root``): TFX gives an executor none,
+and the output URI's layout differs between TFX, Vertex AI and the rehearsal
+(``components.common.pipeline_root_of``). The trainer state under it is operator-only: on a local
+disk its folder is made 0700 before anything is written there.
 """
+import os
+
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 
@@ -28,23 +35,26 @@ def MLMPretrainer(
     canaries: InputArtifact[CanaryList] = None,
     custom_job: Parameter[str] = "",
     ledger_target: Parameter[str] = "",
+    pipeline_root: Parameter[str] = "",
 ):
     """Tokenize the tuples with the DP vocabulary and pre-train; one tuple = one example.
 
     ``membership_config``: the patient split only (``membership.holdout_*``), so the evaluation's
     own settings do not re-train the model. ``non_private``: 1 for the non-private baseline.
     ``ledger_target``: the dataset ledger (``dpbert.ledger.LedgerTarget`` JSON; empty: none).
+    ``pipeline_root``: the pipeline root the DAG was built with (the trainer state lives under it).
     ``training.workers`` W > 1: W worker processes of the same stage (``dpbert.trainer_workers``),
     started here on loopback, or, with ``custom_job`` (the CustomJob template a compiled Vertex AI
     spec carries, ``kubeflow.custom_job``), as the replicas of a Vertex AI custom job this step
     submits and waits for. Either way the chief's result becomes this artifact's.
     """
     tc = section_from_json(TrainingConfig, training_config)
+    root = received_root(pipeline_root, model.uri)
     if tc.workers > 1 or custom_job:
         from dpbert.trainer_workers import invocation, run_local_workers
 
         inv = invocation(tuples.uri, vocabulary.uri, model.uri, model_config, training_config, privacy_config,
-                         membership_config, pipeline_root=pipeline_root_of(model.uri),
+                         membership_config, pipeline_root=root,
                          canaries_dir=None if canaries is None else canaries.uri, non_private=bool(non_private),
                          vocab_event=get_property(vocabulary, schema.DP_EVENT), ledger_target=ledger_target)
         if custom_job:  # the compiled Vertex AI step: the replicas of a custom job it submits and polls
@@ -63,7 +73,7 @@ def MLMPretrainer(
         training_config=tc,
         privacy_config=section_from_json(PrivacyConfig, privacy_config),
         membership_config=section_from_json(MembershipConfig, membership_config),
-        pipeline_root=pipeline_root_of(model.uri),
+        pipeline_root=root,
         canaries_dir=None if canaries is None else canaries.uri,
         non_private=bool(non_private),
         # The vocabulary's DP record: the trainer refuses any step the budget does not cover.
@@ -71,3 +81,32 @@ def MLMPretrainer(
         # The dataset's privacy ledger: the run's charge is reserved before the data is read.
         ledger_target=ledger_target)
     set_properties(model, {**result.properties, "workers": 1, "code_version": code_version})
+
+
+def received_root(pipeline_root: str, model_uri: str) -> str:
+    """The ``pipeline_root`` parameter, its trainer-state folder made private. Empty: only a
+    local TFX DAG built without it is accepted, whose output URI is TFX's own
+    ``ROOT/<node>/<key>/<execution id>`` (``tfx.orchestration.portable.outputs_utils``); any other
+    layout (Vertex AI, the rehearsal) is a ValueError, never a guess one folder off."""
+    if not pipeline_root:
+        parts = str(model_uri).rstrip("/").split("/")
+        if not (len(parts) > 3 and parts[-1].isdigit() and parts[-2] == "model"):
+            pipeline_root_of("", "MLMPretrainer")  # raises: names the missing parameter
+        pipeline_root = "/".join(parts[:-3])
+    root = pipeline_root_of(pipeline_root, "MLMPretrainer")
+    make_state_root_private(root)
+    return root
+
+
+def make_state_root_private(root: str) -> None:
+    """``ROOT/_trainer_state`` mode 0700 on a local disk (the checkpoints, exact curves and step
+    log inside are operator-only, whatever their own modes); on object storage access is the
+    bucket's IAM, the operator's (docs/running-on-vertex.md)."""
+    from dpbert import storage
+    from dpbert.model.engine.chain import STATE_ROOT
+
+    if storage.is_remote(root):
+        return
+    folder = os.path.join(root[len("file://"):] if root.startswith("file://") else root, STATE_ROOT)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)  # an existing folder too (makedirs' mode is masked, and not applied to it)

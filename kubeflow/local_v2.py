@@ -6,11 +6,15 @@ input parameters from the task's constants, input artifacts from the upstream ta
 Storage) — substitutes it for ``{{$}}`` in the executor's container args and runs the
 executor's container command (``python -m tfx.orchestration.kubeflow.v2.container.
 kubeflow_v2_run_executor ...``) in a fresh process, from a directory outside the source tree.
-What differs from Vertex AI: the artifact URIs are local paths instead of ``gs://``; for the
-embedded synthetic corpus (public data) so is the dataset ledger's location (``ROOT/.ledgers``:
-no credentials needed, no real ledger touched), while a real dataset's rehearsal charges the
-ledger the spec names, since its releases come from the same patients; the process runs in this
-environment instead of the image, and no ML Metadata/caching is involved.
+What differs from Vertex AI: the artifact URIs are local paths instead of ``gs://``, and the
+pipeline root the trainer steps receive (``pipeline_root``: their state lives under it) is ROOT,
+so nothing is written outside ROOT; for the embedded synthetic corpus (public data) the dataset
+ledger is ``ROOT/.ledgers`` (``$DPBERT_SYNTHETIC_LEDGER`` for the tasks, and the target's id is
+the generator's, ``dpbert.ledger.identity``: no credentials needed, no real ledger read or
+touched, whatever ``corpus.dataset_id`` / ``privacy.ledger`` the spec was compiled with), while a
+real dataset's rehearsal charges the ledger the spec names, since its releases come from the same
+patients; the process runs in this environment instead of the image, and no ML Metadata/caching
+is involved. ``ROOT/_trainer_state`` and ``ROOT/.ledgers`` are made 0700 (operator-only).
 
 A trainer task that carries a custom job (``training.workers`` > 1, ``kubeflow.custom_job``) runs
 it here too: ``DPBERT_CUSTOM_JOB_CLIENT=local`` makes its step start the job's replicas as local
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -37,19 +42,62 @@ from kubeflow.spec_check import executors, load_spec, pipeline_spec
 INVOCATION_PLACEHOLDER = "{{$}}"
 #: The components' dataset-ledger parameter (``dpbert.ledger.LedgerTarget`` JSON).
 LEDGER_PARAMETER = "ledger_target"
+#: The trainer components' pipeline-root parameter (``kubeflow.runner.attach_pipeline_root``).
+PIPELINE_ROOT_PARAMETER = "pipeline_root"
+#: CorpusIngest's corpus section (``dpbert.config.CorpusConfig`` JSON): ``path`` null = synthetic.
+CORPUS_PARAMETER = "corpus_config"
+#: The synthetic corpus's ledger folder under ROOT; with the trainer state, made 0700.
+LEDGER_FOLDER = ".ledgers"
+PRIVATE_FOLDERS = (LEDGER_FOLDER, "_trainer_state")
 
 
-def local_ledger_target(text: str, root_dir: str) -> str:
+def ledger_target_class():
+    """``LedgerTarget`` from ``dpbert.accounting.target`` (``dpbert.ledger.target`` before it moved)."""
+    try:
+        from dpbert.accounting.target import LedgerTarget
+    except ImportError:
+        from dpbert.ledger.target import LedgerTarget
+    return LedgerTarget
+
+
+def local_ledger_target(text: str, root_dir: str, synthetic_id: Optional[str] = None) -> str:
     """The ledger target with its location under the rehearsal's folder (``ROOT/.ledgers``) when
-    its dataset is the public synthetic corpus; a real dataset's target unchanged (its budget
-    belongs to the dataset: a rehearsal's DP releases are charged where every other run's are)."""
-    from dpbert.ledger.identity import SYNTHETIC_PREFIX
-    from dpbert.ledger.target import LedgerTarget
+    its dataset is the public synthetic corpus — ``synthetic_id`` (the spec's corpus is synthetic:
+    a target compiled with a real id is given the generator's) or a ``synthetic-`` id; a real
+    dataset's target unchanged (its budget belongs to the dataset: a rehearsal's DP releases are
+    charged where every other run's are)."""
+    from dpbert.ledger.identity import is_synthetic_id
 
-    target = LedgerTarget.from_json(text)
-    if target is None or not target.dataset_id.startswith(SYNTHETIC_PREFIX):
+    target = ledger_target_class().from_json(text)
+    if target is None or not (synthetic_id or is_synthetic_id(target.dataset_id)):
         return text
-    return dataclasses.replace(target, location=os.path.join(os.path.abspath(root_dir), ".ledgers")).to_json()
+    return dataclasses.replace(target, dataset_id=synthetic_id or target.dataset_id,
+                               location=os.path.join(os.path.abspath(root_dir), LEDGER_FOLDER)).to_json()
+
+
+def spec_synthetic_id(spec: dict) -> Optional[str]:
+    """The synthetic corpus's dataset id when the spec's corpus is the embedded one, else None."""
+    from dpbert.config import CorpusConfig, section_from_json
+    from dpbert.ledger.identity import synthetic_dataset_id
+
+    for task in pipeline_spec(spec)["root"]["dag"]["tasks"].values():
+        param = task.get("inputs", {}).get("parameters", {}).get(CORPUS_PARAMETER, {}).get("runtimeValue", {})
+        text = param.get("constantValue", {}).get("stringValue", param.get("constant"))
+        if isinstance(text, str):
+            corpus = section_from_json(CorpusConfig, text)
+            return synthetic_dataset_id(corpus) if corpus.path is None else None
+    return None
+
+
+def _local_parameter(name: str, value, root_dir: str, synthetic_id: Optional[str]):
+    """A constant parameter as the rehearsal passes it (``value``: a str, or a schema-2.0.0
+    ``{"stringValue": ...}``): the pipeline root and a synthetic corpus's ledger are ROOT's."""
+    text = value.get("stringValue") if isinstance(value, dict) else value
+    if not isinstance(text, str) or name not in (LEDGER_PARAMETER, PIPELINE_ROOT_PARAMETER):
+        return value
+    local = os.path.abspath(root_dir) if name == PIPELINE_ROOT_PARAMETER else \
+        local_ledger_target(text, root_dir, synthetic_id)
+    return {"stringValue": local} if isinstance(value, dict) else local
 
 
 def task_order(spec: dict) -> List[str]:
@@ -68,8 +116,24 @@ def task_order(spec: dict) -> List[str]:
     return done
 
 
+#: ``ROOT/<project number>/<job id>/`` of the ``vertex`` layout (what Vertex AI writes under ROOT).
+VERTEX_JOB = ("123456789012", "rehearsal-20260101000000")
+
+
+def task_folder(root_dir: str, task_name: str, layout: str = "rehearsal") -> str:
+    """``ROOT/<task>`` (the rehearsal's layout) or, ``layout="vertex"``, Vertex AI's
+    ``ROOT/<project number>/<job id>/<task>_<task id>`` (``dpbert.pipeline_root`` reads both)."""
+    root = os.path.abspath(root_dir)
+    if layout == "rehearsal":
+        return os.path.join(root, task_name)
+    if layout == "vertex":
+        task_id = int(hashlib.sha256(task_name.encode("utf-8")).hexdigest()[:15], 16)
+        return os.path.join(root, *VERTEX_JOB, f"{task_name}_{task_id}")
+    raise ValueError(f"layout must be rehearsal or vertex, got {layout!r}")
+
+
 def executor_input(spec: dict, task_name: str, root_dir: str,
-                   upstream: Dict[str, Dict[str, dict]]) -> dict:
+                   upstream: Dict[str, Dict[str, dict]], layout: str = "rehearsal") -> dict:
     """The ExecutorInput (as JSON dict) Vertex AI would give ``task_name``.
 
     ``upstream``: task name -> its executor output artifacts (output key -> RuntimeArtifact dict).
@@ -78,17 +142,13 @@ def executor_input(spec: dict, task_name: str, root_dir: str,
     task = ps["root"]["dag"]["tasks"][task_name]
     component = ps["components"][task["componentRef"]["name"]]
     inputs: Dict[str, dict] = {"parameters": {}, "parameterValues": {}, "artifacts": {}}
+    synthetic_id = spec_synthetic_id(spec)
     for name, param in task.get("inputs", {}).get("parameters", {}).items():
         runtime = param.get("runtimeValue", {})
         if "constantValue" in runtime:      # schema 2.0.0 (pipeline_spec Value)
-            value = runtime["constantValue"]
-            if name == LEDGER_PARAMETER and "stringValue" in value:
-                value = {"stringValue": local_ledger_target(value["stringValue"], root_dir)}
-            inputs["parameters"][name] = value
+            inputs["parameters"][name] = _local_parameter(name, runtime["constantValue"], root_dir, synthetic_id)
         elif "constant" in runtime:         # schema 2.1.0 (protobuf Value)
-            value = runtime["constant"]
-            inputs["parameterValues"][name] = local_ledger_target(value, root_dir) \
-                if name == LEDGER_PARAMETER and isinstance(value, str) else value
+            inputs["parameterValues"][name] = _local_parameter(name, runtime["constant"], root_dir, synthetic_id)
         else:
             raise NotImplementedError(f"{task_name}.{name}: only constant parameters are rehearsed, got {param}")
     for name, art in task.get("inputs", {}).get("artifacts", {}).items():
@@ -102,7 +162,7 @@ def executor_input(spec: dict, task_name: str, root_dir: str,
         runtime_artifact = dict(produced)
         runtime_artifact["type"] = component["inputDefinitions"]["artifacts"][name]["artifactType"]
         inputs["artifacts"][name] = {"artifacts": [runtime_artifact]}
-    task_dir = os.path.join(os.path.abspath(root_dir), task_name)
+    task_dir = task_folder(root_dir, task_name, layout)
     outputs: Dict[str, dict] = {"artifacts": {}, "outputFile": os.path.join(task_dir, "executor_output.json")}
     for name, art in component.get("outputDefinitions", {}).get("artifacts", {}).items():
         outputs["artifacts"][name] = {"artifacts": [{
@@ -142,29 +202,30 @@ def _run_in_process(command: List[str]) -> None:
 
 
 def run_task(spec: dict, task_name: str, root_dir: str, upstream: Dict[str, Dict[str, dict]],
-             env: Optional[dict] = None, timeout: float = 3600, in_process: bool = False) -> Dict[str, dict]:
+             env: Optional[dict] = None, timeout: float = 3600, in_process: bool = False,
+             layout: str = "rehearsal") -> Dict[str, dict]:
     """Run one task; returns its output artifacts (key -> RuntimeArtifact dict with uri, metadata)."""
-    invocation = executor_input(spec, task_name, root_dir, upstream)
+    invocation = executor_input(spec, task_name, root_dir, upstream, layout)
     os.makedirs(os.path.dirname(invocation["outputs"]["outputFile"]), exist_ok=True)
     command = container_command(spec, task_name, invocation)
-    from kubeflow.custom_job import CLIENT_ENV
-
+    task_env = rehearsal_env(root_dir)
     if in_process:
-        previous = os.environ.get(CLIENT_ENV)
-        os.environ[CLIENT_ENV] = "local"
+        previous = {name: os.environ.get(name) for name in task_env}
+        os.environ.update(task_env)
         try:
             _run_in_process(command)
         finally:
-            if previous is None:
-                os.environ.pop(CLIENT_ENV, None)
-            else:
-                os.environ[CLIENT_ENV] = previous
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
     else:
         workdir = os.path.join(os.path.abspath(root_dir), ".cwd")
         os.makedirs(workdir, exist_ok=True)
         run_env = dict(os.environ if env is None else env)
         run_env.setdefault("TF_USE_LEGACY_KERAS", "1")
-        run_env[CLIENT_ENV] = "local"  # a custom job's replicas run here (the rehearsal)
+        run_env.update(task_env)
         result = subprocess.run(command, cwd=workdir, env=run_env, capture_output=True, text=True,
                                 timeout=timeout)
         if result.returncode != 0:
@@ -174,18 +235,37 @@ def run_task(spec: dict, task_name: str, root_dir: str, upstream: Dict[str, Dict
     return {key: value["artifacts"][0] for key, value in executor_output.get("artifacts", {}).items()}
 
 
+def rehearsal_env(root_dir: str) -> Dict[str, str]:
+    """What every task's environment gets: a custom job's replicas run here, and the synthetic
+    corpus's ledger is ``ROOT/.ledgers`` (``dpbert.ledger.identity.synthetic_location``)."""
+    from dpbert.ledger.identity import SYNTHETIC_LEDGER_ENV
+    from kubeflow.custom_job import CLIENT_ENV
+
+    return {CLIENT_ENV: "local", SYNTHETIC_LEDGER_ENV: os.path.join(os.path.abspath(root_dir), LEDGER_FOLDER)}
+
+
+def make_private_folders(root_dir: str) -> None:
+    """``ROOT/.ledgers`` and ``ROOT/_trainer_state`` mode 0700 before any task writes there."""
+    for name in PRIVATE_FOLDERS:
+        folder = os.path.join(os.path.abspath(root_dir), name)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+
+
 def run_spec_locally(spec: dict, root_dir: str, tasks: Optional[Sequence[str]] = None,
-                     env: Optional[dict] = None, in_process: bool = False) -> Dict[str, Dict[str, dict]]:
+                     env: Optional[dict] = None, in_process: bool = False,
+                     layout: str = "rehearsal") -> Dict[str, Dict[str, dict]]:
     """Run ``tasks`` (default: all) in dependency order; a task's upstream tasks must be among
-    them. Returns task -> output artifacts."""
+    them; ``layout``: :func:`task_folder`'s. Returns task -> output artifacts."""
     order = task_order(spec)
     wanted = order if tasks is None else [t for t in order if t in set(tasks)]
     unknown = set(tasks or ()) - set(order)
     if unknown:
         raise ValueError(f"no task {sorted(unknown)} in the spec (tasks: {', '.join(order)})")
+    make_private_folders(root_dir)
     outputs: Dict[str, Dict[str, dict]] = {}
     for name in wanted:
-        outputs[name] = run_task(spec, name, root_dir, outputs, env=env, in_process=in_process)
+        outputs[name] = run_task(spec, name, root_dir, outputs, env=env, in_process=in_process, layout=layout)
     return outputs
 
 
@@ -213,11 +293,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("spec", help="compiled pipeline (.json from `dpbert compile`)")
     parser.add_argument("root_dir", help="local directory for the artifacts")
     parser.add_argument("--tasks", nargs="*", help="only these tasks (their upstream tasks must be included)")
+    parser.add_argument("--layout", choices=("rehearsal", "vertex"), default="rehearsal",
+                        help="task folders ROOT/<task> (default) or Vertex AI's ROOT/<project>/<job>/<task>_<id>")
     parser.add_argument("--report", action="store_true",
                         help="print dpbert report's text of the rehearsed run instead of the task outputs")
     args = parser.parse_args(argv)
     spec = load_spec(args.spec)
-    outputs = run_spec_locally(spec, args.root_dir, args.tasks)
+    outputs = run_spec_locally(spec, args.root_dir, args.tasks, layout=args.layout)
     if args.report:
         from dpbert.report import build_report, format_report
 

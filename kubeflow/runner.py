@@ -89,6 +89,7 @@ def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
         apply_resources(dag, resources)
     trainer = trainer_image(config, image, cuda_image, resources)
     attach_custom_job(dag, config, trainer)
+    attach_pipeline_root(dag, pipeline_root)
     output = os.path.abspath(output)
     images = image if trainer == image else dict({pipeline_builder.DEFAULT_IMAGE_PATH_KEY: image},
                                                  **{i: trainer for i in TRAINER_IDS})
@@ -147,6 +148,16 @@ def attach_custom_job(dag, config: Config, image: str) -> Optional[dict]:
         if component.id in TRAINER_IDS:
             component.exec_properties["custom_job"] = json.dumps(template, sort_keys=True)
     return template
+
+
+def attach_pipeline_root(dag, pipeline_root: str) -> None:
+    """Give each trainer component the pipeline root as its ``pipeline_root`` parameter (its state
+    lives under it): the PipelineJob's ``gcsOutputDirectory``, which no Vertex AI step is told, and
+    which its output URIs (``ROOT/<project>/<job>/<task>_<id>/<key>``) do not show at a fixed
+    depth. The rehearsal (``kubeflow.local_v2``) replaces it with its own folder."""
+    for component in dag.components:
+        if component.id in TRAINER_IDS:
+            component.exec_properties["pipeline_root"] = pipeline_root
 
 
 #: The task that reads the corpus (``pipeline.pipeline.ingest_component``).

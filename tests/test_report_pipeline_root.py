@@ -301,3 +301,46 @@ def test_dpbert_report_opens_a_rehearsal_s_pipeline_root(tmp_path, capsys):
         assert _without_identity(got) == {**_without_identity(expected), "pipeline": "root"}
         assert got["privacy"]["epsilon_train"] > 0 and got["pretraining"]["steps"] == 4
     print(f"rehearsal of 4 tasks: {seconds:.0f} s")
+
+
+# --- the pipeline root a trainer step receives ------------------------------------------------------
+
+def _layouts(root):
+    """(layout, the MLMPretrainer model URI it gives) under ``root``: TFX's local DAG, the
+    rehearsal's, Vertex AI's (this module's docstring)."""
+    from kubeflow.local_v2 import task_folder
+
+    return [("tfx", f"{root}/MLMPretrainer/model/7"),
+            ("rehearsal", task_folder(root, "MLMPretrainer") + "/model"),
+            ("vertex", task_folder(root, "MLMPretrainer", "vertex") + "/model")]
+
+
+def _old_arithmetic(uri):
+    """A deliberately broken pipeline root (three dirnames of the output URI): the positive control."""
+    import posixpath
+
+    return posixpath.dirname(posixpath.dirname(posixpath.dirname(uri)))
+
+
+def test_the_trainer_s_pipeline_root_is_the_one_it_receives_in_every_layout(tmp_path):
+    import stat
+
+    from components.common import pipeline_root_of
+    from components.trainer import received_root
+
+    root = str(tmp_path / "root")
+    for layout, uri in _layouts(root):
+        assert received_root(root, uri) == root, layout
+        assert received_root(root + "/", uri) == root, layout
+        if layout != "tfx":  # no parameter: refused, never guessed from a KFP v2 URI
+            with pytest.raises(ValueError, match="pipeline_root"):
+                received_root("", uri)
+    assert received_root("", f"{root}/MLMPretrainer/model/7") == root  # a local DAG built without it
+    assert stat.S_IMODE(os.stat(os.path.join(root, "_trainer_state")).st_mode) == 0o700
+    assert pipeline_root_of("gs://b/root/", "X") == "gs://b/root"
+    with pytest.raises(ValueError, match="X: parameter pipeline_root is empty"):
+        pipeline_root_of(" ", "X")
+    # positive control: the URI arithmetic is right for TFX only, one level off for the others
+    wrong = {layout for layout, uri in _layouts(root) if _old_arithmetic(uri) != root}
+    assert wrong == {"rehearsal", "vertex"}
+

@@ -90,19 +90,103 @@ def test_whole_dag_rehearses_under_the_v2_entrypoint(compile_spec, tmp_path):
 
 
 def test_a_synthetic_rehearsal_keeps_its_ledger_under_its_own_folder_a_real_dataset_does_not(tmp_path):
-    """The public synthetic corpus: a local ledger (no credentials). A real dataset: the ledger the
-    spec names, unchanged (a rehearsal's releases come from the same patients)."""
+    """The public synthetic corpus: a local ledger (no credentials), its generator's id even in a
+    target compiled with a real one. A real dataset: the ledger the spec names, unchanged (a
+    rehearsal's releases come from the same patients)."""
     import json
 
     from dpbert.config import CorpusConfig
     from dpbert.ledger.identity import synthetic_dataset_id
-    from dpbert.ledger.target import LedgerTarget
-    from kubeflow.local_v2 import local_ledger_target
+    from kubeflow.local_v2 import ledger_target_class, local_ledger_target
 
-    remote = "gs://my-bucket/dpbert/ledgers"
-    public = LedgerTarget(synthetic_dataset_id(CorpusConfig()), "patient", 1e-6, 8.0, remote).to_json()
+    LedgerTarget = ledger_target_class()  # noqa: N806
+    remote, sid = "gs://my-bucket/dpbert/ledgers", synthetic_dataset_id(CorpusConfig())
+    public = LedgerTarget(sid, "patient", 1e-6, 8.0, remote).to_json()
     local = LedgerTarget.from_json(local_ledger_target(public, str(tmp_path)))
     assert json.loads(local.to_json()) == dict(json.loads(public), location=str(tmp_path / ".ledgers"))
     real = LedgerTarget("notes", "patient", 1e-6, 8.0, remote).to_json()
     assert local_ledger_target(real, str(tmp_path)) == real
+    moved = LedgerTarget.from_json(local_ledger_target(real, str(tmp_path), synthetic_id=sid))
+    assert (moved.dataset_id, moved.location) == (sid, str(tmp_path / ".ledgers"))
     assert local_ledger_target("", str(tmp_path)) == ""  # no dataset identity: nothing to move
+
+
+REAL_ID = ["corpus.dataset_id=Ward7", "privacy.epsilon_budget=50"]
+
+
+@pytest.mark.parametrize("layout", ["rehearsal", "vertex"])
+def test_the_trainer_receives_the_rehearsal_root_and_a_synthetic_ledger(compile_spec, tmp_path, layout):
+    """Compiled with a real corpus.dataset_id and a gs:// ledger, the synthetic corpus's trainer
+    task gets the generator's id, ROOT/.ledgers, and ROOT as its pipeline root (in either layout)."""
+    from dpbert.ledger.identity import is_synthetic_id
+    from kubeflow.local_v2 import executor_input, ledger_target_class, spec_synthetic_id, task_folder
+
+    LedgerTarget = ledger_target_class()  # noqa: N806
+    spec = compile_spec(TINY + REAL_ID)
+    task = spec["pipelineSpec"]["root"]["dag"]["tasks"]["MLMPretrainer"]["inputs"]["parameters"]
+    compiled = LedgerTarget.from_json(task["ledger_target"]["runtimeValue"]["constantValue"]["stringValue"])
+    assert is_synthetic_id(compiled.dataset_id) and compiled.dataset_id == spec_synthetic_id(spec)
+    assert task["pipeline_root"]["runtimeValue"]["constantValue"]["stringValue"] == "gs://my-bucket/dpbert/root"
+    upstream = {"DPVocabularyGen": {"vocabulary": {"uri": "v"}}, "CorpusIngest": {"tuples": {"uri": "t"}}}
+    got = executor_input(spec, "MLMPretrainer", str(tmp_path), upstream, layout)
+    params = got["inputs"]["parameters"]
+    assert params["pipeline_root"] == {"stringValue": str(tmp_path)}
+    target = LedgerTarget.from_json(params["ledger_target"]["stringValue"])
+    assert (target.dataset_id, target.location) == (compiled.dataset_id, str(tmp_path / ".ledgers"))
+    assert got["outputs"]["artifacts"]["model"]["artifacts"][0]["uri"].startswith(
+        task_folder(str(tmp_path), "MLMPretrainer", layout))
+
+
+def test_the_rehearsal_s_private_folders_are_operator_only(tmp_path):
+    import stat
+
+    from kubeflow.local_v2 import PRIVATE_FOLDERS, make_private_folders
+
+    (tmp_path / "_trainer_state").mkdir(mode=0o755)
+    make_private_folders(str(tmp_path))
+    for name in PRIVATE_FOLDERS:
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o700, name
+
+
+def _snapshot(folder):
+    return sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, files in os.walk(folder) for f in files)
+
+
+class _NoCloudStorage:
+    """A storage spy: every gs:// access is recorded and fails."""
+
+    def __init__(self, real):
+        self.real, self.touched = real, []
+
+    def __call__(self, uri):
+        if str(uri).startswith("gs://"):
+            self.touched.append(str(uri))
+            raise AssertionError(f"gs:// contacted: {uri}")
+        return self.real(uri)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.parametrize("layout", ["rehearsal", "vertex"])
+def test_a_synthetic_rehearsal_compiled_for_a_real_dataset_completes_offline_inside_its_folder(
+        compile_spec, tmp_path, monkeypatch, layout):
+    """Compiled with a real corpus.dataset_id and a gs:// ledger: every task COMPLETEs with no
+    gs:// access (a storage spy), and nothing is written outside ROOT (the parent's snapshot)."""
+    from dpbert import storage
+    from kubeflow.local_v2 import run_spec_locally
+
+    spy = _NoCloudStorage(storage.storage_for)
+    monkeypatch.setattr(storage, "storage_for", spy)
+    spec = compile_spec(TINY + REAL_ID)
+    parent = tmp_path / "parent"
+    root = parent / "rehearsal"
+    root.mkdir(parents=True)
+    (parent / "neighbour.txt").write_text("x", encoding="utf-8")
+    before = _snapshot(parent)
+    outputs = run_spec_locally(spec, str(root), in_process=True, layout=layout)
+    assert set(outputs) == task_names(spec)
+    assert spy.touched == []
+    after = _snapshot(parent)
+    assert [p for p in after if not p.startswith("rehearsal" + os.sep)] == [p for p in before]
+    assert any(p.startswith(os.path.join("rehearsal", "_trainer_state")) for p in after)
+    assert [p for p in after if p.startswith(os.path.join("rehearsal", ".ledgers"))]
