@@ -15,6 +15,7 @@ from dpbert import schema
 from dpbert.metadata import (BUDGET_REFUSED_PROPERTY, DELTA_CHARGED, EPSILON_BUDGET, EPSILON_CHARGED,
                              INTERRUPTED_CHECKPOINT_STEP, INTERRUPTED_COMPONENT, INTERRUPTED_PROPERTY,
                              INTERRUPTED_STEP, STEPS_CHARGED, RunInfo)
+from dpbert.privacy.numbers import fmt_delta
 
 #: The ledger properties the report's ``privacy`` section shows (same keys).
 LEDGER_KEYS = (schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC,
@@ -373,7 +374,9 @@ def charged_sentence(charged: Dict[str, Any]) -> str:
     def num(x, spec):
         return format(x, spec) if isinstance(x, (int, float)) else "?"
 
-    spent = (f"ε = {num(charged.get('epsilon_charged'), '.4g')} (δ = {num(charged.get('delta'), '.3g')}) "
+    delta = charged.get("delta")
+    spent = (f"ε = {num(charged.get('epsilon_charged'), '.4g')} "
+             f"(δ = {fmt_delta(delta) if isinstance(delta, (int, float)) else '?'}) "
              f"already spent by {charged.get('steps_charged')} DP-SGD steps")
     if charged.get("budget_refused"):
         return (f"REFUSED over privacy.epsilon_budget = {num(charged.get('epsilon_budget'), '.4g')}: {spent}; "
@@ -458,7 +461,7 @@ def format_report(report: Dict[str, Any]) -> str:
             lines += format_pretraining(report[section], fmt)
             continue
         lines += ["", f"{section}:"]
-        lines += [f"  {k:<24} {schema.privacy_number_text(report[section], k, fmt)}" for k, v in shown
+        lines += [f"  {k:<24} {schema.privacy_number_text(report[section], k, fmt, fmt_delta)}" for k, v in shown
                   if not k.endswith(schema.APPROX_SUFFIX)]
     corpus = report.get("corpus")
     if isinstance(corpus, dict):
@@ -680,7 +683,7 @@ def epsilon_summary(report: Dict[str, Any]) -> List[str]:
         line = f"ε = {fmt(total)} (PLD)"
         if unit:
             line += f" per {unit}" + (f" ({adjacency})" if adjacency else "")
-        line += f", δ = {schema.privacy_number_text(privacy, schema.DELTA, str)}" if delta is not None else ""
+        line += f", δ = {schema.privacy_number_text(privacy, schema.DELTA, str, fmt_delta)}" if delta is not None else ""
         parts = [f"{label} = {fmt(v)}" for label, v in (("ε_V", num(privacy.get(schema.EPSILON_VOCAB))),
                                                          ("ε_T", num(privacy.get(schema.EPSILON_TRAIN))))
                  if v is not None]

@@ -143,7 +143,7 @@ RUN_CONFIG_FILE = "run_config.json"
 TRAIN_RESULT_FILE = "train_result.json"
 # Three ledgers, named apart: the training chain's write-ahead count of DP steps executed is the
 # STEP LOG (``dpbert.model.engine.chain``); the accountant's ε composition is the PRIVACY LEDGER
-# (``dpbert.privacy.accountant.ledger``, the PrivacyReport); the per-dataset record of what was
+# (``dpbert.accounting.accountant.ledger``, the PrivacyReport); the per-dataset record of what was
 # charged against one dataset is the DATASET LEDGER.
 STEP_LOG_FILE = "dp_steps.json"
 #: The step log's name in state directories written before it was renamed: read when present
@@ -315,7 +315,9 @@ def properties(message) -> Dict[str, Any]:
 #: UIs, older readers) and ``<name>EXACT_SUFFIX``, the string ``repr(value)`` (``exact_companions``)
 #: — and ``exact_properties`` reads the string back in the double's place. A finite float privacy
 #: number without its string (a run written before) is returned as read, with
-#: ``<name>APPROX_SUFFIX`` = True: the reader shows it as approximate ("≈").
+#: ``<name>APPROX_SUFFIX`` = True: the reader shows it as approximate ("≈"). The double of an ε or
+#: a δ is rounded UP to 6 decimals when written (``rounds_up``): whoever reads the double alone
+#: sees no less than was spent.
 EXACT_SUFFIX = "__exact"
 APPROX_SUFFIX = "_approx"
 _PRIVACY_NUMBER = re.compile(
@@ -325,6 +327,17 @@ _PRIVACY_NUMBER = re.compile(
 def is_privacy_number(key: str) -> bool:
     """Whether property ``key`` holds an ε, a δ, a sampling rate q or a noise multiplier σ."""
     return not key.endswith((EXACT_SUFFIX, APPROX_SUFFIX)) and _PRIVACY_NUMBER.search(key) is not None
+
+
+_BOUND = re.compile(r"(?:^|_)(?:epsilon|delta)(?:_|$)")
+
+
+def rounds_up(key: str) -> bool:
+    """Whether the DOUBLE stored for ``key`` must never be below its exact value: an ε or a δ a
+    run spent or guarantees (MLMD's 6 decimals would show δ_V = 1e-9 as 0, pure DP). Not a budget:
+    rounding a limit up would overstate what may be spent. The writer stores
+    ``dpbert.privacy.numbers.double_at_least`` (components/common.py); readers use the string."""
+    return is_privacy_number(key) and _BOUND.search(key) is not None and "budget" not in key
 
 
 def exact_companions(values: Mapping[str, Any]) -> Dict[str, str]:
@@ -374,12 +387,14 @@ def approx_flags(values: Mapping[str, Any], keys) -> Dict[str, bool]:
     return {k + APPROX_SUFFIX: True for k in keys if values.get(k + APPROX_SUFFIX)}
 
 
-def privacy_number_text(values: Mapping[str, Any], key: str, fmt: Callable[[Any], str]) -> str:
-    """How a reader shows ``values[key]`` as text: a δ to 6 significant digits (1.0001e-05, 1e-09:
-    the 3- or 4-digit format of the other numbers shows δ = 1e-9 + 1e-5 as 1e-05, below the
-    truth; JSON output carries the float itself), anything else by ``fmt``; with "≈" in front when
-    ``values`` flags it approximate (``APPROX_SUFFIX``)."""
+def privacy_number_text(values: Mapping[str, Any], key: str, fmt: Callable[[Any], str],
+                        delta_fmt: Optional[Callable[[float], str]] = None) -> str:
+    """How a reader shows ``values[key]`` as text: a δ by ``delta_fmt`` (readers above the privacy
+    layer pass ``dpbert.privacy.numbers.fmt_delta``: 6 significant digits rounded up), else to 6
+    significant digits (1.0001e-05, 1e-09: the 3- or 4-digit format of the other numbers shows
+    δ = 1e-9 + 1e-5 as 1e-05, below the truth; JSON output carries the float itself), anything
+    else by ``fmt``; with "≈" in front when ``values`` flags it approximate (``APPROX_SUFFIX``)."""
     value = values.get(key)
     delta = "delta" in key and isinstance(value, float) and math.isfinite(value)
-    text = format(value, ".6g") if delta else fmt(value)
+    text = (delta_fmt(value) if delta_fmt else format(value, ".6g")) if delta else fmt(value)
     return "≈" + text if values.get(key + APPROX_SUFFIX) else text

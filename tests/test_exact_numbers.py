@@ -12,6 +12,7 @@ import json
 import pytest
 
 from dpbert import metadata, release, schema
+from dpbert.privacy.numbers import fmt_delta
 from dpbert.report import build_report, epsilon_summary, format_report
 from tests.dashboard import fakestore
 
@@ -94,11 +95,12 @@ def test_report_released_dashboard_and_manifest_show_exact_delta(tmp_path):
     privacy = v["report"]["privacy"]
     assert privacy[schema.DELTA_VOCAB] == 1e-9 and privacy[schema.DELTA] == DELTA == pytest.approx(1.0001e-05, rel=1e-15)
     assert not any(k.endswith(schema.APPROX_SUFFIX) for k in privacy)
-    for text in (v["text"], v["released"]):
-        assert _row(text, "delta_vocab") == "1e-09" and _row(text, "delta") == "1.0001e-05"
+    for text in (v["text"], v["released"]):  # fmt_delta: 6 significant digits, rounded up
+        assert _row(text, "delta_vocab") == "1e-09" and _row(text, "delta") == fmt_delta(DELTA)
+        assert _row(text, "delta").startswith("1.0001") and float(_row(text, "delta")) >= DELTA
         assert "≈" not in text
     assert '"delta_vocab": 1e-09' in v["released_json"] and f'"delta": {DELTA!r}' in v["released_json"]
-    assert "δ = 1.0001e-05" in v["summary"]
+    assert f"δ = {fmt_delta(DELTA)}" in v["summary"]
     rows = {r["key"]: r["value"] for r in v["ledger"]["rows"]}
     assert rows[schema.DELTA_VOCAB] == "1e-09" and rows[schema.DELTA] == "1.0001e-05"
     assert v["privacy_summary"]["delta"] == "1.0001e-05" and v["privacy_summary"]["delta_value"] == DELTA
@@ -153,6 +155,10 @@ def test_component_writer_and_reader_round_trip_through_mlmd(tmp_path):
     message.uri = str(tmp_path)
     [aid] = store.put_artifacts([message])
     (back,) = store.get_artifacts_by_id([aid])
+    doubles = {k: v.double_value for k, v in back.custom_properties.items() if v.WhichOneof("value") == "double_value"}
+    # MLMD keeps 6 decimals of a double: an ε's or a δ's is rounded up, never below the exact value
+    assert doubles["delta_train"] == 1e-06 and doubles["epsilon_train"] == 4.474913
+    assert doubles["sampling_rate"] == pytest.approx(Q, abs=1e-6)  # q, σ: as MLMD rounds them
     props = schema.exact_properties(back)
     assert (props["sampling_rate"], props["noise_multiplier"], props["epsilon_train"], props["delta_train"]) == \
         (Q, 0.7830000001, 4.474912345678, 1e-9)
@@ -168,3 +174,61 @@ def test_charged_epsilon_on_the_run_context_is_exact(tmp_path):
     run = metadata.get_run(metadata.open_store(path), run_id)
     assert run.properties[metadata.EPSILON_CHARGED] == 2.000000049 and run.properties[metadata.DELTA_CHARGED] == DELTA
     assert build_report(run)["charged"]["delta"] == DELTA
+
+
+def _mlmd_doubles(tmp_path, write, values):
+    """The doubles ML Metadata (a real sqlite store) gives back for ``values`` written by ``write``."""
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+
+    from components.artifacts import PrivacyReport
+
+    report = PrivacyReport()
+    write(report, values)
+    config = metadata_store_pb2.ConnectionConfig()
+    config.sqlite.filename_uri = str(tmp_path / "doubles.sqlite")
+    store = metadata_store.MetadataStore(config)
+    message = report.mlmd_artifact
+    message.type_id = store.put_artifact_type(metadata_store_pb2.ArtifactType(name=report.type_name))
+    message.uri = str(tmp_path)
+    (back,) = store.get_artifacts_by_id(store.put_artifacts([message]))
+    return {k: v.double_value for k, v in back.custom_properties.items() if v.WhichOneof("value") == "double_value"}
+
+
+def _understated(values, doubles):
+    """The ε and δ keys whose stored double is below the exact value."""
+    return sorted(k for k in values if schema.rounds_up(k) and doubles[k] < values[k])
+
+
+def test_the_stored_double_of_every_epsilon_and_delta_is_never_below_the_exact_value(tmp_path):
+    from components.common import set_properties
+
+    values = dict(LEDGER, delta_vocab=1e-9, audit_epsilon_lower_bound=0.1234561)
+    doubles = _mlmd_doubles(tmp_path, set_properties, values)
+    assert _understated(values, doubles) == []
+    assert doubles["delta_vocab"] == 1e-06 and doubles["delta"] == 1.1e-05       # 1e-9 is not 0: not pure DP
+    assert doubles["epsilon_total_pld"] == 9.088213 and doubles["epsilon_budget"] == 10.0
+
+
+def test_understated_doubles_positive_control(tmp_path):
+    """The doubles-only writer: MLMD rounds δ_V = 1e-9 to 0 and δ = 1.0001e-05 down to 1e-05."""
+    values = dict(LEDGER, delta_vocab=1e-9)
+    doubles = _mlmd_doubles(tmp_path, _broken_writer, values)
+    assert {"delta", "delta_vocab", "epsilon_total_pld"} <= set(_understated(values, doubles))
+
+
+def _broken_writer(artifact, values):
+    for key, value in values.items():
+        artifact.set_float_custom_property(key, value)
+
+
+def test_report_prints_a_delta_of_1_0001e_05_as_it_is(tmp_path):
+    """δ = 1.0001e-05 exactly (not a sum): the report's text and summary show 1.0001e-05, and a
+    charged run's sentence too; never 1e-05."""
+    from dpbert.report import charged_sentence
+
+    report = {"run_id": "r", "pipeline": "p", "status": "COMPLETE", "duration_s": 1,
+              "privacy": dict(LEDGER, delta=1.0001e-05)}
+    text = format_report(report) + "\n".join(epsilon_summary(report))
+    assert _row(text, "delta") == "1.0001e-05" and "δ = 1.0001e-05" in text
+    assert "(δ = 1.0001e-05)" in charged_sentence({"epsilon_charged": 2.0, "delta": 1.0001e-05, "steps_charged": 3})

@@ -1,10 +1,12 @@
 """A readable privacy statement for a ledger (in the spirit of tensorflow-privacy's
-``compute_dp_sgd_privacy_statement``), stating δ and its split next to every ε."""
+``compute_dp_sgd_privacy_statement``), stating δ and its split next to every ε. A δ is printed
+exactly enough and rounded up (``numbers.fmt_delta``): a true 1.0001e-05 never reads 1e-05."""
 from __future__ import annotations
 
 import math
 from typing import Any, Mapping
 
+from dpbert.privacy.numbers import fmt_delta
 
 ADJACENCY_TEXT = {
     "add_or_remove_one": "neighbouring datasets differ by adding or removing one unit "
@@ -46,7 +48,7 @@ def training_record(records) -> Mapping[str, Any]:
 
 
 def ledger_statement(ledger: Mapping[str, Any]) -> str:
-    """The statement for ``dpbert.privacy.accountant.ledger`` output (plus optional budget keys)."""
+    """The statement for ``dpbert.accounting.accountant.ledger`` output (plus optional budget keys)."""
     unit = ledger.get("unit", "tuple")
     unit_text = (f"one N-word tuple" if unit == "tuple"
                  else f"one patient (at most {ledger.get('max_contributions')} tuples)")
@@ -61,8 +63,8 @@ def ledger_statement(ledger: Mapping[str, Any]) -> str:
         *(["Vocabulary: the public checkpoint's (vocab.source: public; no private data read): ε_V = 0"]
           if not ledger.get('epsilon_vocab') and not ledger.get('delta_vocab') else [
             "Vocabulary (Gaussian noise on per-tuple word counts + threshold):",
-            f"  ε_V = {_eps(ledger.get('epsilon_vocab'))} at δ_V = {ledger.get('delta_vocab', 0):.3g}"
-            f" (of which the threshold's δ₂ = {ledger.get('delta_threshold', 0):.3g})"]),
+            f"  ε_V = {_eps(ledger.get('epsilon_vocab'))} at δ_V = {fmt_delta(ledger.get('delta_vocab', 0))}"
+            f" (of which the threshold's δ₂ = {fmt_delta(ledger.get('delta_threshold', 0))})"]),
         "",
         f"Pre-training (DP-SGD, {train.get('sampling', ledger.get('sampling', '?'))} sampling, "
         f"q = {train.get('sampling_probability', float('nan')):.4g}, "
@@ -71,13 +73,13 @@ def ledger_statement(ledger: Mapping[str, Any]) -> str:
         *[f"  DP count of the training units (Gaussian, noise multiplier {c.get('noise_multiplier')}, released "
           f"n̂ = {c.get('released')}; it planned q and the steps): charged in ε_T" for c in counts],
         f"  ε_T = {_eps(ledger.get('epsilon_train'))} (PLD), {_eps(ledger.get('epsilon_train_rdp'))} (RDP)"
-        f" at δ_T = {ledger.get('delta_train', 0):.3g}" + (" (DP-SGD and the DP count)" if counts else ""),
+        f" at δ_T = {fmt_delta(ledger.get('delta_train', 0))}" + (" (DP-SGD and the DP count)" if counts else ""),
         "",
         "Whole run (vocabulary + pre-training):",
         f"  basic composition  ε = {_eps(ledger.get('epsilon_total_basic'))} at δ = "
-        f"{ledger.get('delta_vocab', 0):.3g} + {ledger.get('delta_train', 0):.3g}",
-        f"  RDP composition    ε = {_eps(ledger.get('epsilon_total_rdp'))} at δ = {ledger.get('delta', 0):.3g}",
-        f"  PLD composition    ε = {_eps(ledger.get('epsilon_total_pld'))} at δ = {ledger.get('delta', 0):.3g}"
+        f"{fmt_delta(ledger.get('delta_vocab', 0))} + {fmt_delta(ledger.get('delta_train', 0))}",
+        f"  RDP composition    ε = {_eps(ledger.get('epsilon_total_rdp'))} at δ = {fmt_delta(ledger.get('delta', 0))}",
+        f"  PLD composition    ε = {_eps(ledger.get('epsilon_total_pld'))} at δ = {fmt_delta(ledger.get('delta', 0))}"
         f"   ← the run's ε",
         "  (PLD/RDP: the vocabulary's Gaussian and the training steps in one accountant; the",
         "   threshold's δ₂ is added to δ at the end.)",
