@@ -643,6 +643,22 @@ class DPSGDTrainStep:
             self._unit_norms = [np.stack([np.asarray(x) for x in norms]) for norms in self._device_norms]
         return self._unit_norms
 
+    def replay_accumulate(self, round_batch, round_index: int = 0) -> np.ndarray:
+        """The step's OWN accumulate (the function ``run_step`` calls: ``_compute``, its clipping,
+        the accumulators) on one round, with no noise and no apply: the accumulators then hold the
+        round's clipped sum, for the run-time check (``dpbert.model.integrity``) to read before
+        :meth:`clear_accumulators`. Returns the unit norms ``[P, units]`` it used. Call it between
+        steps only (the accumulators are zero there); several workers: every worker must call it
+        (the round's statistics are a collective)."""
+        _, norms = self._accumulate_fn(self._distribute(round_batch), tf.constant(int(round_index), tf.int64))
+        return np.stack([np.asarray(x) for x in norms])
+
+    def clear_accumulators(self):
+        """Every replica's accumulators to zero (after :meth:`replay_accumulate`; no collective)."""
+        for acc in self.accumulators:
+            for part in self.strategy.experimental_local_results(acc):
+                part.assign(tf.zeros_like(part))
+
     def _setup_jit(self):
         """The compiled functions of ``jit_compile``, and the noise drawn ahead: compiled, or
         uncompiled on one replica (module docstring)."""

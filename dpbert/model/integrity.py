@@ -109,6 +109,11 @@ MIN_EXPECTED_UNITS = 50.0
 CLIP_RTOL = 1e-4
 #: Absolute slack of that comparison, in units of C (norms this small cannot be compared).
 CLIP_ATOL = 1e-6
+#: Per trained piece, the clipped part is compared relative to itself, or to this fraction of the
+#: unit's clipped norm when smaller (a piece whose gradient is ~0, e.g. the attention key bias,
+#: has only rounding error): a wrong clip factor on a piece carrying more than CLIP_RTOL·PIECE_FLOOR
+#: of the unit's norm is caught.
+PIECE_FLOOR = 1e-6
 #: Tolerance of the comparison with the norm the STEP used when its float32 matmuls may have run
 #: in reduced precision (TensorFloat-32 on an Ampere+ GPU, the default bfloat16 passes on a TPU):
 #: the check's own computations always run in full float32 (rtol ``CLIP_RTOL``).
@@ -455,10 +460,18 @@ def dropout_free(model: tf_keras.Model) -> bool:
 
 
 class ClippingCheck:
-    """One secret-random unit per check: brute-force gradient norm vs the clipping path's norm,
-    its clipped contribution, and (dropout-free model) the norm the step used."""
+    """One secret-random unit per check, its gradient by brute force against: the clipping path
+    (``clip()``: the norm, the clipped contribution as a whole and per trained piece), the step's
+    OWN accumulate replayed on that unit alone (the clipped sum the noise is added to: as a whole,
+    per piece, and its norm against the norm the step used), and (dropout-free model) the norm the
+    real step used (module docstring, 2.)."""
 
     name = "clipping"
+    #: The comparisons, each with the tolerance it is held to (``clip``: CLIP_RTOL; ``step``: the
+    #: step's own computations, ``step_rtol``) and whether it needs a dropout-free model.
+    ERRORS = {"norm": ("clip", False), "clipped": ("clip", False), "clipped_piece": ("clip", False),
+              "summed_norm": ("step", False), "summed": ("step", True), "summed_piece": ("step", True),
+              "step_norm": ("step", True)}
 
     def __init__(self, stepper: dpsgd.DPSGDTrainStep, seed: Optional[int] = None, eager_first: bool = True):
         self.stepper, self.eager_first = stepper, bool(eager_first)
@@ -466,16 +479,23 @@ class ClippingCheck:
         self.clip_norm = float(stepper.config.clip_norm)
         self.rng = _rng(seed, 2)
         self.compare_step = dropout_free(stepper.model)
+        pieces = getattr(getattr(stepper, "selection", None), "pieces", None)
+        self.piece_names = [p.name for p in pieces] if pieces is not None else \
+            [v.name for v in stepper.variables]
         # The step's own matmuls may run in TF32 (GPU) / bf16 passes (TPU); the check's never do.
         self.reduced_precision = bool(tf.config.experimental.tensor_float_32_execution_enabled() and (
             tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU")))
         self.step_rtol = STEP_NORM_RTOL_REDUCED if self.reduced_precision else CLIP_RTOL
         self.checks = 0
-        self.errors = {"norm": 0.0, "clipped": 0.0, "step_norm": 0.0}
+        self.errors = {key: 0.0 for key, (_, needs) in self.ERRORS.items() if self.compare_step or not needs}
+        self.worst_piece: Dict[str, str] = {}
         self.failed: Optional[str] = None
 
     def _build(self):
-        stepper, k, clip = self.stepper, self.k, self.clip_norm
+        stepper, clip = self.stepper, self.clip_norm
+
+        def squares(tensors):
+            return tf.stack([tf.reduce_sum(tf.square(tf.convert_to_tensor(t))) for t in tensors])
 
         def replica_fn(batch, rows):
             mask = tf.cast(batch["example_mask"], tf.float32)
@@ -490,13 +510,14 @@ class ClippingCheck:
             # The gradient of the TRAINED pieces only (training.trainable: frozen variables and rows
             # are no part of the clipped unit), aligned with the step's variables.
             brute = [tf.convert_to_tensor(g) for g in stepper.selection.gradients(tape, loss)]
-            brute_norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in brute]))
+            brute_norm = tf.sqrt(tf.reduce_sum(squares(brute)))
+            expected = [clip / tf.maximum(brute_norm, clip) * b for b in brute]  # min(1, C/‖g‖)·g
             # The step's clipping path on the same micro-batch, only that unit's slots unmasked.
             grads, _, norms, _ = stepper.clip(inputs, lambda o: stepper.loss_fn(targets, o), mask, training=False)
-            factor = clip / tf.maximum(brute_norm, clip)
-            diff = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(tf.convert_to_tensor(g) - factor * b))
-                                     for g, b in zip(grads, brute)]))
-            return brute_norm, norms, diff
+            # What the step's own accumulate (replayed on this round) left in this replica's accumulators.
+            summed = [acc.read_value() for acc in stepper.accumulators]
+            return (brute_norm, norms, squares(expected), squares([g - e for g, e in zip(grads, expected)]),
+                    squares(summed), squares([s - e for s, e in zip(summed, expected)]))
 
         strategy = stepper.strategy
 
@@ -521,63 +542,100 @@ class ClippingCheck:
             fn = stepper._integrity_clip_fn = tf.function(self._build(), autograph=False)  # pylint: disable=protected-access
         return fn
 
-    def before(self, rounds: List[dict]) -> Optional[tuple]:
-        """Choose a unit of this step's batch and recompute it (the weights the step will use)."""
+    def _choose(self, rounds: List[dict]) -> Optional[tuple]:
+        """A secret-random unit of the step's batch: ``(round, replica, slot group)``, None if empty."""
         units = []
         for r, round_batch in enumerate(rounds):
             mask = np.asarray(round_batch["example_mask"], np.float32)
             present = mask.reshape(mask.shape[0], -1, self.k).max(axis=2) > 0  # [P, units]
             units += [(r, int(p), int(j)) for p, j in zip(*np.nonzero(present))]
-        if not units:
+        return units[int(self.rng.integers(len(units)))] if units else None
+
+    def before(self, rounds: List[dict]) -> Optional[tuple]:
+        """Choose a unit of this step's batch and recompute it (the weights the step will use)."""
+        chosen = self._choose(rounds)
+        if chosen is None:
+            if getattr(self.stepper, "workers", 1) > 1:  # the replay is a collective: every worker takes part
+                self.stepper.replay_accumulate(self.stepper.padding_round(rounds[0]))
+                self.stepper.clear_accumulators()
             return None  # an empty Poisson batch: nothing to check at this step
-        r, p, j = units[int(self.rng.integers(len(units)))]
+        r, p, j = chosen
         mask = np.asarray(rounds[r]["example_mask"], np.float32)
         only = np.zeros_like(mask)
         only[p, j * self.k:(j + 1) * self.k] = mask[p, j * self.k:(j + 1) * self.k]
+        unit_round = {"features": rounds[r]["features"], "example_mask": only}
         fn = self._function()
         tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
         tf.config.experimental.enable_tensor_float_32_execution(False)  # full float32 on both sides
         try:
-            results = fn(self.stepper.distribute({"features": rounds[r]["features"], "example_mask": only}),
+            replay_norms = self.stepper.replay_accumulate(unit_round, r)  # the step's own path, this unit only
+            results = fn(self.stepper.distribute(unit_round),
                          tf.constant(np.arange(j * self.k, (j + 1) * self.k), tf.int32))
         finally:
+            self.stepper.clear_accumulators()
             tf.config.experimental.enable_tensor_float_32_execution(tf32)
-        brute_norm, norms, diff = (np.asarray(x) for x in results[p])
-        return r, p, j, float(brute_norm), float(np.asarray(norms)[j]), float(diff)
+        brute_norm, norms, expected, clip_diff, summed, summed_diff = (np.asarray(x, np.float64) for x in results[p])
+        return (r, p, j, float(brute_norm), float(norms[j]), float(replay_norms[p][j]), expected, clip_diff,
+                summed, summed_diff)
 
     def _relative(self, a: float, b: float) -> float:
         return abs(a - b) / max(abs(a), abs(b), CLIP_ATOL * self.clip_norm)
+
+    def _worst_piece(self, key: str, diff_sq: np.ndarray, expected_sq: np.ndarray) -> float:
+        """The largest per-piece relative error, each piece against its own expected clipped part
+        (a piece below ``PIECE_FLOOR`` of the unit's clipped norm against that floor)."""
+        floor = max(PIECE_FLOOR * math.sqrt(float(expected_sq.sum())), CLIP_ATOL * self.clip_norm)
+        errors = np.sqrt(diff_sq) / np.maximum(np.sqrt(expected_sq), floor)
+        worst = int(np.argmax(errors)) if errors.size else 0
+        if errors.size and errors[worst] > self.errors.get(key, 0.0):
+            self.worst_piece[key] = self.piece_names[worst]
+        return float(errors[worst]) if errors.size else 0.0
+
+    def _errors(self, pending: tuple) -> Dict[str, float]:
+        r, p, j, brute, path_norm, replay_norm, expected, clip_diff, summed, summed_diff = pending
+        unit = max(min(brute, self.clip_norm), CLIP_ATOL * self.clip_norm)
+        errors = {"norm": self._relative(path_norm, brute),
+                  "clipped": math.sqrt(clip_diff.sum()) / unit,
+                  "clipped_piece": self._worst_piece("clipped_piece", clip_diff, expected),
+                  # Dropout-robust: the replayed sum's norm is min(the norm the step used, C).
+                  "summed_norm": self._relative(math.sqrt(summed.sum()), min(replay_norm, self.clip_norm))}
+        if self.compare_step:
+            errors.update(summed=math.sqrt(summed_diff.sum()) / unit,
+                          summed_piece=self._worst_piece("summed_piece", summed_diff, expected),
+                          step_norm=self._relative(float(self.stepper.last_unit_norms[r][p][j]), brute))
+        return errors
 
     def after(self, pending: Optional[tuple]):
         """Compare (after the step ran, with the norms it used)."""
         if pending is None:
             return
-        r, p, j, brute, path_norm, diff = pending
-        errors = {"norm": self._relative(path_norm, brute),
-                  "clipped": diff / max(min(brute, self.clip_norm), CLIP_ATOL * self.clip_norm)}
-        if self.compare_step:
-            errors["step_norm"] = self._relative(float(self.stepper.last_unit_norms[r][p][j]), brute)
+        errors = self._errors(pending)
         self.checks += 1
         for key, value in errors.items():
             self.errors[key] = max(self.errors[key], value)
-        bad = [key for key, value in errors.items()
-               if not value <= (self.step_rtol if key == "step_norm" else CLIP_RTOL)]
+        bad = [key for key, value in errors.items() if not value <= self._tolerance(key)]
         if bad and self.failed is None:
-            self.failed = ", ".join(f"{key} relative error {errors[key]:.2e}" for key in bad)
+            self.failed = ", ".join(f"{key} relative error {errors[key]:.2e}" +
+                                    (f" on {self.worst_piece[key]}" if key in self.worst_piece else "")
+                                    for key in bad)
+
+    def _tolerance(self, key: str) -> float:
+        return CLIP_RTOL if self.ERRORS[key][0] == "clip" else self.step_rtol
 
     def result(self) -> dict:
-        out = {"statistic": "relative error of the clipping path vs a brute-force gradient of one unit",
-               "tolerance": CLIP_RTOL, "checks": self.checks,
+        out = {"statistic": "relative error of the clipping path and of the step's replayed clipped sum vs a "
+                            "brute-force gradient of one unit (whole and per trained piece)",
+               "tolerance": CLIP_RTOL, "checks": self.checks, "piece_floor": PIECE_FLOOR,
                "compared_with_step_norm": self.compare_step, "step_norm_tolerance": self.step_rtol,
-               "max_relative_error": dict(self.errors) if self.compare_step else
-               {k: v for k, v in self.errors.items() if k != "step_norm"}}
+               "max_relative_error": dict(self.errors), "worst_piece": dict(self.worst_piece)}
         if not self.checks:
             return dict(out, ran=False, reason="no check step", passed=None)
         return dict(out, ran=True, passed=self.failed is None)
 
     def message(self, result: dict) -> str:
         return (f"a unit's clipping disagrees with its brute-force gradient ({self.failed}; tolerance "
-                f"{CLIP_RTOL:g}): the per-example clipping is broken")
+                f"{CLIP_RTOL:g}, the step's own computations {self.step_rtol:g}): the per-example clipping "
+                f"is broken")
 
 
 # --------------------------------------------------------------------------- all together

@@ -260,9 +260,45 @@ def pack_rounds(data, indices: np.ndarray, micro_batch: int, replicas: int,
 
 
 # --------------------------------------------------------------------------- user-level (patients)
+class PatientGroupingError(RuntimeError):
+    """The patient groups are not one sampling unit per patient (a patient split over several
+    groups has sensitivity above C): training is refused before any step."""
+
+
 def group_rows(patient_keys) -> "PatientGroups":
-    """Group row indices by patient key (``dpbert.data.splits.patient_key`` of each row)."""
-    return PatientGroups.from_keys(patient_keys)
+    """Group row indices by patient key (``dpbert.data.splits.patient_key`` of each row), then
+    :func:`check_patient_groups` against those keys: a grouping that splits a patient is refused."""
+    groups = PatientGroups.from_keys(patient_keys)
+    check_patient_groups(groups, patient_keys)
+    return groups
+
+
+def check_patient_groups(groups: "PatientGroups", patient_keys):
+    """Raise :class:`PatientGroupingError` unless every group's rows share one patient key, no
+    patient key is in two groups, no row is in two groups and every row is in a group (each
+    patient is ONE sampling unit: the clipped unit is its summed gradient, sensitivity C). Checked
+    from the rows' own keys, independently of how the groups were built. The messages name no
+    key, no row and no count (they are logged)."""
+    keys = [str(k) for k in patient_keys]
+    owner: Dict[str, int] = {}
+    seen = np.zeros(len(keys), np.int64)
+    for g, rows in enumerate(groups.members):
+        rows = np.asarray(rows, np.int64)
+        if rows.size == 0 or rows.min() < 0 or rows.max() >= len(keys):
+            raise PatientGroupingError("a patient group is empty or names a row that does not exist")
+        np.add.at(seen, rows, 1)
+        group_keys = {keys[int(r)] for r in rows}
+        if len(group_keys) != 1:
+            raise PatientGroupingError("a patient group holds the rows of 2 or more patient keys")
+        if owner.setdefault(group_keys.pop(), g) != g:
+            raise PatientGroupingError("a patient key is in 2 groups: one patient would be 2 sampling units "
+                                       "(sensitivity 2C, not the C the privacy record charges)")
+    if np.any(seen > 1):
+        raise PatientGroupingError("a row is in 2 patient groups")
+    if np.any(seen == 0):
+        raise PatientGroupingError("a row is in no patient group")
+    if len(np.unique(np.asarray(groups.ids, np.uint64))) != len(groups.members):
+        raise PatientGroupingError("two patient groups share one patient id")
 
 
 class PatientGroups:

@@ -21,6 +21,14 @@ Sampler (claims Poisson at q):
 Released diagnostics:
   ``exact_release``         the exact sums released (no noise)
   ``scaled_release(f)``     noise at f × the claimed std
+Clipping (a factor may be a tf.Variable: 1.0 honest, switched later without a new trace):
+  ``piece_clipped_at(f, match)``  the clipping path (``clip()``, so the step too) clips the pieces
+                            whose name matches at f·C, the others at C
+  ``step_clips_at(f)``      the step's accumulate clips at f·C; ``clip()`` itself is honest
+Step log and patients:
+  ``LostUpdateStepLog``     the step log loses one write-ahead update (the file one short)
+  ``PlainWriteStepLog``     the step log written by a plain write (a stale holder can lower it)
+  ``split_patient``         the patient grouping splits one patient's rows into two groups
 """
 from __future__ import annotations
 
@@ -30,7 +38,9 @@ from typing import Callable, Iterable
 import numpy as np
 import tensorflow as tf
 
-from dpbert.model import dpsgd, sampling
+from dpbert import storage
+from dpbert.model import dpsgd, ghost, sampling
+from dpbert.model.engine import chain as chain_lib
 from dpbert.privacy import diagnostics
 
 Step = dpsgd.DPSGDTrainStep
@@ -187,6 +197,97 @@ def scaled_release(factor: float):
 def exact_release():
     """The exact sums released (no noise at all)."""
     return scaled_release(0.0)
+
+
+# --------------------------------------------------------------------------- clipping
+def _ghost_sum(step: Step, inputs, loss_fn, example_mask, clip_norm, training):
+    grads, losses, norms, outputs = ghost.clipped_gradient_sum(
+        step.model, inputs, loss_fn, example_mask, clip_norm, training=training,
+        group_size=int(step.config.group_size), selection=step.selection, static_shapes=step.config.jit_compile)
+    return [tf.convert_to_tensor(g) for g in grads], losses, norms, outputs
+
+
+def piece_clipped_at(factor, match: Callable[[str], bool]):
+    """``clip()`` (which the step calls too) clips the trained pieces whose name ``match``es at
+    factor·C (a second ghost pass at factor·C supplies them), every other piece at C."""
+    real = Step.clip
+
+    def clip(step, inputs, loss_fn, example_mask, training=True):
+        grads, losses, norms, outputs = real(step, inputs, loss_fn, example_mask, training)
+        loose = _ghost_sum(step, inputs, loss_fn, example_mask, factor * step.config.clip_norm, training)[0]
+        return ([wide if match(name) else g for g, wide, name in zip(grads, loose, piece_names(step))],
+                losses, norms, outputs)
+
+    return patched(Step, clip=clip)
+
+
+def step_clips_at(factor):
+    """The step's accumulate (``_compute``) clips every unit at factor·C; ``clip()``, which the
+    run-time check used to replay, is untouched."""
+    real = Step._compute
+
+    def compute(step, batch, round_index):
+        step.clip = lambda inputs, loss_fn, mask, training=True: _ghost_sum(
+            step, inputs, loss_fn, mask, factor * step.config.clip_norm, training)
+        try:
+            return real(step, batch, round_index)
+        finally:
+            del step.clip
+
+    return patched(Step, _compute=compute)
+
+
+# --------------------------------------------------------------------------- step log
+class LostUpdateStepLog(chain_lib.StepLog):
+    """Loses the write-ahead update of its ``lose``-th charge (1-based): the file stays one short
+    of the steps that ran (what a stale holder's write after a lease takeover does)."""
+
+    lose = 2
+
+    def __init__(self, *args, **kwargs):
+        self.charges = 0
+        super().__init__(*args, **kwargs)
+
+    def charge(self):
+        self.charges += 1
+        if self.charges != self.lose:
+            return super().charge()
+        self.data["steps_executed"] = self.count + 1  # counted in memory, never written
+        return None
+
+
+class PlainWriteStepLog(chain_lib.StepLog):
+    """Writes its count with a plain write (no compare-and-swap): whatever is stored is replaced."""
+
+    def _write(self):
+        if self.uri is not None:
+            storage.write_json(self.uri, self.data)
+
+
+def use_step_log(cls):
+    """The training chain hands out step logs of ``cls`` (a broken fixture above)."""
+    def step_log(chain, start_step, accounted_sigma):
+        return cls(chain.uri if chain.chief else None, start_step, accounted_sigma,
+                   checkpoint_executed=chain.checkpoint_executed() if chain.chief else None)
+
+    return patched(chain_lib.TrainingChain, step_log=step_log)
+
+
+# --------------------------------------------------------------------------- patients
+def split_patient():
+    """The patient grouping (``PatientGroups.from_keys``) splits the first patient with two or more
+    rows into two groups (two sampling units: that patient's sensitivity is 2C)."""
+    real = sampling.PatientGroups.from_keys.__func__
+
+    def from_keys(cls, patient_keys):
+        groups = real(cls, patient_keys)
+        members, ids = list(groups.members), list(groups.ids)
+        at = next(i for i, rows in enumerate(members) if rows.size >= 2)
+        members[at:at + 1] = [members[at][:1], members[at][1:]]
+        ids[at:at + 1] = [ids[at], ids[at] ^ np.uint64(1)]
+        return cls(members, np.asarray(ids, np.uint64))
+
+    return patched(sampling.PatientGroups, from_keys=classmethod(from_keys))
 
 
 def all_of(contexts: Iterable):

@@ -208,12 +208,19 @@ def test_no_false_alarm_at_the_production_level_over_many_honest_looks():
 
 
 # ------------------------------------------------------------------------------ 3 + 4 on the real step
+def _query_bias(name: str) -> bool:
+    return "attention/query/bias" in name
+
+
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory):
     """One tiny dropout-free BERT and one real step (ghost clipping) whose ghost norms can be
     broken on purpose: ``ln_keep`` = 0 drops every LayerNorm's term from the norm (the clip
-    factor uses the wrong norm), ``norm_scale`` scales the norms the path returns."""
+    factor uses the wrong norm), ``norm_scale`` scales the norms the path returns, ``piece_clip``
+    clips the attention query bias at that many C in ``clip()`` (``broken.piece_clipped_at``),
+    ``step_clip`` clips at that many C in the step's accumulate only (``broken.step_clips_at``)."""
     ln_keep, norm_scale = tf.Variable(1.0, trainable=False), tf.Variable(1.0, trainable=False)
+    piece_clip, step_clip = tf.Variable(1.0, trainable=False), tf.Variable(1.0, trainable=False)
     real_ln = ghost.REGISTRY[tf_keras.layers.LayerNormalization]
     real_sum = ghost.clipped_gradient_sum
 
@@ -226,7 +233,8 @@ def rig(tmp_path_factory):
         grads, losses, norms, outputs = real_sum(*args, **kwargs)
         return grads, losses, norms * norm_scale, outputs
 
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, broken.piece_clipped_at(piece_clip, _query_bias), \
+            broken.step_clips_at(step_clip):
         mp.setitem(ghost.REGISTRY, tf_keras.layers.LayerNormalization, ln)
         mp.setattr(ghost, "clipped_gradient_sum", scaled)
         spec = bert_lib.BertSpec(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
@@ -238,7 +246,8 @@ def rig(tmp_path_factory):
                                        loss_fn=loss_fn, metrics_fn=metrics_fn,
                                        noise_probe=integrity.make_noise_probe(models.mlm.trainable_variables, seed=3))
         out = types.SimpleNamespace(stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB),
-                                    ln_keep=ln_keep, norm_scale=norm_scale)
+                                    ln_keep=ln_keep, norm_scale=norm_scale, piece_clip=piece_clip,
+                                    step_clip=step_clip)
         _run(out, tmp_path_factory.mktemp("trace"), 1)  # traces the step and the check with the patches
     return out  # the traced functions keep the switchable ghost; the module's ghost is restored
 
@@ -301,6 +310,32 @@ def test_clipping_check_passes_the_real_ghost_path_and_catches_broken_norms(rig,
         finally:
             variable.assign(1.0)
     assert not json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["clipping"]["passed"]
+
+
+@pytest.mark.parametrize("control", ["2C_on_one_piece", "2C_in_the_step_only"])
+def test_clipping_check_catches_2c_on_one_small_piece_and_2c_in_the_step_only(rig, tmp_path, control):
+    """Positive controls that the whole-vector comparison of ``clip()`` passes: 2C on the attention
+    query bias alone (a few 1e-6 of the unit's norm: caught per piece), and 2C in the step's own
+    accumulate while ``clip()`` is honest (caught by the replay of the step's accumulate)."""
+    variable, key = (rig.piece_clip, "clipped_piece") if control == "2C_on_one_piece" else (rig.step_clip, "summed")
+    variable.assign(2.0)
+    try:
+        # The rig's clip() is broken in its traced check only (an eager check calls today's clip());
+        # the step's replay runs the traced step, eager check or not. train_mlm below: both paths.
+        for eager in (True, False) if control == "2C_in_the_step_only" else (False,):
+            rig.stepper._integrity_checks_made = 0
+            with pytest.raises(IntegrityCheckFailed, match=rf"clipping.*{key} relative error") as failure:
+                _run(rig, tmp_path, 1, every=2 if eager else 1)
+    finally:
+        variable.assign(1.0)
+    saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["clipping"]
+    errors = saved["max_relative_error"]
+    assert errors["clipped"] < integrity.CLIP_RTOL  # what the whole-vector comparison of clip() saw
+    if control == "2C_on_one_piece":
+        assert errors["clipped_piece"] > 0.5 and _query_bias(saved["worst_piece"]["clipped_piece"])
+        assert _query_bias(str(failure.value))
+    else:
+        assert errors["clipped_piece"] < 1e-5 and errors["summed"] > 0.5 and errors["summed_norm"] > 0.5
 
 
 def test_clipping_check_per_patient_with_dropout_on(tmp_path):

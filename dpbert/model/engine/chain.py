@@ -6,7 +6,8 @@ the directory may be local, ``gs://…`` or ``ram://…``::
     dp_steps.json       the STEP LOG: DP steps EXECUTED in this chain, written BEFORE each step runs
     run_config.json     the privacy-relevant parameters; a resume with different ones is refused
     shuffle_key.json    the secret key of the shuffle stream (shuffle sampling only)
-    checkpoints/        tf.train.CheckpointManager: model, optimizer (its step counter), dp_step
+    checkpoints/        tf.train.CheckpointManager: model, optimizer (its step counter), dp_step;
+                        steps_executed.json: the step log's count when each checkpoint was saved
     model/, saved_model/ (training.export_saved_model), tensorboard/, train_result.json,
     integrity_checks.json
     resume_key.json, charge_basis.json, dp_count.json, budget_refusal.json (the trainer stage)
@@ -14,13 +15,16 @@ the directory may be local, ``gs://…`` or ``ram://…``::
 Three ledgers, named apart: the chain's write-ahead count is the **step log**
 (``schema.STEP_LOG_FILE``; a state directory written before it was named so keeps its
 ``schema.STEP_LOG_LEGACY_FILE``, read when present so it resumes); the accountant's ε composition
-is the **privacy ledger** (``dpbert.privacy.accountant.ledger``); the per-dataset record is the
+is the **privacy ledger** (``dpbert.accounting.accountant.ledger``); the per-dataset record is the
 **dataset ledger** (``schema.DATASET_LEDGER_FILE``).
 
 Step counting across crashes: the checkpoint holds the optimizer's ``iterations`` and ``dp_step``,
 so a resumed run continues at the checkpoint's step and stops at the planned total. Steps executed
 after the last checkpoint and lost in a crash were still computed on private data; the step log
-counts them (``TrainResult.steps_taken_total``, what the accountant charges, is its count).
+counts them (``TrainResult.steps_taken_total``, what the accountant charges, is its count). The
+step log is written by compare-and-swap and its count never decreases; the count at each
+checkpoint is also kept beside it, and a resume refuses a step log that counts fewer steps than
+the checkpoint it resumes from (:class:`StepLogBehind`: it lost an update).
 
 The lock is a lease object, not ``flock``: it works on object stores, and a crashed holder's lease
 expires after ``LOCK_TTL_S`` so the next run takes the chain over. Two runs started into one
@@ -103,24 +107,59 @@ def state_lock(uri, ttl_s: float = LOCK_TTL_S, clock=None):
 
 
 # --------------------------------------------------------------------------- the step log
+#: Beside the checkpoints: the step log's count when each checkpoint was saved (written just
+#: before it), ``{"<checkpoint number>": steps executed}``; removed with the checkpoints.
+CHECKPOINT_STEPS_FILE = "steps_executed.json"
+#: Checkpoint records kept (the CheckpointManager keeps 3 checkpoints).
+CHECKPOINT_RECORDS_KEPT = 5
+
+
+class StepLogBehind(RuntimeError):
+    """The chain's step log counts fewer DP steps than the checkpoint a run resumes from (its step,
+    or the count recorded when it was saved): a lost update. The resume is refused (fail closed):
+    charging the chain from that log would charge too few steps."""
+
+
+class StepLogTakenOver(RuntimeError):
+    """Another run wrote the chain's step log between two of this run's write-ahead entries (this
+    run's lease was taken over): this run stops; its entry is kept (the count only grows)."""
+
+
 class StepLog:
     """The write-ahead count of DP steps executed in a chain. The chief reads it (the step log, or
-    a legacy ``dp_ledger.json``), raises it to the checkpoint's step, records the σ every step is
-    charged at, and rewrites it BEFORE each step (:meth:`charge`); a non-chief only counts."""
+    a legacy ``dp_ledger.json``), refuses one that counts fewer steps than the checkpoint it
+    resumes from (``start_step``, and ``checkpoint_executed``: the count recorded when that
+    checkpoint was saved; :class:`StepLogBehind`), records the σ every step is charged at, and
+    counts one more step BEFORE each step runs (:meth:`charge`); a non-chief only counts.
 
-    def __init__(self, state: Optional[str], start_step: int, accounted_sigma: Optional[float] = None):
+    Every write is a compare-and-swap (``storage.update_json``) whose new count is the stored
+    count or this run's, whichever is larger, plus its step: the stored count never decreases,
+    so a stale holder's write after a lease takeover cannot lower it. Each write carries this
+    log's token and sequence number, so a write retried after a lost reply is applied once."""
+
+    def __init__(self, state: Optional[str], start_step: int, accounted_sigma: Optional[float] = None,
+                 checkpoint_executed: Optional[int] = None):
         # state None: a non-chief worker (the chief's step log is the record).
+        self.state = state
         self.uri = None if state is None else storage.join(state, schema.STEP_LOG_FILE)
         if state is None:
             self.data = {"steps_executed": int(start_step)}
             return
         self.data = read_step_log(state) or {"steps_executed": 0}
-        self.data["steps_executed"] = max(int(self.data.get("steps_executed", 0)), int(start_step))
+        self.data.pop("writer", None)
+        floor = max(int(start_step), int(checkpoint_executed or 0))
+        if self.count < floor:
+            raise StepLogBehind(
+                f"{step_log_file(state) or self.uri}: the step log counts {self.count} DP steps executed, fewer than "
+                f"the {floor} of the checkpoint this run would resume from (a lost update); refusing to resume: "
+                f"this chain would be charged too few steps. Its checkpoints/{CHECKPOINT_STEPS_FILE} and the "
+                f"checkpoint hold the larger count")
         if accounted_sigma is not None:
             # The σ every executed step is charged at (a resume with another σ is refused), so the
             # ε a chain has spent can be read off its state directory after any stop.
             self.data["noise_multiplier_accounted"] = float(accounted_sigma)
-        self._write()
+        self._token, self._sequence = secrets.token_hex(8), 0
+        self._write(0)
         _drop_legacy(state)
 
     @property
@@ -129,16 +168,70 @@ class StepLog:
 
     def charge(self):
         """Count one more step, written before the step runs: a step that starts is charged."""
-        self.data["steps_executed"] = self.count + 1
-        self._write()
+        if self.uri is None:
+            self.data["steps_executed"] = self.count + 1
+            return
+        before = self.count
+        stored = self._write(1)
+        if stored > before:
+            raise StepLogTakenOver(f"{self.uri}: another run wrote this chain's step log (this run's lease was "
+                                   f"taken over); stopping. The step log keeps the larger count")
+
+    def _write(self, steps: int) -> int:
+        """Compare-and-swap: stored count ← max(stored, this log's) + ``steps``. Returns the count
+        that was stored before (another writer's, if any)."""
+        self._sequence += 1
+        writer, seen = [self._token, self._sequence], []
+
+        def update(stored):
+            if stored.get("writer") == writer:  # this very write landed already (retried after a lost reply)
+                return stored
+            seen.append(int(stored.get("steps_executed", 0)))
+            new = dict(stored, **self.data)
+            new["steps_executed"] = max(seen[-1], self.count) + int(steps)
+            new["writer"] = writer
+            return new
+
+        written = storage.update_json(self.uri, update)
+        self.data = {k: v for k, v in written.items() if k != "writer"}
+        return seen[-1] if seen else self.count - int(steps)
+
+    def record_checkpoint(self, number: int):
+        """Just before checkpoint ``number`` is saved: this log's count, kept beside the
+        checkpoints (``CHECKPOINT_STEPS_FILE``), so a resume from it refuses a step log that counts
+        fewer (a non-chief: nothing)."""
+        if self.uri is None:
+            return
+        count = self.count
+
+        def update(stored):
+            stored[str(int(number))] = max(int(stored.get(str(int(number)), 0)), count)
+            return {k: stored[k] for k in sorted(stored, key=int)[-CHECKPOINT_RECORDS_KEPT:]}
+
+        storage.update_json(storage.join(self.state, schema.CHECKPOINTS_DIR, CHECKPOINT_STEPS_FILE), update)
 
     def read(self) -> dict:
-        """The step log as stored (the chief's), else this process's count."""
-        return storage.read_json(self.uri) if self.uri is not None else dict(self.data)
+        """The step log as stored (the chief's, without its writer tag), else this process's count."""
+        if self.uri is None:
+            return dict(self.data)
+        return {k: v for k, v in storage.read_json(self.uri).items() if k != "writer"}
 
-    def _write(self):
-        if self.uri is not None:
-            storage.write_json(self.uri, self.data)
+
+def checkpoint_executed(state: str) -> Optional[int]:
+    """The step count recorded when the newest checkpoint was saved (:meth:`StepLog.record_checkpoint`);
+    None without a checkpoint or without any record (a chain checkpointed before they were kept).
+    A record file that lacks the newest checkpoint raises (fail closed)."""
+    number = _checkpoint_step(state)
+    if number == 0:
+        return None
+    uri = storage.join(state, schema.CHECKPOINTS_DIR, CHECKPOINT_STEPS_FILE)
+    records = storage.read_json(uri, default=None)
+    if records is None:
+        return None
+    if str(number) not in records:
+        raise StepLogBehind(f"{uri}: no step count recorded for the newest checkpoint ({number}); refusing to "
+                            f"resume without it")
+    return int(records[str(number)])
 
 
 def step_log_file(state: str) -> Optional[str]:
@@ -221,7 +314,8 @@ class TrainingChain:
         if store.exists(self.path(schema.SHUFFLE_KEY_FILE)):
             store.delete(self.path(schema.SHUFFLE_KEY_FILE))
         history = (old or {}).get("history", []) + ([{"steps_executed": old["steps_executed"]}] if old else [])
-        storage.write_json(self.step_log_path, {"steps_executed": 0, "history": history})
+        # A new chain: its count starts at 0, the old one kept under history (compare-and-swap).
+        storage.update_json(self.step_log_path, lambda _: {"steps_executed": 0, "history": history})
         _drop_legacy(self.uri)
 
     def shuffle_key(self, test_seed: Optional[int]) -> int:
@@ -237,7 +331,13 @@ class TrainingChain:
         return key
 
     def step_log(self, start_step: int, accounted_sigma: Optional[float]) -> StepLog:
-        return StepLog(self.uri if self.chief else None, start_step, accounted_sigma)
+        """The chain's step log (a resume from checkpoint ``start_step`` refuses one behind it)."""
+        if not self.chief:
+            return StepLog(None, start_step, accounted_sigma)
+        return StepLog(self.uri, start_step, accounted_sigma, checkpoint_executed=self.checkpoint_executed())
+
+    def checkpoint_executed(self) -> Optional[int]:
+        return checkpoint_executed(self.uri)
 
     def write_json(self, name: str, data):
         if self.chief:
@@ -268,7 +368,8 @@ def _checkpoint_step(state: str) -> int:
 def chain_state(state: str) -> Optional[dict]:
     """What a trainer state directory has done, from its files alone (no TensorFlow):
     ``{"state", "key", "non_private", "steps_executed", "checkpoint_step", "step_log"}`` — the step
-    log's count (every step ever started, lost ones included), the step of the newest checkpoint
+    log's count (every step ever started, lost ones included; never below the count recorded with
+    the newest checkpoint), the step of the newest checkpoint
     (where a re-run resumes; 0 without one) and the step log's URI. None when ``state`` holds no
     step log."""
     log_uri = step_log_file(state)
@@ -276,6 +377,10 @@ def chain_state(state: str) -> Optional[dict]:
         executed = int(storage.read_json(log_uri)["steps_executed"])
     except (OSError, KeyError, ValueError, TypeError, AttributeError):  # none (log_uri None), or unreadable
         return None
+    try:  # never below the count recorded with the newest checkpoint (a step log that lost an update)
+        executed = max(executed, checkpoint_executed(state) or 0)
+    except (StepLogBehind, OSError, KeyError, ValueError, TypeError, AttributeError):
+        pass
     try:
         stored = storage.read_json(storage.join(state, schema.RESUME_KEY_FILE), default=None) or {}
         key, non_private = stored.get("key"), (bool(stored["non_private"]) if "non_private" in stored else None)

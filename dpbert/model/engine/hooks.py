@@ -158,8 +158,12 @@ class CheckpointHook(Hook):
     def __init__(self, checkpoint: tf.train.Checkpoint, manager, every: int, last_saved: Optional[int]):
         self.checkpoint, self.manager, self.every, self.last_saved = checkpoint, manager, int(every), last_saved
 
-    def save(self, number: int):
+    def save(self, number: int, step_log=None):
+        """Checkpoint ``number``; the chief first records the step log's count beside it (a
+        resume from it refuses a step log that counts fewer steps: ``chain.StepLogBehind``)."""
         if self.manager is not None:
+            if step_log is not None:
+                step_log.record_checkpoint(number)
             self.manager.save(checkpoint_number=number)
         else:
             with tempfile.TemporaryDirectory(prefix="dpbert-worker-ckpt-") as tmp:
@@ -171,8 +175,8 @@ class CheckpointHook(Hook):
 
     def on_step(self, loop, step, rounds, stats, sampled):
         if step % self.every == 0:
-            self.save(step)
+            self.save(step, loop.step_log)
 
     def on_end(self, loop):
         if self.last_saved != loop.step:
-            self.save(loop.step)
+            self.save(loop.step, loop.step_log)
