@@ -9,7 +9,8 @@ released (DP-covered)                                     covered by
   PretrainedModel    model/ (weights), tokenizer/,         ε_total (vocabulary + training: the
   (the DP model)     tensorboard/ (DP diagnostics only,    weights are trained on the DP vocabulary)
                      rewritten: no wall time, see below),
-                     dp_events.json
+                     dp_events.json, vocab_dp_event.json
+                     (the vocabulary's record and δ_T)
   PrivacyReport      privacy_report.json,                  ε_total (it is a function of the
                      privacy_statement.txt                 records above and public parameters)
   AuditReport        whitebox_audit.json: the white-box    ε_V (a function of the DP vocabulary,
@@ -47,6 +48,12 @@ remote bundle (``--to gs://…``; object storage has no rename) is written objec
 created only if absent, ``manifest.json`` last: a bundle is complete when its manifest exists, and
 on an error the objects written are deleted.
 
+The privacy a released model states (``PRIVACY_FIELDS``: ε, δ, ε_V, δ_V, ε_T, unit, adjacency,
+mechanisms — numbers and public names, no dataset id, path or count) is the manifest's, and ``dpbert
+export`` writes the same fields into the Hugging Face folder's model card and ``config.json``:
+``run_privacy`` (a run: the accountant's recorded ledger) or ``records_privacy`` (a model artifact
+by its path: the same ledger recomputed from the records that travel with it).
+
 ``released_view`` is the same boundary for the run report (``dpbert report --released``): an
 allow-list of the report's DP values; everything computed on private data without noise (the
 non-private model's losses and NER rows, exposures, membership inference, timings) is dropped.
@@ -67,6 +74,11 @@ MANIFEST_FILE = "manifest.json"
 AUDIT_FILE = "audit/audit.json"
 #: The one name of a released TensorBoard event file (no time, host or process id in it).
 TENSORBOARD_EVENTS_FILE = "events.out.tfevents.0.dpbert"
+#: ``dpbert.stages.pretrain.VOCAB_DP_EVENT_FILE`` (tested equal; not imported: that module loads the
+#: trainer): the vocabulary's DP record and δ_T in the model artifact.
+VOCAB_DP_EVENT_FILE = "vocab_dp_event.json"
+#: The vocabulary records that read no private data without noise (a DP histogram, a public vocabulary).
+DP_VOCABULARY_MECHANISMS = ("dp_histogram", "public")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +97,7 @@ RELEASED = (
                                         schema.TOKEN_SOURCES_FILE),
                  "epsilon_vocab", "vocabulary", required=("vocab.txt",)),
     ReleasedPart(schema.PRETRAINED_MODEL, (schema.MODEL_DIR, schema.TOKENIZER_DIR, schema.TENSORBOARD_DIR,
-                                           schema.DP_EVENTS_FILE), "epsilon_total", "model",
+                                           schema.DP_EVENTS_FILE, VOCAB_DP_EVENT_FILE), "epsilon_total", "model",
                  required=(schema.MODEL_DIR,)),
     ReleasedPart(schema.PRIVACY_REPORT, ("privacy_report.json", "privacy_statement.txt"), "epsilon_total",
                  "privacy", required=("privacy_report.json",)),
@@ -134,6 +146,10 @@ MANIFEST_NUMBERS = {"epsilon": schema.EPSILON_TOTAL_PLD, "delta": schema.DELTA,
                     "epsilon_train": schema.EPSILON_TRAIN}
 
 
+#: The privacy fields a released model states: the manifest's numbers, unit, adjacency, mechanisms.
+PRIVACY_FIELDS = tuple(MANIFEST_NUMBERS) + ("unit", "adjacency", "mechanisms")
+
+
 def exact_ledger(report) -> Dict[str, Any]:
     """The ledger's properties with its privacy numbers exact: as read (``dpbert.metadata``: exact
     unless flagged ``<name>_approx``, a run written before ML Metadata held exact strings), else
@@ -163,6 +179,68 @@ def _adjacency(run, report) -> str:
         raise ReleaseError(f"run {run.run_id}: its privacy report names no adjacency (neighbouring relation); "
                            "re-run the accountant with this dpbert")
     return adjacency
+
+
+def mechanisms(vocab_record, train_records) -> List[str]:
+    """The ``mechanism`` of each record, the vocabulary's first, each once (``public``: a public
+    vocabulary, no private data read)."""
+    out: List[str] = []
+    for record in ([vocab_record] if vocab_record else []) + list(train_records or []):
+        name = record.get("mechanism") if isinstance(record, dict) else None
+        if isinstance(name, str) and name not in out:
+            out.append(name)
+    return out
+
+
+def _read_record(uri: str):
+    """A JSON record file of an artifact (None when missing or not JSON)."""
+    try:
+        return schema.loads(storage.read_text(uri))
+    except (OSError, ValueError):
+        return None
+
+
+def _run_records(run, report):
+    """(vocabulary record, training records) of a run: those the accountant composed (its
+    ``privacy_report.json``), else the released artifacts' ``dp_event.json`` / ``dp_events.json``."""
+    recorded = _recorded_report(report)
+    vocab, trains = recorded.get("vocab_event"), recorded.get("train_events")
+    if vocab is None:
+        artifact = _released_artifact(run, schema.DP_VOCABULARY)
+        vocab = None if artifact is None else _read_record(storage.join(artifact.uri, "dp_event.json"))
+    if trains is None:
+        artifact = _released_artifact(run, schema.PRETRAINED_MODEL)
+        trains = None if artifact is None else _read_record(storage.join(artifact.uri, schema.DP_EVENTS_FILE))
+    return vocab, trains if isinstance(trains, list) else [trains] if isinstance(trains, dict) else []
+
+
+def _privacy_fields(run, report, ledger: Dict[str, Any], unit: str) -> Dict[str, Any]:
+    fields = {name: ledger.get(key) for name, key in MANIFEST_NUMBERS.items()}
+    fields.update(unit=unit, adjacency=_adjacency(run, report), mechanisms=mechanisms(*_run_records(run, report)))
+    approximate = sorted(name for name, key in MANIFEST_NUMBERS.items() if ledger.get(key + schema.APPROX_SUFFIX))
+    if approximate:  # rounded by ML Metadata and not in privacy_report.json: said, not hidden
+        fields["approximate"] = approximate
+    return fields
+
+
+def run_privacy(run) -> Dict[str, Any]:
+    """``PRIVACY_FIELDS`` of a run that may be released: the accountant's recorded ledger (exact),
+    its adjacency, the mechanisms of its records. ReleaseError as ``write_bundle`` refuses."""
+    report, ledger, _, unit = _checked_ledger(run)
+    return _privacy_fields(run, report, ledger, unit)
+
+
+def records_privacy(vocab_record, train_records, training_delta: float) -> Dict[str, Any]:
+    """``PRIVACY_FIELDS`` recomputed from a model artifact's own records (``dpbert export MODEL``):
+    the ledger the PrivacyAccountant composes (``accountant.ledger`` at δ = δ_V + δ_T,
+    ``ledger_delta``), so a model exported by its path states what its run's manifest states."""
+    from dpbert.accounting.accountant import ledger as compose
+    from dpbert.privacy.composition import ledger_delta
+
+    ledger = compose(vocab_record, train_records, ledger_delta(vocab_record, training_delta))
+    fields = {name: ledger.get(key) for name, key in MANIFEST_NUMBERS.items()}
+    fields.update(unit=ledger["unit"], adjacency=ledger["adjacency"], mechanisms=mechanisms(vocab_record, train_records))
+    return fields
 
 
 def audit_record(run) -> Optional[Dict[str, Any]]:
@@ -520,7 +598,8 @@ def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
         "epsilon_vocab": {"epsilon": ledger.get(schema.EPSILON_VOCAB), "delta": ledger.get(schema.DELTA_VOCAB)},
         "epsilon_total": {"epsilon": epsilon, "delta": ledger.get(schema.DELTA)},
     }
-    adjacency = _adjacency(run, report)
+    privacy = _privacy_fields(run, report, ledger, unit)
+    adjacency = privacy["adjacency"]
     copies = _plan(run, report)
     contents = ((relative, data, {"path": relative, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                                   "covered_by": covered_by, **coverage[covered_by], "unit": unit,
@@ -528,12 +607,7 @@ def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
                 for relative, data, covered_by in _contents(copies, audit_record(run)))
 
     def manifest_of(files: List[Dict[str, Any]]) -> Dict[str, Any]:
-        manifest = {"run_id": run.run_id, "pipeline": run.pipeline, "unit": unit, "adjacency": adjacency,
-                    **{name: ledger.get(key) for name, key in MANIFEST_NUMBERS.items()}, "files": files}
-        approximate = sorted(name for name, key in MANIFEST_NUMBERS.items() if ledger.get(key + schema.APPROX_SUFFIX))
-        if approximate:  # rounded by ML Metadata and not in privacy_report.json: said, not hidden
-            manifest["approximate"] = approximate
-        return manifest
+        return {"run_id": run.run_id, "pipeline": run.pipeline, **privacy, "files": files}
 
     return (_write_remote if remote else _write_local)(bundle_dir, contents, manifest_of)
 

@@ -4,23 +4,30 @@
 
 The model is found as ``dpbert release`` finds it: a run (``--output DIR`` / ``--metadata FILE``,
 ``--run ID``; default the latest run of ``demo_output``): its DP ``PretrainedModel`` artifact, the
-run's privacy ledger saying the run is DP (finite ε, within budget). Or MODEL, a path: the
-trainer's artifact folder (``model/`` + ``tokenizer/`` + ``dp_events.json``), the ``model/``
-folder inside one, or a run's output folder. A model folder is DP only if the ``dp_events.json``
-next to it records no non-private stage; without one nothing shows that it is DP. That file covers
-the training only: whether the vocabulary was DP is in the run's ledger, which the run form checks.
+run's privacy ledger saying the run is DP (finite ε, within budget: ``release.run_privacy``). Or
+MODEL, a path: the trainer's artifact folder (``model/`` + ``tokenizer/`` + ``dp_events.json`` +
+``vocab_dp_event.json``), the ``model/`` folder inside one, or a run's output folder (the run
+form). A model folder is DP only if BOTH records next to it say so: ``dp_events.json`` (the
+training) records no non-private stage, and ``vocab_dp_event.json`` (the vocabulary's record, which
+the trainer copies there) is a DP histogram's or a public vocabulary's; without either nothing shows
+that it is DP. Its privacy fields are recomputed from those records (``release.records_privacy``).
+Its charge is the trainer's: the dataset ledger reserved the training before it ran.
+``--tokenizer DIR`` in either form is DP only if its ``vocab.txt`` is the model's own.
 
-A non-DP model (the non-private baseline, a predictable noise seed, ε = ∞, over budget, or no
-record) is refused unless ``--allow-private``; then the export is marked operator-only
-(``dpbert_private`` in ``config.json`` and a ``PRIVATE-operator-only.txt`` file). Every path may be
-remote (``gs://``): files go through ``dpbert.storage``. Everything is read and checked before the
-first file is written.
+A non-DP model (the non-private baseline, an exact-count vocabulary, a predictable noise seed,
+ε = ∞, over budget, or no record) is refused unless ``--allow-private``; then the export is marked
+operator-only (``dpbert_private`` in ``config.json``, a ``PRIVATE-operator-only.txt`` file and a model
+card saying so). A DP export carries a model card (``README.md``) and ``config.json``'s
+``dpbert_privacy`` with the release manifest's privacy fields (``dpbert.model.hf_layout``). Every
+path may be remote (``gs://``): files go through ``dpbert.storage``. Everything is read and checked
+before the first file is written.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import posixpath
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from dpbert import exit_codes, schema, storage
 from dpbert_cli.commands import UserError
@@ -63,24 +70,79 @@ def _join(*parts: str) -> str:
 
 
 # ------------------------------------------------------------------------------ finding the model
-def _events_privacy(path: str) -> Optional[str]:
-    """Why the model next to ``path`` (its ``dp_events.json``) is not shown DP, or None when it is."""
-    if not _exists(path):
-        return f"there is no {schema.DP_EVENTS_FILE} next to it: nothing shows it was trained with DP"
+@dataclasses.dataclass
+class Source:
+    """What ``find_model`` found: the model and tokenizer folders, why the model is not shown DP
+    (None when it is) and its privacy fields (``dpbert.release.PRIVACY_FIELDS``; None when not DP)."""
+    model_dir: str
+    tokenizer_dir: str
+    why: Optional[str]
+    privacy: Optional[Dict[str, Any]] = None
+
+
+def _read_json(path: str, what: str):
     try:
-        records = schema.loads(_store(path).read_bytes(path).decode("utf-8"))
+        return schema.loads(_store(path).read_bytes(path).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not a DP event record list ({err})") from None
+        raise UserError(f"{path}: not {what} ({err})") from None
+
+
+def _training_records(path: str) -> Tuple[Optional[list], Optional[str]]:
+    """(the training records in ``dp_events.json``, why they do not show DP training or None)."""
+    if not _exists(path):
+        return None, f"there is no {schema.DP_EVENTS_FILE} next to it: nothing shows it was trained with DP"
+    records = _read_json(path, "a DP event record list")
     records = records if isinstance(records, list) else [records]
     if not records or not all(isinstance(r, dict) for r in records):
         raise UserError(f"{path}: not a DP event record list")
     if any(r.get("mechanism") == "non_private" for r in records):
-        return f"{path} records a non-private stage (ε = ∞)"
-    return None
+        return None, f"{path} records a non-private stage (ε = ∞)"
+    return records, None
 
 
-def _folder_source(path: str, tokenizer: Optional[str]) -> Tuple[str, str, Optional[str]]:
-    """(model dir, tokenizer dir, why not DP or None) of a model folder or artifact folder."""
+def _artifact_privacy(artifact: str) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+    """(why the model artifact is not shown DP or None, its privacy fields): DP training
+    (``dp_events.json``) AND a DP or public vocabulary (``vocab_dp_event.json``, written by the
+    trainer), composed as the accountant composes them (``release.records_privacy``)."""
+    from dpbert import release
+
+    records, why = _training_records(_join(artifact, schema.DP_EVENTS_FILE))
+    if why is not None:
+        return why, None
+    path = _join(artifact, release.VOCAB_DP_EVENT_FILE)
+    if not _exists(path):
+        return f"there is no {release.VOCAB_DP_EVENT_FILE} next to it: nothing shows its vocabulary is DP", None
+    basis = _read_json(path, "the vocabulary's DP record")
+    vocab = basis.get("vocab_event") if isinstance(basis, dict) else None
+    mechanism = vocab.get("mechanism") if isinstance(vocab, dict) else None
+    if mechanism not in release.DP_VOCABULARY_MECHANISMS:
+        return f"{path}: the vocabulary is not DP (mechanism {mechanism!r}: exact counts, a predictable noise " \
+               "seed or no record)", None
+    try:
+        privacy = release.records_privacy(vocab, records, float(basis["training_delta"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"{path}: its records cannot be accounted ({err})") from None
+    if not (isinstance(privacy["epsilon"], float) and math.isfinite(privacy["epsilon"])):
+        return f"{artifact}: ε = ∞", None
+    return None, privacy
+
+
+def _tokenizer(given: Optional[str], artifact: str, why: Optional[str]) -> Tuple[str, Optional[str]]:
+    """(the tokenizer folder, why not DP): a ``--tokenizer`` folder is DP only if its vocab.txt is
+    the artifact's own (the one its records cover); any other vocabulary could be an exact one."""
+    from dpbert.vocab.wordpiece import VOCAB_FILE
+
+    own = _join(artifact, schema.TOKENIZER_DIR)
+    if given is None:
+        return own, why
+    mine, theirs = _join(own, VOCAB_FILE), _join(given, VOCAB_FILE)
+    same = _exists(mine) and _exists(theirs) and _store(mine).read_bytes(mine) == _store(theirs).read_bytes(theirs)
+    return given, why if same else why or (f"--tokenizer {given} is not the vocabulary the model's DP record "
+                                           "covers (its tokenizer/): nothing shows it is DP")
+
+
+def _folder_source(path: str, tokenizer: Optional[str]) -> Source:
+    """The model of a model folder or of a trainer's artifact folder."""
     from dpbert.model.bert import MODEL_CONFIG_FILE
 
     if _exists(_join(path, MODEL_CONFIG_FILE)):
@@ -90,27 +152,14 @@ def _folder_source(path: str, tokenizer: Optional[str]) -> Tuple[str, str, Optio
     else:
         raise UserError(f"MODEL {path}: no {MODEL_CONFIG_FILE} in it or in its {schema.MODEL_DIR}/ (give the "
                         "trainer's model artifact folder, its model/ folder, or a run's output folder)")
-    return (model_dir, tokenizer or _join(artifact, schema.TOKENIZER_DIR),
-            _events_privacy(_join(artifact, schema.DP_EVENTS_FILE)))
+    why, privacy = _artifact_privacy(artifact)
+    tokenizer_dir, why = _tokenizer(tokenizer, artifact, why)
+    return Source(model_dir, tokenizer_dir, why, privacy if why is None else None)
 
 
-def _run_privacy(run) -> Optional[str]:
-    """Why the run is not DP (its ledger: ε = ∞ or over budget), or None."""
-    ledger = next((a.properties for a in run.artifacts(schema.type_name(schema.PRIVACY_REPORT))
-                   if not a.private), None)
-    if ledger is None:
-        return f"run {run.run_id} has no privacy report"
-    epsilon = ledger.get(schema.EPSILON_TOTAL_PLD)
-    if ledger.get(schema.NON_PRIVATE) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon):
-        return f"run {run.run_id} is not differentially private (ε = ∞)"
-    if ledger.get(schema.WITHIN_BUDGET) in (False, 0):
-        return f"run {run.run_id} is over its privacy budget"
-    return None
-
-
-def _run_source(args, output: Optional[str]) -> Tuple[str, str, Optional[str]]:
-    """(model dir, tokenizer dir, why not DP or None) of the run's model: the DP one when it has one."""
-    from dpbert import metadata
+def _run_source(args, output: Optional[str]) -> Source:
+    """The run's model: its DP one, checked as ``dpbert release`` checks the run (its ledger)."""
+    from dpbert import metadata, release
     from dpbert_cli.commands import open_metadata_store
 
     try:
@@ -122,13 +171,19 @@ def _run_source(args, output: Optional[str]) -> Tuple[str, str, Optional[str]]:
     dp = [a for a in models if not a.private and not a.properties.get(schema.NON_PRIVATE)]
     if not models:
         raise UserError(f"run {run.run_id} has no trained model (PretrainedModel)")
-    why = _run_privacy(run) if dp else f"run {run.run_id} has only a non-private model"
+    why, privacy = f"run {run.run_id} has only a non-private model", None
+    if dp:
+        try:
+            why, privacy = None, release.run_privacy(run)
+        except release.ReleaseError as err:
+            why = str(err)
     artifact = (dp or models)[0].uri
-    return _join(artifact, schema.MODEL_DIR), args.tokenizer or _join(artifact, schema.TOKENIZER_DIR), why
+    tokenizer_dir, why = _tokenizer(args.tokenizer, artifact, why)
+    return Source(_join(artifact, schema.MODEL_DIR), tokenizer_dir, why, privacy if why is None else None)
 
 
-def find_model(args) -> Tuple[str, str, Optional[str]]:
-    """(model dir, tokenizer dir, why the model is not shown DP or None) named by the arguments."""
+def find_model(args) -> Source:
+    """The model named by the arguments, and whether it is shown DP (every form checks it)."""
     if args.model and (args.output or args.metadata):
         raise UserError("give MODEL or --output / --metadata, not both")
     if args.model and not _exists(args.model):
@@ -175,18 +230,22 @@ def cmd_export(args) -> int:
     from dpbert.model import hf_layout
 
     _check_target(args.target)
-    model_dir, tokenizer_dir, why = find_model(args)
+    source = find_model(args)
+    model_dir, tokenizer_dir, why = source.model_dir, source.tokenizer_dir, source.why
     if why is not None and not args.allow_private:
         raise UserError(f"{why}: refused (a model that is not shown DP is operator-only; --allow-private "
                         "exports it marked private)")
     models = hf_layout.load_dpbert(model_dir)
+    privacy = {"differentially_private": False} if why is not None else {"differentially_private": True,
+                                                                          **source.privacy}
     files = hf_layout.hf_files(models, _tokenizer_files(tokenizer_dir, models.spec),
-                               {"dpbert_private": why is not None})
+                               {"dpbert_private": why is not None, hf_layout.PRIVACY_KEY: privacy},
+                               card=hf_layout.model_card(models.spec, source.privacy if why is None else None))
     if why is not None:
         files[PRIVATE_FILE] = PRIVATE_TEXT.encode("utf-8")
     hf_layout.write_files(args.target, files)
     summary = {"to": args.target, "model": model_dir, "tokenizer": tokenizer_dir, "files": sorted(files),
-               "private": why is not None, "architecture": hf_layout.ARCHITECTURE}
+               "private": why is not None, "architecture": hf_layout.ARCHITECTURE, "privacy": privacy}
     if args.json:
         print_json(summary)
     else:
@@ -195,4 +254,9 @@ def cmd_export(args) -> int:
               f"hidden {spec.hidden_size}, vocabulary {spec.vocab_size}): {', '.join(sorted(files))}")
         if why is not None:
             print(f"PRIVATE (operator-only): {why}")
+        else:
+            from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
+
+            print(f"differentially private: ε = {fmt_epsilon(privacy['epsilon'])}, δ = {fmt_delta(privacy['delta'])} "
+                  f"per {privacy['unit']} ({privacy['adjacency']}); stated in {hf_layout.CARD_FILE} and config.json")
     return exit_codes.OK

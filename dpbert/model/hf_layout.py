@@ -27,6 +27,11 @@ Semantics kept exactly (what an HF reader computes with ``attention_mask = ids !
 
 ``config.json`` also carries the whole ``BertSpec`` under ``dpbert_spec`` (HF keeps unknown keys as
 attributes), so a round trip rebuilds the same model (``max_predictions``, dropout, preset).
+
+An export states its privacy twice, with the same values: the model card ``README.md``
+(``model_card``) and ``config.json``'s ``dpbert_privacy`` — the release manifest's fields
+(``dpbert.release.PRIVACY_FIELDS``: ε, δ, unit, adjacency, mechanisms), nothing that names the
+data (no dataset id, no path, no count).
 """
 from __future__ import annotations
 
@@ -42,6 +47,9 @@ WEIGHTS_FILE = "model.safetensors"
 HIDDEN_ACT = "gelu"
 #: config.json's key for the dpbert ``BertSpec`` (ignored by HF readers).
 SPEC_KEY = "dpbert_spec"
+#: config.json's key for the privacy fields (the model card's, the release manifest's).
+PRIVACY_KEY = "dpbert_privacy"
+CARD_FILE = "README.md"
 #: HF's prefix of the encoder's tensors in a ``BertForMaskedLM`` checkpoint.
 ENCODER_PREFIX = "bert."
 HEAD_BIAS, DECODER_BIAS = "cls.predictions.bias", "cls.predictions.decoder.bias"
@@ -296,9 +304,49 @@ def read_hf_checkpoint(directory: str) -> Tuple[dict, Dict[str, np.ndarray]]:
     return config, canonical_names(tensors, weights_path)
 
 
-def hf_files(models, tokenizer_files: Dict[str, bytes], extra_config: Optional[dict] = None) -> Dict[str, bytes]:
+_CARD_HEAD = """---
+library_name: transformers
+pipeline_tag: fill-mask
+tags:
+- bert
+- differential-privacy
+- dpbert
+---
+
+"""
+
+
+def model_card(spec: bert_lib.BertSpec, privacy: Optional[dict]) -> str:
+    """``README.md`` of an export: the architecture and ``privacy`` (the release manifest's fields)
+    as a table — ε rounded up (``fmt_epsilon``), δ with ``fmt_delta`` (≥ 6 significant digits,
+    rounded up). ``privacy`` None: the model is not shown DP (operator-only, never to be released)."""
+    from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
+
+    shape = (f"{ARCHITECTURE}: {spec.num_layers} layers, hidden size {spec.hidden_size}, {spec.num_heads} heads, "
+             f"a vocabulary of {spec.vocab_size} tokens, {spec.max_seq_length} positions.")
+    if privacy is None:
+        return _CARD_HEAD + (f"# NOT differentially private: operator-only\n\n{shape}\n\nNothing shows that this "
+                             "model or its vocabulary was trained with differential privacy. It was exported with "
+                             "--allow-private. Never release it.\n")
+    unit, adjacency = privacy["unit"], privacy["adjacency"]
+    rows = [("ε (vocabulary + training, composed)", fmt_epsilon(privacy["epsilon"])),
+            ("δ", fmt_delta(privacy["delta"])), ("privacy unit", unit), ("adjacency", adjacency),
+            ("mechanisms", ", ".join(privacy["mechanisms"])),
+            ("ε of the vocabulary", f"{fmt_epsilon(privacy['epsilon_vocab'])} at δ = {fmt_delta(privacy['delta_vocab'])}"),
+            ("ε of the training", fmt_epsilon(privacy["epsilon_train"]))]
+    table = "\n".join(["| | |", "|---|---|"] + [f"| {name} | {value} |" for name, value in rows])
+    return _CARD_HEAD + (
+        f"# BERT pre-trained with differential privacy (dpbert)\n\n{shape}\n\n## Privacy\n\n{table}\n\n"
+        f"The weights and the vocabulary (vocab.txt, tokenizer.json) together are (ε, δ)-differentially private "
+        f"with respect to one {unit} ({adjacency}), as stated above (ε and δ rounded up). The same values, "
+        f"exact, are in config.json under {PRIVACY_KEY}.\n")
+
+
+def hf_files(models, tokenizer_files: Dict[str, bytes], extra_config: Optional[dict] = None,
+             card: Optional[str] = None) -> Dict[str, bytes]:
     """Every file of the HF directory, by name: ``config.json``, ``model.safetensors``, the
-    tokenizer files given (``vocab.txt``, ``tokenizer.json``) and the tokenizer configs."""
+    tokenizer files given (``vocab.txt``, ``tokenizer.json``), the tokenizer configs and the model
+    card ``card`` (``README.md``) when given."""
     import json
 
     from safetensors.numpy import save
@@ -308,6 +356,8 @@ def hf_files(models, tokenizer_files: Dict[str, bytes], extra_config: Optional[d
     files = {CONFIG_FILE: dump(config), WEIGHTS_FILE: save(to_hf_tensors(models), metadata={"format": "pt"})}
     files.update(tokenizer_files)
     files.update({name: dump(obj) for name, obj in tokenizer_configs(models.spec).items()})
+    if card is not None:
+        files[CARD_FILE] = card.encode("utf-8")
     return files
 
 

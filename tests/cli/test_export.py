@@ -1,15 +1,19 @@
 """`dpbert export` (in-process): a model saved by save_bert in the trainer's artifact layout is
 written in the Hugging Face BertForMaskedLM layout, which an independent numpy BertForMaskedLM
-reads to dpbert's logits; a model not shown DP is refused unless --allow-private (marked private)."""
+reads to dpbert's logits; a model whose training OR vocabulary is not shown DP is refused in every
+argument form unless --allow-private (marked private); a DP export states the release manifest's
+privacy fields in its model card and config.json, and nothing that names the data."""
 import json
 import shutil
 
 import numpy as np
 import pytest
 
-from dpbert import exit_codes, schema
+from dpbert import exit_codes, metadata, release, schema
 from dpbert.model import bert as bert_lib
-from dpbert.privacy import events
+from dpbert.model import hf_layout
+from dpbert.privacy import events, histogram
+from dpbert.privacy.numbers import fmt_delta
 from dpbert_cli.export import PRIVATE_FILE
 from dpbert_cli.main import main
 from tests.dashboard import fakestore
@@ -17,11 +21,17 @@ from tests.model.test_hf_export import hf_mlm_logits, read_hf
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "patient", "fever", "heart", "rate", "the", "of", "##s"]
 HF_FILES = {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json"}
+            "special_tokens_map.json", "README.md"}
+TRAINING_DELTA = 1.0001e-05
 
 
-def _write_artifact(directory, dp=True, seed=0):
-    """The trainer's artifact layout: model/ (save_bert, tiny preset), tokenizer/, dp_events.json."""
+def vocab_record(dp=True):
+    return events.histogram_event(histogram.histogram_report(10.0, 1e-9, 32)) if dp else events.non_private_event("vocab")
+
+
+def _write_artifact(directory, dp=True, seed=0, vocab_dp=True):
+    """The trainer's artifact layout: model/ (save_bert, tiny preset), tokenizer/, dp_events.json,
+    vocab_dp_event.json (the vocabulary's record: a DP histogram's, or exact counts')."""
     from dpbert.vocab import wordpiece
 
     spec = bert_lib.BertSpec(vocab_size=len(VOCAB), max_seq_length=16, max_predictions=3, preset="tiny",
@@ -37,6 +47,8 @@ def _write_artifact(directory, dp=True, seed=0):
     shutil.rmtree(directory / "vocab_src")
     record = events.dpsgd_event(1.1, 16, 2000, 10) if dp else events.non_private_event("train")
     (directory / schema.DP_EVENTS_FILE).write_text(events.to_json([record]))
+    (directory / release.VOCAB_DP_EVENT_FILE).write_text(events.to_json(
+        {"vocab_event": vocab_record(vocab_dp), "training_delta": TRAINING_DELTA}))
     return models
 
 
@@ -68,6 +80,11 @@ def test_export_of_an_artifact_folder(artifact, tmp_path, capsys):
     _assert_logits_match(models, out)
     config = json.loads((out / "config.json").read_text())
     assert config["dpbert_private"] is False and config["architectures"] == ["BertForMaskedLM"]
+    # the privacy fields: the records that travel with the model, composed as the accountant does
+    expected = release.records_privacy(vocab_record(), [events.dpsgd_event(1.1, 16, 2000, 10)], TRAINING_DELTA)
+    assert config[hf_layout.PRIVACY_KEY] == {"differentially_private": True, **expected}
+    assert expected["mechanisms"] == ["dp_histogram", "dp_sgd"] and expected["delta"] > TRAINING_DELTA
+    _assert_card_states(out, expected, forbidden=[str(directory), str(tmp_path)])
     assert (out / "tokenizer.json").read_bytes() == (directory / schema.TOKENIZER_DIR / "tokenizer.json").read_bytes()
     assert (out / "vocab.txt").read_text().split() == VOCAB
 
@@ -91,9 +108,66 @@ def test_a_private_model_is_refused_unless_allowed(tmp_path, capsys):
     assert "non-private" in err and "--allow-private" in err and not out.exists()
     assert _export(directory, "--to", out, "--allow-private") == exit_codes.OK
     assert "PRIVATE" in capsys.readouterr().out
-    assert json.loads((out / "config.json").read_text())["dpbert_private"] is True
-    assert (out / PRIVATE_FILE).exists()
+    config = json.loads((out / "config.json").read_text())
+    assert config["dpbert_private"] is True and config[hf_layout.PRIVACY_KEY] == {"differentially_private": False}
+    assert (out / PRIVATE_FILE).exists() and "operator-only" in (out / "README.md").read_text()
     _assert_logits_match(models, out)
+
+
+def _assert_card_states(out, privacy, forbidden):
+    """The card states ε, δ (fmt_delta), unit, adjacency and mechanisms; config.json holds the same
+    values; neither names a forbidden string (a local path, a dataset id)."""
+    card = (out / "README.md").read_text()
+    assert f"| δ | {fmt_delta(privacy['delta'])} |" in card and f"| privacy unit | {privacy['unit']} |" in card
+    assert f"| adjacency | {privacy['adjacency']} |" in card and ", ".join(privacy["mechanisms"]) in card
+    assert "| ε (vocabulary + training, composed) |" in card
+    config = (out / "config.json").read_text()
+    assert not [f for f in forbidden if f in card or f in config], "the export names the data"
+
+
+def test_the_card_check_catches_a_card_that_names_the_data(artifact, tmp_path):
+    # positive control: a card whose unit names a local path fails the check
+    directory, models = artifact
+    privacy = release.records_privacy(vocab_record(), [events.dpsgd_event(1.1, 16, 2000, 10)], TRAINING_DELTA)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "README.md").write_text(hf_layout.model_card(models.spec, {**privacy, "mechanisms": [str(directory)]}))
+    with pytest.raises(AssertionError, match="names the data"):
+        _assert_card_states(out, {**privacy, "mechanisms": [str(directory)]}, forbidden=[str(directory)])
+
+
+@pytest.mark.parametrize("vocab_dp, dp, message", [
+    (False, True, "the vocabulary is not DP"),     # exact WordPiece of the corpus, DP training
+    (True, False, "non-private"),                    # DP vocabulary, non-private training
+])
+def test_the_path_form_refuses_a_model_whose_vocabulary_or_training_is_not_dp(tmp_path, capsys, vocab_dp, dp,
+                                                                              message):
+    directory = tmp_path / "artifact"
+    directory.mkdir()
+    _write_artifact(directory, dp=dp, vocab_dp=vocab_dp)
+    for model in (directory, directory / schema.MODEL_DIR):  # the artifact folder, its model/ folder
+        assert _export(model, "--to", tmp_path / "hf") == exit_codes.BAD_INPUT
+        assert message in capsys.readouterr().err and not (tmp_path / "hf").exists()
+
+
+def test_a_model_without_its_vocabulary_record_is_refused(artifact, tmp_path, capsys):
+    directory, _ = artifact
+    bare = tmp_path / "bare"
+    shutil.copytree(directory, bare)
+    (bare / release.VOCAB_DP_EVENT_FILE).unlink()
+    assert _export(bare, "--to", tmp_path / "hf") == exit_codes.BAD_INPUT
+    assert "nothing shows its vocabulary is DP" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_another_tokenizer_is_not_shown_dp(artifact, tmp_path, capsys):
+    directory, _ = artifact
+    other = tmp_path / "exact_vocab"
+    shutil.copytree(directory / schema.TOKENIZER_DIR, other)
+    (other / "vocab.txt").write_text("\n".join(VOCAB[:-1] + ["##ed"]) + "\n")
+    assert _export(directory, "--to", tmp_path / "hf", "--tokenizer", other) == exit_codes.BAD_INPUT
+    assert "--tokenizer" in capsys.readouterr().err and not (tmp_path / "hf").exists()
 
 
 def test_a_model_without_dp_record_is_refused(artifact, tmp_path, capsys):
@@ -119,7 +193,7 @@ def store(tmp_path_factory):
         shutil.rmtree(uri)
         uri.mkdir()
         models[run] = _write_artifact(uri, seed=3)
-    return {"path": str(base / "metadata.sqlite"), "models": models}
+    return {"path": str(base / "metadata.sqlite"), "models": models, "base": str(base)}
 
 
 def test_the_run_form_exports_the_runs_dp_model(store, tmp_path, capsys):
@@ -127,13 +201,23 @@ def test_the_run_form_exports_the_runs_dp_model(store, tmp_path, capsys):
     assert _export("--metadata", store["path"], "--run", fakestore.RELEASE_RUN, "--to", out) == exit_codes.OK
     _assert_logits_match(store["models"][fakestore.RELEASE_RUN], out)
     assert fakestore.RELEASE_SECRET not in capsys.readouterr().out
+    # the same privacy fields as the run's release manifest, in config.json and the card
+    run = metadata.get_run(metadata.open_store(store["path"]), fakestore.RELEASE_RUN)
+    manifest = release.write_bundle(run, str(tmp_path / "bundle"))
+    privacy = json.loads((out / "config.json").read_text())[hf_layout.PRIVACY_KEY]
+    assert privacy == {"differentially_private": True, **{k: manifest[k] for k in release.PRIVACY_FIELDS}}
+    assert privacy["epsilon"] == fakestore.RELEASE_EPSILON and privacy["mechanisms"] == ["dp_histogram", "dp_sgd"]
+    _assert_card_states(out, privacy, forbidden=[store["base"], fakestore.RELEASE_SECRET, run.run_id])
 
 
 @pytest.mark.parametrize("run, message", [(fakestore.NON_PRIVATE_RUN, "not differentially private"),
                                           (fakestore.OVER_BUDGET_RUN, "over its privacy budget")])
-def test_the_run_form_refuses_a_run_that_is_not_dp(store, tmp_path, capsys, run, message):
+@pytest.mark.parametrize("form", ["--metadata", "--output", "MODEL"])
+def test_the_run_form_refuses_a_run_that_is_not_dp(store, tmp_path, capsys, run, message, form):
     out = tmp_path / "hf"
-    assert _export("--metadata", store["path"], "--run", run, "--to", out) == exit_codes.BAD_INPUT
+    where = {"--metadata": ["--metadata", store["path"]], "--output": ["--output", store["base"]],
+             "MODEL": [store["base"]]}[form]
+    assert _export(*where, "--run", run, "--to", out) == exit_codes.BAD_INPUT
     err = capsys.readouterr().err
     assert message in err and fakestore.RELEASE_SECRET not in err and not out.exists()
 

@@ -62,6 +62,8 @@ def test_manifest_epsilon_is_the_accountants_and_lists_every_file(store, bundle)
     assert manifest["epsilon"] == ledger.properties[schema.EPSILON_TOTAL_PLD] == fakestore.RELEASE_EPSILON
     assert manifest["run_id"] == fakestore.RELEASE_RUN and manifest["unit"] == "tuple"
     assert manifest["adjacency"] == "add_or_remove_one"  # from privacy_report.json
+    # the privacy fields a released model states (the export's model card has the same)
+    assert set(release.PRIVACY_FIELDS) <= set(manifest) and manifest["mechanisms"] == ["dp_histogram", "dp_sgd"]
     assert json.loads((out / release.MANIFEST_FILE).read_text()) == manifest
     files = _files(out)
     listed = {f["path"]: f for f in manifest["files"]}
@@ -267,3 +269,17 @@ def test_released_view_of_the_richest_report_and_of_a_non_private_run(store, tmp
     non_private = release.released_view(build_report(_run(store, fakestore.NON_PRIVATE_RUN)))
     assert non_private["releasable"] is False and set(non_private) == {
         "run_id", "pipeline", "status", "view", "releasable", "operator_only_omitted", "privacy"}
+
+
+def test_the_model_artifacts_vocabulary_record_is_released_under_the_trainers_name(store, tmp_path):
+    from dpbert.stages.pretrain import VOCAB_DP_EVENT_FILE
+
+    assert release.VOCAB_DP_EVENT_FILE == VOCAB_DP_EVENT_FILE
+    run = _run(store, fakestore.RELEASE_RUN)
+    model = [a for a in run.artifacts(schema.type_name(schema.PRETRAINED_MODEL)) if not a.private][0]
+    Path(model.uri, VOCAB_DP_EVENT_FILE).write_text('{"vocab_event": {"mechanism": "dp_histogram"}}')
+    try:
+        manifest = release.write_bundle(run, str(tmp_path / "bundle"))
+    finally:
+        Path(model.uri, VOCAB_DP_EVENT_FILE).unlink()
+    assert f"model/{VOCAB_DP_EVENT_FILE}" in {f["path"] for f in manifest["files"]}
