@@ -307,14 +307,27 @@ def test_cli_compile_writes_the_pipeline_job(tmp_path, capsys):
     # (without --config: the demo preset, whose unit is the patient)
     (["--set", "privacy.epsilon_budget=8", "--set", "training.dataset_patients=null",
       "--set", "corpus.path=/gcs/b/notes.jsonl", "--set", "corpus.dataset_id=notes"], "training.dataset_patients"),
-    # a budget with the dataset ledger on this machine's disk: the steps' containers cannot share it
-    (["--set", "privacy.ledger=/home/me/ledgers"], "privacy.ledger must be a Cloud Storage folder"),
+    # a real dataset's budget with its ledger on this machine's disk: the steps' containers cannot share it
+    (["--set", "privacy.ledger=/home/me/ledgers", "--set", "corpus.path=/gcs/b/notes.jsonl",
+      "--set", "corpus.dataset_id=notes"], "privacy.ledger must be a Cloud Storage folder"),
 ])
 def test_cli_refuses_what_cannot_run_on_vertex(tmp_path, capsys, extra, needle):
     code, out = _compile_cli(tmp_path, *extra)
     assert code == 2
     assert needle in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_synthetic_corpus_compiles_without_a_cloud_storage_ledger(tmp_path, capsys, monkeypatch):
+    """Public data: its ledger is never a real one (dpbert.ledger.identity.synthetic_location),
+    so a local privacy.ledger is ignored, with one line saying so, not refused."""
+    from dpbert.ledger import identity
+
+    monkeypatch.setattr(identity, "_SAID", set())
+    code, out = _compile_cli(tmp_path, "--set", "privacy.ledger=/home/me/ledgers", "--set", "corpus.dataset_id=Ward7")
+    assert code == 0 and out.exists()
+    err = capsys.readouterr().err
+    assert "corpus.dataset_id ward7 is ignored" in err
 
 
 def test_cli_refuses_a_pipeline_root_outside_cloud_storage(tmp_path, capsys):
