@@ -71,8 +71,9 @@ import numpy as np
 
 from dpbert.model.engine.hooks import Hook
 from dpbert.privacy import one_run_audit as one_run
-from dpbert.privacy.whitebox_audit import (canary_projections, canary_sums, llr_scores,
-                                           max_reachable_lower_bound, probe_dims, whitebox_k_grid)
+from dpbert.privacy.whitebox_audit import (canary_projections, canary_sums, fdp_sigma_bound, llr_scores,
+                                           max_reachable_lower_bound, probe_dims,
+                                           weakest_detected_noise_factor, whitebox_k_grid)
 
 __all__ = [
     "DEFAULT_CANARY_DIMS", "demo_token_rows", "demo_spec", "choose_piece", "canary_rows",
@@ -320,9 +321,59 @@ def _run(rows, ids, keys, special_token_ids, vocab_size, model_config, tc, plan,
     return probe, info, event
 
 
-def _score(canaries: Canaries, observed: np.ndarray, q: float, sigma: float, grid, beta: float, delta: float):
+def _score(canaries: Canaries, observed: np.ndarray, plan, sigma: float, grid, beta: float, delta: float):
+    """(scores, result): the f-DP bound (``epsilon_lower_bound``, ``sigma_upper_bound``, the chosen
+    guess set) and, for reference, Steinke–Nasr–Jagielski's (``epsilon_lower_bound_snj``)."""
+    from dpbert.accounting.accountant import dpsgd_epsilon
+    from dpbert.privacy import fdp_audit
+
+    q, steps = plan.sampling_probability, plan.steps
     scores = llr_scores(canary_projections(canaries.key, observed, canaries.m, canaries.clip_norm), q, sigma)
-    return scores, one_run.audit_best_of(scores, canaries.included, grid, beta=beta, delta=delta)
+    snj = one_run.audit_best_of(scores, canaries.included, grid, beta=beta, delta=delta)
+    sigma_hat, counts = fdp_sigma_bound(scores, canaries.included, grid, beta, q, steps, sigma)
+    best = None if sigma_hat is None else fdp_audit.rejecting_set(
+        fdp_audit.dpsgd_blow_up_inverse(sigma_hat, q, steps), canaries.m, counts, beta)
+    if best is None:  # no evidence: report the most accurate guess set
+        best = max(range(len(counts)), key=lambda j: counts[j][1] / max(1, counts[j][0]))
+    lower = 0.0 if sigma_hat is None else float(dpsgd_epsilon(sigma_hat, q, steps, delta))
+    return scores, dict(epsilon_lower_bound=lower, sigma_upper_bound=sigma_hat, r=counts[best][0],
+                        v=counts[best][1], k_plus=grid[best][0], k_minus=grid[best][1],
+                        accuracy=counts[best][1] / counts[best][0] if counts[best][0] else float("nan"),
+                        epsilon_lower_bound_snj=float(snj["epsilon_lower_bound"]))
+
+
+def _power(m: int, plan, sigma: float, beta: float, grid, delta: float, upper: float) -> dict:
+    """What the audit can refute at these (m, q, T, σ, guesses): the f-DP bound with every guess
+    right, and the weakest noise break it is expected to detect (ideal scores, no cross-talk)."""
+    from dpbert.accounting.accountant import dpsgd_epsilon
+
+    q, steps = plan.sampling_probability, plan.steps
+    from dpbert.privacy.fdp_audit import dpsgd_sigma_bound
+
+    perfect = [(kp + km, kp + km) for kp, km in grid]
+    sigma_all_right = dpsgd_sigma_bound(m, perfect, beta, q, steps, sigma)
+    factor = weakest_detected_noise_factor(m, q, steps, sigma, beta, grid)
+    return dict(
+        max_reachable_lower_bound=0.0 if sigma_all_right is None else float(dpsgd_epsilon(sigma_all_right, q, steps,
+                                                                                            delta)),
+        max_reachable_lower_bound_snj=float(max_reachable_lower_bound(m, beta, delta, grid)),
+        weakest_detected_noise_factor=factor,
+        detects=(f"noise σ × {factor:g} (or less) on the audited piece would be detected: the expected f-DP bound "
+                 f"exceeds ε = {upper:.3f} (median of 5 simulated ideal runs)") if factor is not None else
+                "no noise reduction down to σ × 0.0 is expected to be detected at these (m, q, T, σ)",
+        cannot_detect=CANNOT_DETECT)
+
+
+#: The bound ``epsilon_lower_bound`` reports (module docstring).
+ESTIMATOR = ("f-DP one-run audit (Mahloujifar, Melis & Chaudhuri 2025) of the claimed DP-SGD trade-off curve "
+             "(σ, q, T): ε of the weakest rejected noise multiplier, Bonferroni over the pre-declared guesses")
+#: What the white-box audit cannot see (module docstring).
+CANNOT_DETECT = (
+    "noise between the detectable factor and the claimed σ",
+    "per-unit clipping of real rows and their patient grouping (canaries enter already of norm C)",
+    "the division by B, the masks, frozen pieces and trained pieces other than the audited one",
+    "the DP diagnostics and the vocabulary (not observed)",
+)
 
 
 # ----------------------------------------------------------------------------- the audit
@@ -330,7 +381,7 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
                    plan=None, patient_keys=None, example_ids=None, public: bool = False, canaries: int = 1000,
                    beta: float = 0.05, canary_dims: int = DEFAULT_CANARY_DIMS, seed: Optional[int] = None,
                    candidates=None, positive_control: bool = False, hooks=(), return_arrays: bool = False,
-                   **build_kwargs) -> Dict[str, object]:
+                   report_power: bool = True, **build_kwargs) -> Dict[str, object]:
     """Run the white-box one-run audit of the configured training (module docstring).
 
     ``token_ids`` ``[n, L]``, ``special_token_ids``, ``vocab_size``, ``model_config``,
@@ -350,7 +401,7 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
     piece, the guesses, ``dp_event`` (chargeable — ``dp_event_chargeable`` — unless the rows are
     public) and ``dp_release``, seconds; with ``positive_control`` the
     ``positive_control_*`` keys; with ``return_arrays`` the per-step arrays (private counts)."""
-    from dpbert.privacy.accountant import dpsgd_epsilon
+    from dpbert.accounting.accountant import dpsgd_epsilon
     from dpbert.privacy.plan import plan_training
 
     t_start = time.perf_counter()
@@ -386,15 +437,16 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
     t_train = time.perf_counter() - t0
     q, T, sigma, delta = plan.sampling_probability, plan.steps, float(tc.noise_multiplier), float(tc.delta)
     grid = whitebox_k_grid(m) if candidates is None else [tuple(c) for c in candidates]
-    scores, result = _score(cans, probe.observed, q, sigma, grid, beta, delta)
+    scores, result = _score(cans, probe.observed, plan, sigma, grid, beta, delta)
     upper = float(dpsgd_epsilon(sigma, q, T, delta))
     lower = float(result["epsilon_lower_bound"])
+    power = _power(m, plan, sigma, beta, grid, delta, upper) if report_power else {}
     unit = getattr(plan, "unit", "tuple")
     included = int(cans.included.sum())
     out: Dict[str, object] = dict(
-        epsilon_lower_bound=lower, epsilon_upper_bound=upper,
-        max_reachable_lower_bound=float(max_reachable_lower_bound(m, beta, delta, grid)),
-        consistent=bool(lower <= upper + 1e-9), canaries=m, confidence=1.0 - float(beta), beta=float(beta),
+        epsilon_lower_bound=lower, epsilon_upper_bound=upper, estimator=ESTIMATOR,
+        sigma_upper_bound=result["sigma_upper_bound"], epsilon_lower_bound_snj=result["epsilon_lower_bound_snj"],
+        **power, consistent=bool(lower <= upper + 1e-9), canaries=m, confidence=1.0 - float(beta), beta=float(beta),
         delta=delta, steps=int(T), q=float(q), expected_batch_size=float(plan.expected_batch_size),
         dataset_size=int(plan.dataset_size), sigma_claimed=sigma, clip_norm=float(tc.clip_norm),
         audited_unit=unit, max_contributions=int(getattr(plan, "max_contributions", 1)) if unit == "patient" else 1,
@@ -406,9 +458,11 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
         dp_event=event, dp_event_chargeable=not public, dp_release=AUDIT_RELEASE_NOTE, public_rows=bool(public),
         **info)
     if positive_control:
-        control_scores, control = _score(cans, probe.noiseless, q, sigma, grid, beta, delta)
+        control_scores, control = _score(cans, probe.noiseless, plan, sigma, grid, beta, delta)
         out.update(positive_control="the same run's sums read before the noise draw (noise off)",
                    positive_control_lower_bound=float(control["epsilon_lower_bound"]),
+                   positive_control_ratio=float(control["epsilon_lower_bound"]) / upper,
+                   positive_control_lower_bound_snj=control["epsilon_lower_bound_snj"],
                    positive_control_correct=int(control["v"]), positive_control_guesses=int(control["r"]),
                    positive_control_exceeds_upper_bound=bool(control["epsilon_lower_bound"] > upper))
     out["seconds"] = {"train": t_train, "total": time.perf_counter() - t_start}

@@ -55,6 +55,8 @@ from dpbert.privacy import one_run_audit as one_run
 __all__ = [
     "fwht", "probe_dims", "canary_layout", "whitebox_k_grid", "canary_vectors", "canary_sums",
     "canary_projections", "llr_scores", "max_reachable_lower_bound", "WHITEBOX_FRACTIONS",
+    "guess_counts", "fdp_sigma_bound", "simulate_scores", "noise_factor_detected", "weakest_detected_noise_factor",
+    "NOISE_FACTORS",
 ]
 
 
@@ -161,3 +163,64 @@ def max_reachable_lower_bound(m: int, beta: float = 0.05, delta: float = 0.0,
     m = int(m)
     candidates = one_run.default_k_grid(m) if candidates is None else candidates
     return _max_reachable(m, float(beta), float(delta), tuple((int(a), int(b)) for a, b in candidates))
+
+
+# ----------------------------------------------------------------------------- f-DP scoring
+def guess_counts(scores: np.ndarray, included: np.ndarray, candidates) -> list:
+    """(n_guess, n_correct) of each pre-declared (k₊, k₋): the guesses of ``guesses_from_scores``."""
+    truth = np.where(np.asarray(included, bool), 1, -1)
+    out = []
+    for kp, km in candidates:
+        g = one_run.guesses_from_scores(scores, kp, km)
+        out.append((int(np.count_nonzero(g)), int(np.count_nonzero(g * truth == 1))))
+    return out
+
+
+def fdp_sigma_bound(scores, included, candidates, beta: float, q: float, steps: int, sigma: float):
+    """(σ̂, counts): the f-DP one-run bound on the noise multiplier (``fdp_audit.dpsgd_sigma_bound``:
+    with probability >= 1 − β the audited release is no better than DP-SGD at σ̂; None: no evidence)."""
+    from dpbert.privacy import fdp_audit
+
+    counts = guess_counts(scores, included, candidates)
+    return fdp_audit.dpsgd_sigma_bound(len(included), counts, beta, q, steps, sigma), counts
+
+
+def simulate_scores(m: int, q: float, steps: int, sigma: float, noise_factor: float,
+                    rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
+    """(scores, included) of the IDEAL white-box audit of a release with noise σ·``noise_factor``
+    scored at the claimed σ: y_{t,i} = 1[i included and sampled at t] + N(0, (σ·factor)²), no
+    cross-talk, no real gradient."""
+    included = rng.random(int(m)) < 0.5
+    part = (rng.random((int(steps), int(m))) < q) & included
+    y = part + float(noise_factor) * float(sigma) * rng.standard_normal((int(steps), int(m)))
+    return llr_scores(y, q, sigma), included
+
+
+#: The noise scale factors the power scan tries, weakest break first.
+NOISE_FACTORS = tuple(round(1.0 - 0.05 * i, 2) for i in range(1, 21))
+
+
+def noise_factor_detected(factor: float, m: int, q: float, steps: int, sigma: float, beta: float, candidates,
+                          replicates: int = 5, seed: int = 0) -> bool:
+    """Whether the audit is expected to refute the claim (σ, q, T) when the release's noise is
+    σ·``factor``: the claim is rejected (``fdp_audit.claim_rejected``) at the median, over
+    ``replicates`` simulated ideal runs (``simulate_scores``), of each guess set's counts."""
+    from dpbert.privacy import fdp_audit
+
+    rng = np.random.default_rng([int(seed), int(round(factor * 1000))])
+    runs = [guess_counts(*simulate_scores(m, q, steps, sigma, factor, rng), candidates)
+            for _ in range(int(replicates))]
+    median = [tuple(int(x) for x in np.median(np.asarray(c), axis=0)) for c in zip(*runs)]
+    return fdp_audit.claim_rejected(fdp_audit.dpsgd_blow_up_inverse(float(sigma), float(q), int(steps)),
+                                    int(m), median, beta)
+
+
+def weakest_detected_noise_factor(m: int, q: float, steps: int, sigma: float, beta: float, candidates,
+                                  factors: Sequence[float] = NOISE_FACTORS, replicates: int = 5,
+                                  seed: int = 0) -> Optional[float]:
+    """The largest factor s < 1 (``factors``, tried from the weakest break down) whose release
+    with noise σ·s the audit is expected to refute (``noise_factor_detected``); None if none."""
+    for factor in sorted(factors, reverse=True):
+        if noise_factor_detected(factor, m, q, steps, sigma, beta, candidates, replicates, seed):
+            return float(factor)
+    return None
