@@ -153,16 +153,16 @@ def _snapshot(folder):
 
 
 class _NoCloudStorage:
-    """A storage spy: every gs:// access is recorded and fails."""
+    """A storage spy in the place of dpbert.storage's gs:// backend: every call is recorded and fails."""
 
-    def __init__(self, real):
-        self.real, self.touched = real, []
+    def __init__(self):
+        self.touched = []
 
-    def __call__(self, uri):
-        if str(uri).startswith("gs://"):
+    def __getattr__(self, name):
+        def refuse(uri=None, *args, **kwargs):
             self.touched.append(str(uri))
-            raise AssertionError(f"gs:// contacted: {uri}")
-        return self.real(uri)
+            raise AssertionError(f"gs:// contacted: {name} {uri}")
+        return refuse
 
 
 @pytest.mark.slow
@@ -172,11 +172,11 @@ def test_a_synthetic_rehearsal_compiled_for_a_real_dataset_completes_offline_ins
         compile_spec, tmp_path, monkeypatch, layout):
     """Compiled with a real corpus.dataset_id and a gs:// ledger: every task COMPLETEs with no
     gs:// access (a storage spy), and nothing is written outside ROOT (the parent's snapshot)."""
-    from dpbert import storage
+    from dpbert.storage import api
     from kubeflow.local_v2 import run_spec_locally
 
-    spy = _NoCloudStorage(storage.storage_for)
-    monkeypatch.setattr(storage, "storage_for", spy)
+    spy = _NoCloudStorage()
+    monkeypatch.setitem(api._SINGLETONS, "gs", spy)  # pylint: disable=protected-access
     spec = compile_spec(TINY + REAL_ID)
     parent = tmp_path / "parent"
     root = parent / "rehearsal"
