@@ -2,7 +2,11 @@
 
 Exit codes: 0 the audit is consistent with the accountant; 5 (``exit_codes.AUDIT_FAILED``) its
 lower bound exceeds the accountant's ε (the vocabulary test: the claimed (ε, δ) is refuted);
-2 bad configuration.
+3 (``OVER_BUDGET``) the audited run does not fit the dataset's remaining budget (refused before it
+trains); 2 bad configuration (``--no-charge`` on a user's corpus, no public or DP vocabulary there).
+
+The white-box audit is a DP-SGD run: it is reserved in the dataset's ledger before it trains and
+finalized after (``dpbert.stages.audit``); on a user's corpus its report is operator-only.
 """
 from __future__ import annotations
 
@@ -29,6 +33,13 @@ def add_audit_parser(sub):
     p.add_argument("--positive-control", action="store_true",
                    help="also score the same run's sums read BEFORE the noise (must exceed the claimed ε); not "
                         "private: refused on a user's corpus")
+    p.add_argument("--vocabulary-dir", metavar="DIR",
+                   help="the audited run's vocabulary: a DPVocabulary folder (dp_event.json a DP or public record), "
+                        "e.g. a run's DPVocabularyGen/vocabulary/N; required on a user's corpus unless "
+                        "vocab.source: public (never an exact WordPiece of private text)")
+    p.add_argument("--no-charge", action="store_true",
+                   help="do not reserve the audited run in the dataset's ledger: the embedded public corpus only "
+                        "(refused on a user's corpus: there the audit is a DP release)")
     p.add_argument("--confidence", type=float, default=0.95, help="1 − β of the bound (default 0.95)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_audit)
@@ -49,14 +60,36 @@ def cmd_audit(args) -> int:
     else:
         if args.canaries < 2:
             raise ValueError(f"--canaries must be >= 2, got {args.canaries}")
-        result = audit.audit_training(config, canaries=args.canaries, beta=beta,
-                                      positive_control=args.positive_control, progress=not args.json)
+        result = _audit_training(args, config, beta)
+        if result is None:
+            return exit_codes.OVER_BUDGET
         failed = not result["consistent"]
     if args.json:
         print_json(result)
     else:
         print(_summary(result, args.vocabulary))
     return exit_codes.AUDIT_FAILED if failed else exit_codes.OK
+
+
+def _audit_training(args, config, beta: float):
+    """The white-box audit, charged (``dpbert.stages.audit``); None when the dataset's ledger
+    refused it (the message printed)."""
+    from dpbert.accounting.gate import BudgetRefused
+    from dpbert.stages import audit
+    from dpbert_cli.commands import UserError
+    from dpbert_cli.output import print_error
+
+    if args.no_charge and not audit.is_embedded_corpus(config.corpus):
+        raise UserError("--no-charge: refused on a user's corpus (corpus.path): an audit on private rows is a "
+                        "DP-SGD release, always charged to the dataset's ledger")
+    tokenizer, vocabulary = audit.audit_vocabulary_source(config, args.vocabulary_dir)
+    try:
+        return audit.audit_training(config, tokenizer=tokenizer, vocabulary=vocabulary, canaries=args.canaries,
+                                    beta=beta, positive_control=args.positive_control, progress=not args.json,
+                                    charge=not args.no_charge)
+    except BudgetRefused as refused:
+        print_error("audit", refused)
+        return None
 
 
 def _ledger_epsilon_vocab(config):
@@ -103,7 +136,7 @@ def _summary(r, vocabulary: bool) -> str:
                      f"{r['positive_control_lower_bound']:.3f} "
                      f"({'detected' if r['positive_control_exceeds_upper_bound'] else 'NOT detected'})")
     lines.append(f"  {r['seconds']['total']:.0f} s")
-    if r.get("private"):
-        lines.append("  private: computed on the configured corpus (operator-only); the audited run is a DP "
-                     "release on it (dp_event)")
+    lines.append(f"  vocabulary: {r.get('vocabulary')}")
+    lines.append(f"  ledger: {'charged (entry ' + str(r['ledger_entry']) + ')' if r.get('charged') else 'not charged'}")
+    lines.append(f"  {'PRIVATE ' if r.get('private') else ''}{r.get('release')}")
     return "\n".join(lines)

@@ -18,11 +18,25 @@ so any rows give a valid audit; the real rows add the interference a real run ha
 * The DAG component (``components/audit.py``) audits on the EMBEDDED SYNTHETIC corpus (public
   code, public seed: ``corpus.synthetic``) tokenized with the run's DP vocabulary (released).
   Its outputs are post-processing of public data and released values: a released artifact.
-* ``dpbert audit`` audits on the configured corpus (the embedded one when none is configured),
-  tokenized with a WordPiece learnt from that corpus's EXACT word counts. On the embedded
-  corpus that is public; on a user's corpus the audited run is a DP-SGD run on private rows —
-  a DP release whose record (``dp_event``) is returned for the ledger — and the report is marked
-  ``private`` (operator-only: its vocabulary is not DP); ``--positive-control`` is refused there.
+* ``dpbert audit`` audits on the configured corpus (the embedded one when none is configured).
+  On the embedded corpus it may learn a WordPiece from the corpus's exact counts (public text).
+  On a user's corpus the audited run is DP-SGD on private rows — a DP release — so:
+
+  - its vocabulary is never one learnt from that corpus's exact counts (not DP): it is a DP
+    vocabulary already released and charged (``vocabulary_dir``: a DPVocabulary folder whose
+    ``dp_event.json`` is a DP histogram's or a public record; the vocabulary stage reserved it in
+    the dataset's ledger when it ran) or the public checkpoint's (``vocab.source: public``);
+  - its n is public (``training.dataset_size`` / ``training.dataset_patients``): the charged
+    record holds q = B/n, and a q from the exact count would reveal it;
+  - its DP-SGD record is RESERVED in the dataset's ledger (``dpbert.accounting.target``) before the first
+    step and finalized with the executed record after: over the budget nothing is trained
+    (``BudgetRefused``); a run that fails midway stays charged at its planned size. A corpus
+    without an identity (``corpus.dataset_id``) is refused;
+  - the report is operator-only (``private`` = 1, ``release`` says so) and
+    ``--positive-control`` is refused.
+
+  On the embedded corpus the same reservation is made in the synthetic corpus's ledger unless
+  ``charge=False`` (``--no-charge``), which a user's corpus refuses.
 
 Units beyond the planned n are not used (the first n, a public cut): the audited run's batches
 then have the configured expected size q·n, and the audit costs what the training costs plus the
@@ -37,8 +51,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from dpbert import schema
-from dpbert.config import Config, CorpusConfig
+from dpbert import schema, storage
+from dpbert.config import Config, ConfigError, CorpusConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +64,12 @@ DEFAULT_CANARIES = 10_000
 #: Vocabulary test trials on each of D and D′ (seconds on 2 cores at N = 256).
 DEFAULT_VOCAB_TRIALS = 100_000
 AUDIT_FILE = "audit.json"
+#: What the report of an audit on a user's corpus says about itself (``release``).
+OPERATOR_ONLY = ("operator-only: computed on the configured (private) corpus, never to be released; the "
+                 "audited run is a DP-SGD release on those rows, charged to the dataset's ledger")
+PUBLIC_ROWS = "public: computed on the embedded synthetic corpus (public rows)"
+#: The vocabulary records an audit on a user's corpus accepts (``dp_event.json``'s mechanism).
+DP_VOCABULARY_MECHANISMS = ("dp_histogram", "public")
 
 
 def is_embedded_corpus(corpus: CorpusConfig) -> bool:
@@ -73,7 +93,8 @@ class AuditRows:
 def audit_rows(config: Config, tokenizer=None, *, public_only: bool = False) -> AuditRows:
     """The audit's rows (module docstring). ``public_only``: the embedded synthetic corpus whatever
     ``corpus.path`` says (the DAG component). ``tokenizer``: the run's DP vocabulary; None learns a
-    WordPiece of ``vocab.size`` from the rows' exact counts."""
+    WordPiece of ``vocab.size`` from the rows' exact counts — public rows only (ConfigError on a
+    user's corpus: not DP, module docstring)."""
     from dpbert.data import corpus, splits, tuples
     from dpbert.vocab import wordpiece
 
@@ -82,6 +103,9 @@ def audit_rows(config: Config, tokenizer=None, *, public_only: bool = False) -> 
     word_tuples = list(tuples.corpus_tuples(docs, config.privacy.tuple_words))
     if not word_tuples:
         raise ValueError("the audit's corpus has no tuple (corpus.path / corpus.synthetic)")
+    if tokenizer is None and not is_embedded_corpus(corpus_config):
+        raise ConfigError("the audit's vocabulary would be a WordPiece of the user's corpus's exact counts (not DP): "
+                          "give a DP vocabulary already released (--vocabulary-dir) or set vocab.source: public")
     if tokenizer is None:
         histogram = collections.Counter(w for t in word_tuples for w in set(t.words))
         tokenizer = wordpiece.train_wordpiece(histogram.items(), vocab_size=config.vocab.size)
@@ -90,6 +114,76 @@ def audit_rows(config: Config, tokenizer=None, *, public_only: bool = False) -> 
     return AuditRows(np.asarray(ids, np.int32), [splits.patient_key(t) for t in word_tuples],
                      wordpiece.special_ids(tokenizer), size, [tokenizer.id_to_token(i) for i in range(size)],
                      not is_embedded_corpus(corpus_config))
+
+
+def audit_vocabulary_source(config: Config, vocabulary_dir: Optional[str] = None):
+    """(tokenizer or None, what it is) for ``audit_training`` (module docstring): the DPVocabulary
+    folder ``vocabulary_dir`` (its record checked), else on a user's corpus the public checkpoint's
+    vocabulary (``vocab.source: public``), else None (the embedded corpus's exact WordPiece: public).
+    ConfigError on a user's corpus without either."""
+    from dpbert.vocab import wordpiece
+
+    if vocabulary_dir is not None:
+        check_vocabulary_record(vocabulary_dir)
+        return wordpiece.load_tokenizer(vocabulary_dir), "the DP vocabulary given (--vocabulary-dir)"
+    if is_embedded_corpus(config.corpus):
+        return None, "a WordPiece of the embedded corpus's exact counts (public text)"
+    if config.vocab.source == "public":
+        from dpbert.vocab import public
+
+        return public.build_vocabulary("public", config.model.init_dir)[0], \
+            "the public checkpoint's vocabulary (vocab.source: public)"
+    raise ConfigError("dpbert audit on a user's corpus (corpus.path) needs a vocabulary that is not learnt from "
+                      "its exact counts: --vocabulary-dir DIR (a DP vocabulary a run on this dataset released) "
+                      f"or vocab.source: public (got vocab.source: {config.vocab.source})")
+
+
+def check_vocabulary_record(vocabulary_dir: str) -> dict:
+    """The vocabulary's ``dp_event.json`` record when it is a DP histogram's or a public one;
+    ConfigError naming the file otherwise (missing, exact counts, a predictable noise seed)."""
+    from dpbert.privacy import events
+
+    path = storage.join(vocabulary_dir, "dp_event.json")
+    if not storage.storage_for(path).exists(path):
+        raise ConfigError(f"{path} does not exist: nothing shows that vocabulary {vocabulary_dir} is DP")
+    try:
+        record = events.from_json(storage.read_text(path))
+    except ValueError as err:
+        raise ConfigError(f"{path}: not a DP event record ({err})") from None
+    mechanism = record.get("mechanism") if isinstance(record, dict) else None
+    if mechanism not in DP_VOCABULARY_MECHANISMS or record.get("stage") != "vocab":
+        raise ConfigError(f"{path} records mechanism {mechanism!r}, not a DP or public vocabulary "
+                          f"({', '.join(DP_VOCABULARY_MECHANISMS)}): refused")
+    return record
+
+
+def _output_uri(config: Config) -> str:
+    """Where the ledger entry says the audit ran (``<output_dir>/audit``, never a pipeline's root:
+    ``dpbert.accounting.target.run_of``); the audit writes nothing there."""
+    import uuid
+
+    return storage.join(config.pipeline.output_dir, "audit", "dpbert-audit", "whitebox", uuid.uuid4().hex[:12])
+
+
+def _reserve(config: Config, plan, rows: int, charge: bool, private: bool):
+    """Reserve the audited run's DP-SGD record (σ accounted as the trainer's, the plan's steps) in
+    the dataset's ledger BEFORE the first step; BudgetRefused over the budget. None when not charged
+    (``charge`` False: public rows only)."""
+    from dpbert.accounting.sigma import configured_sigma
+    from dpbert.accounting.target import ledger_target, reserve_event
+    from dpbert.model.engine.charges import training_record
+
+    if not charge:
+        if private:
+            raise ConfigError("an audit on a user's corpus (corpus.path) is a DP-SGD release on its rows: it is "
+                              "always charged to the dataset's ledger (no --no-charge)")
+        return None
+    target = ledger_target(config)
+    if target is None:
+        raise ConfigError("corpus.dataset_id is not set: an audit on a user's corpus is charged to the dataset's "
+                          "ledger, which needs the dataset's identity")
+    record = dict(training_record(configured_sigma(config.training), plan, rows, plan.steps), origin="audit")
+    return reserve_event(target, "dp_sgd", [record], _output_uri(config))
 
 
 def _first_units(rows: AuditRows, n_units: int, patient_unit: bool):
@@ -107,12 +201,15 @@ def _first_units(rows: AuditRows, n_units: int, patient_unit: bool):
 
 def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
                    canaries: int = DEFAULT_CANARIES, beta: float = 0.05, positive_control: bool = False,
-                   seed: Optional[int] = None, hooks=(), progress: bool = False) -> Dict[str, object]:
+                   seed: Optional[int] = None, hooks=(), progress: bool = False, charge: bool = True,
+                   vocabulary: Optional[str] = None) -> Dict[str, object]:
     """The white-box audit of ``config``'s DP-SGD training through the trainer's own loop
     (``dpbert.evaluate.whitebox.whitebox_audit`` keys) plus ``private`` (1 on a user's corpus),
-    ``corpus``, ``upper_bound_of`` and ``differs`` (what is not the configured run).
+    ``release`` (operator-only or public), ``charged`` and ``ledger_entry``, ``corpus``,
+    ``vocabulary`` (what ``tokenizer`` is), ``upper_bound_of`` and ``differs``.
 
-    ``positive_control``: also score the same run's sums before the noise — refused on a user's
+    ``charge``: reserve the run in the dataset's ledger before it trains and finalize it after
+    (module docstring); False only for public rows. ``positive_control``: also score the same run's sums before the noise — refused on a user's
     corpus (not private). ``progress``: the trainer's progress line (DP estimates only).
     ``epsilon_upper_bound`` is the accountant's ε of the GRADIENT release
     (σ, q, T) at δ_T: with ``training.dp_diagnostics`` the ledger's ε_T is larger, so comparing
@@ -132,6 +229,9 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
                          "user's corpus (corpus.path); run it on the embedded public corpus")
     patient_unit = config.privacy.unit == "patient"
     public_n = tc.dataset_patients if patient_unit else tc.dataset_size
+    if rows.private and public_n is None:
+        raise ConfigError(f"training.{'dataset_patients' if patient_unit else 'dataset_size'} is not set: an audit "
+                          "on a user's corpus needs a public n (its charged q = B/n would reveal the exact count)")
     units = len(set(rows.patient_keys)) if patient_unit else int(rows.token_ids.shape[0])
     plan = plan_for_config(config, int(public_n) if public_n is not None else units)
     token_ids, keys = _first_units(rows, plan.dataset_size, patient_unit)
@@ -140,12 +240,19 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
     log.info("audit: %d gradient canaries, %d steps, q = %.4g, σ = %s, unit %s, trainable %s (the configured loop)",
              canaries, plan.steps, plan.sampling_probability, tc.noise_multiplier, config.privacy.unit,
              ",".join(tc.trainable))
+    reservation = _reserve(config, plan, int(token_ids.shape[0]), charge, rows.private)
     report = whitebox_audit(token_ids, rows.specials, rows.vocab_size, mc, tc, plan=plan,
                             patient_keys=keys if patient_unit else None, public=not rows.private,
                             canaries=int(canaries), beta=beta, seed=seed, positive_control=positive_control,
                             hooks=hooks, mask_token_id=rows.specials.mask,
                             vocab_tokens=rows.vocab_tokens if minilm else None,
                             public_checkpoint_dir=mc.init_dir if minilm else None, progress=progress)
+    if reservation is not None:
+        from dpbert.accounting.target import finalize_event
+
+        finalize_event(reservation, [report["dp_event"]])
+    report.update(charged=reservation is not None, ledger_entry=None if reservation is None else str(reservation),
+                  release=OPERATOR_ONLY if rows.private else PUBLIC_ROWS, vocabulary=vocabulary)
     report["differs"] = _differs(config, tokenizer is not None)
     report["corpus"] = "configured corpus" if rows.private else "embedded synthetic corpus (public)"
     report["upper_bound_of"] = "the gradient release (σ, q, T) at δ_T, PLD accountant"
@@ -211,7 +318,7 @@ def run_audit(vocabulary_dir: str, report_dir: str, config: Config, *,
 
     report = audit_training(config, tokenizer=load_tokenizer(vocabulary_dir), public_only=True,
                             canaries=config.audit.canaries, beta=config.audit.beta, positive_control=True,
-                            seed=seed)
+                            seed=seed, charge=False, vocabulary="the run's DP vocabulary")
     storage.write_text(storage.join(report_dir, schema.WHITEBOX_AUDIT_FILE), schema.dumps(report))
     failure = None
     try:
