@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from dpbert.evaluate import whitebox as wb
-    from dpbert.privacy.accountant import noise_multiplier_for_target
+    from dpbert.accounting.accountant import noise_multiplier_for_target
 
     ids, vocab = wb.demo_token_rows()
     ids = ids[:ROWS]

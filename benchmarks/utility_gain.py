@@ -91,7 +91,7 @@ def _training_config(config, spec: str, sigma=None, seed=0, non_private=False):
 
 
 def _sigma_for(config, epsilon: float, trainable: str) -> float:
-    from dpbert.privacy import accountant
+    from dpbert.accounting import accountant
 
     tc = _training_config(config, trainable)
     return accountant.noise_multiplier_for_planned_target(dataclasses.replace(config, training=tc), epsilon)

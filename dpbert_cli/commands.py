@@ -11,6 +11,7 @@ import sys
 from typing import Optional
 
 from dpbert import exit_codes
+from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
 from dpbert.config import load_config
 from dpbert_cli.args import DEFAULT_PRESET
 from dpbert_cli.output import print_error, print_json
@@ -127,7 +128,7 @@ def privacy_verdict(err: BaseException):
     for any other failure. The verdicts' messages name checks and ε values, never raw text."""
     from dpbert.privacy.one_run_audit import AuditInconsistencyError
     from dpbert.privacy.event_check import IntegrityCheckFailed
-    from dpbert.ledger import BudgetRefused
+    from dpbert.accounting.gate import BudgetRefused
     from dpbert.stages.accountant import BudgetExceededError
 
     for cause in _causes(err):
@@ -271,7 +272,7 @@ def cmd_privacy_histogram(args) -> int:
 
 
 def cmd_privacy_dpsgd(args) -> int:
-    from dpbert.privacy.accountant import dpsgd_report
+    from dpbert.accounting.accountant import dpsgd_report
 
     unit = getattr(args, "unit", "tuple")
     if unit == "patient":
@@ -316,7 +317,7 @@ def cmd_budget(args) -> int:
     threshold can be passed at the declared size, the canaries fit it, the declared sizes against
     ``--corpus`` (operator-only: an exact count), an estimate of the training time here, and the
     dataset's remaining budget (``guard.remaining_budget``). ``--target-epsilon``: the σ instead."""
-    from dpbert.privacy.accountant import planned_ledger
+    from dpbert.accounting.accountant import planned_ledger
     from pipeline import guard
 
     config = load(args)
@@ -329,6 +330,10 @@ def cmd_budget(args) -> int:
         return _target_noise_multiplier(config, n, dp_count, args.target_epsilon, args.json,
                                         getattr(args, "target", "whole") or "whole")
     planned = planned_ledger(config, n, dp_count=dp_count)
+    dataset = guard.dataset_budget(config, planned, guard.charged_chain(config) if guard.public_dataset_size(config) else None)
+    if dataset is not None:  # the same gate and entries as dpbert run's guard and the reservation
+        planned["dataset"] = dataset
+        planned["within_budget"] = dataset["within_budget"]
     checks = budget_checks(config, planned, plan, getattr(args, "check_corpus", None))
     if args.json:
         print_json({**{k: v for k, v in planned.items() if k not in ("vocab_event", "train_events")}, **checks})
@@ -345,7 +350,7 @@ def epsilon_parts(planned: dict) -> dict:
     """The planned ε per privacy unit by part: ``vocabulary`` (ε_V), ``count`` (the DP count alone,
     at δ_T; 0 with a public n), ``training`` (ε_T: DP-SGD and the count composed), ``whole``
     (everything composed, PLD at the total δ)."""
-    from dpbert.privacy.accountant import ledger
+    from dpbert.accounting.accountant import ledger
 
     counts = [r for r in planned.get("train_events") or [] if r.get("mechanism") == "dp_count"]
     count = ledger(None, counts, planned["delta_train"])["epsilon_train"] if counts else 0.0
@@ -372,7 +377,7 @@ def budget_checks(config, planned: dict, plan, corpus_path: Optional[str] = None
 def budget_check_lines(checks: dict) -> list:
     parts = checks["epsilon_parts"]
     lines = [f"planned ε per {parts['unit']}: vocabulary {parts['vocabulary']:.4g}, count {parts['count']:.4g}, "
-             f"training {parts['training']:.4g}, whole run {parts['whole']:.4g} (PLD, δ = {parts['delta']:.3g})"]
+             f"training {parts['training']:.4g}, whole run {parts['whole']:.4g} (PLD, δ = {fmt_delta(parts['delta'])})"]
     vocabulary = checks["vocabulary_threshold"]
     lines.append("vocabulary: " + ("no DP vocabulary (vocab.source = public, or the non-private baseline)"
                                    if vocabulary is None else vocabulary["message"]))
@@ -389,8 +394,10 @@ def budget_check_lines(checks: dict) -> list:
         lines.append(f"training time on this machine: ≈ {_duration(estimate['seconds'])} for {estimate['steps']} steps "
                      f"(an ESTIMATE: {estimate['how']})")
     remaining = checks.get("remaining_budget")
-    lines.append("remaining budget of this dataset: " + ("unknown (no dataset ledger)" if remaining is None
-                                                          else f"ε {remaining:.4g}"))
+    lines.append("the dataset's budget gate still admits: " + (
+        "no budget (none configured or pinned)" if remaining is None else
+        f"{remaining['steps']} DP-SGD steps of this plan ({remaining['planned_steps']} planned; that run alone: "
+        f"ε_T = {fmt_epsilon(remaining['epsilon_train'])} at δ_T = {fmt_delta(remaining['delta_train'])})"))
     return lines
 
 
@@ -491,72 +498,20 @@ def _model_sizes(config):
         return None
 
 
-def noise_multiplier_for_whole_target(config, target_epsilon: float, n: int, dp_count: bool,
-                                      rtol: float = 2e-3) -> float:
-    """The smallest ``training.noise_multiplier`` σ (within relative ``rtol``) whose planned ledger
-    records a WHOLE-run ε (``epsilon_total_pld``: vocabulary, DP count and training composed) ≤
-    ``target_epsilon``. The whole-run ε decreases with σ towards what the vocabulary (and the DP
-    count) spend alone: a target at or below that is a ``ValueError`` naming their parameters.
-    Search: bracket by doubling / halving from the configured σ, then regula falsi (Illinois) on
-    log ε(log σ), keeping the upper end (it meets the target); each step is one planned ledger."""
-    import dataclasses
-    import math
-
-    from dpbert.privacy import accountant
-
-    cache = {}
-
-    def gap(sigma: float) -> float:  # log(whole ε / target): ≤ 0 meets the target
-        if sigma not in cache:
-            configured = dataclasses.replace(config, training=dataclasses.replace(config.training,
-                                                                                noise_multiplier=sigma))
-            whole = accountant.planned_ledger(configured, n, dp_count=dp_count)["epsilon_total_pld"]
-            cache[sigma] = math.log(whole / target_epsilon)
-        return cache[sigma]
-
-    if gap(1e3) >= 0:  # ε_T ≈ 0 at σ = 1000 (a larger σ underflows the RDP accountant)
-        raise ValueError(f"the whole-run ε cannot reach {target_epsilon:g}: the vocabulary"
-                         f"{' and the DP count' if dp_count else ''} alone spend ε = "
-                         f"{target_epsilon * math.exp(gap(1e3)):.4g} (raise vocab.sigma"
-                         f"{', training.count_noise_multiplier' if dp_count else ''}, or target the training "
-                         f"alone with --target training)")
-    lo = hi = max(float(config.training.noise_multiplier), 1e-2)
-    while gap(hi) > 0:
-        lo, hi = hi, hi * 2
-    while gap(lo) <= 0:
-        lo, hi = lo / 2, lo
-    a, b, fa, fb, side = math.log(lo), math.log(hi), gap(lo), gap(hi), 0  # fa > 0 ≥ fb
-    while b - a > math.log1p(rtol):
-        x = (a * fb - b * fa) / (fb - fa)
-        x = min(max(x, a + 1e-3 * (b - a)), b - 1e-3 * (b - a))
-        fx = gap(math.exp(x))
-        if fx <= 0:
-            b, fb = x, fx
-            fa = fa / 2 if side == -1 else fa  # Illinois: the end kept twice has its value halved
-            side = -1
-        else:
-            a, fa = x, fx
-            fb = fb / 2 if side == 1 else fb
-            side = 1
-    hi = math.exp(b)
-    rounded = math.ceil(hi * 1e4) / 1e4
-    return rounded if gap(rounded) <= 0 else hi
-
-
 def _target_noise_multiplier(config, n: int, dp_count: bool, target_epsilon: float, as_json: bool,
                              target: str = "whole") -> int:
     """The ``training.noise_multiplier`` σ whose PLANNED ledger records ε ≤ ``target_epsilon``:
     ``target`` whole — the whole run's ε (``epsilon_total_pld``: vocabulary + DP count + training,
-    :func:`noise_multiplier_for_whole_target`); training — ε_T, the ledger's ``epsilon_train`` (PLD
+    ``accountant.noise_multiplier_for_whole_target``); training — ε_T, the ledger's ``epsilon_train`` (PLD
     at δ_T = training.delta: the DP-SGD steps at σ_eff, gradient + DP diagnostics, and the DP count
     when the run draws one). The printed numbers are ``planned_ledger`` at the printed σ; exit 3
     when that whole run is over ``privacy.epsilon_budget``."""
     import dataclasses
 
-    from dpbert.privacy import accountant
+    from dpbert.accounting import accountant
 
     if target == "whole":
-        sigma = noise_multiplier_for_whole_target(config, target_epsilon, n, dp_count)
+        sigma = accountant.noise_multiplier_for_whole_target(config, target_epsilon, n, dp_count)
     else:
         sigma = accountant.noise_multiplier_for_planned_target(config, target_epsilon, n, dp_count=dp_count)
     configured = dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=sigma))

@@ -20,6 +20,7 @@ import os
 from typing import Optional
 
 from dpbert.config import Config, ConfigError
+from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
 
 
 def preflight_corpus(config: Config):
@@ -93,22 +94,48 @@ def prechecks(config: Config) -> None:
         raise ConfigError(problem)
 
 
-def remaining_budget(config: Optional[Config]) -> Optional[float]:
-    """The ε the dataset has left to spend, for ``dpbert budget``: ``privacy.epsilon_budget`` minus
-    what its ledger (``dpbert.ledger``) has charged, composed as the budget is enforced (the RDP
-    filter; one planned run: its PLD total). None without a budget or a dataset identity. Reads only."""
-    from dpbert.ledger import dataset, identity
-    from dpbert.ledger import target as ledger_target
-
-    budget = None if config is None else config.privacy.epsilon_budget
-    target = None if budget is None else ledger_target.ledger_target(config)
-    if target is None:
+def remaining_budget(config: Optional[Config]) -> Optional[dict]:
+    """What the dataset's budget gate still admits, for ``dpbert budget`` and ``dpbert ledger``:
+    ``{"steps", "needed", "epsilon_train"}`` — the most DP-SGD steps of this configuration's plan
+    the gate admits after every entry of the dataset's ledger (its vocabulary included unless
+    cached), and that run's own ε_T. Never a subtraction: RDP composition has none. None without a
+    dataset identity or without a budget (configured or pinned). Reads only."""
+    if config is None or config.training.non_private:
         return None
-    doc = dataset.read_ledger(identity.ledger_uri(identity.location_for(config), target.dataset_id), target.dataset_id)
-    entries = dataset.entries_of(doc)
-    if not entries or not doc.get("delta"):
-        return float(budget)
-    return max(float(budget) - dataset.spent(dataset.within(entries, budget, doc["delta"], pld=True)), 0.0)
+    from dpbert.accounting import gate
+    from dpbert.accounting.accountant import planned_ledger
+    from dpbert.accounting.epsilon import epsilon
+    from dpbert.ledger import composition
+
+    found = _dataset_entries(config)
+    if found is None:
+        return None
+    target, doc, entries = found
+    if not doc.get("budget") and target.epsilon_budget is None:
+        return None
+    plan = planned_ledger(config, public_dataset_size(config)) if public_dataset_size(config) else None
+    if plan is None:
+        return None
+    train = plan["train_events"][-1]
+    vocab_entries = gate.planned_entries(plan["vocab_event"], [], target.vocab_key, "planned",
+                                         with_vocab=not _vocab_cached(config, entries, target))
+
+    def record_at(steps: int):
+        return composition.with_steps(composition.ledger_record(train), steps)
+
+    def admits(steps: int, planned_run_rule: bool = False) -> bool:
+        planned = entries + vocab_entries + ([gate.planned_entries(None, [record_at(steps)], target.vocab_key)[-1]]
+                                             if steps else [])
+        return gate.decide(doc, planned, gate.request_for(target), planned_run_rule=planned_run_rule).admitted
+
+    # The filter alone (cheap: RDP); a first run the filter does not cover may still be admitted whole
+    # as one planned run (its PLD total, one evaluation).
+    steps, rule = gate.largest_admitted(admits, 64 * max(int(plan["steps"]), 1)), "rdp_filter"
+    if steps < plan["steps"] and admits(plan["steps"], planned_run_rule=True):
+        steps, rule = plan["steps"], "one_planned_run_pld"
+    eps = epsilon(composition.composed_event([record_at(steps)]), config.training.delta, "pld") if steps else 0.0
+    return {"steps": steps, "planned_steps": plan["steps"], "epsilon_train": eps, "delta_train": config.training.delta,
+            "rule": rule}
 
 
 def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> Optional[int]:
@@ -159,9 +186,9 @@ def training_plan(config: Config, dataset_size: Optional[int] = None):
 
 
 def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
-    """The planned ledger (``dpbert.privacy.accountant.planned_ledger``, whose ``"plan"`` is the
+    """The planned ledger (``dpbert.accounting.accountant.planned_ledger``, whose ``"plan"`` is the
     ``TrainingPlan``) for ``config`` over ``public_dataset_size(config, dataset_size)``."""
-    from dpbert.privacy.accountant import planned_ledger
+    from dpbert.accounting.accountant import planned_ledger
 
     return planned_ledger(config, _require_public_n(config, dataset_size))
 
@@ -220,104 +247,113 @@ def check_budget(config: Config) -> Optional[dict]:
     dataset = dataset_budget(config, ledger, chain)
     if dataset is not None:
         ledger["dataset"] = dataset
-        ledger["within_budget"] = bool(ledger["within_budget"] and dataset["within_budget"])
+        ledger["within_budget"] = dataset["within_budget"]  # the gate over the dataset decides
     return ledger
 
 
-def _planned_entries(config: Config, ledger: dict, entries, target, pipeline_root: str):
-    """The entries this run will add: its vocabulary (unless TFX will answer it from its cache: an
-    entry of this pipeline root with the same vocabulary configuration, cache on; if it does run,
-    its own reservation still checks the budget) and its training records."""
-    from dpbert.privacy.accountant import is_public_vocab_record
+def _dataset_entries(config: Config):
+    """(target, ledger document, entries) of ``config``'s dataset, or None without an identity."""
+    from dpbert.accounting.target import ledger_target
+    from dpbert.ledger import dataset, identity
 
-    planned = []
-    vocab = ledger["vocab_event"]
-    cached = config.pipeline.enable_cache and any(
-        e.get("stage") == "vocab" and e.get("config_key") == target.vocab_key
-        and os.path.abspath(str(e.get("pipeline_root"))) == pipeline_root for e in entries)
-    if vocab is not None and not is_public_vocab_record(vocab) and not cached:
-        planned.append({"id": "planned-vocab", "mechanism": vocab["mechanism"], "stage": "vocab",
-                        "status": "reserved", "planned": [vocab], "plan_key": target.vocab_key,
-                        "pipeline_root": pipeline_root})
-    trains = ledger["train_events"]
-    if trains:
-        mechanism = "non_private" if any(r["mechanism"] == "non_private" for r in trains) else "dp_sgd"
-        planned.append({"id": "planned-train", "mechanism": mechanism, "stage": "train", "status": "reserved",
-                        "planned": trains, "plan_key": target.vocab_key, "pipeline_root": pipeline_root})
-    return planned, cached
-
-
-def dataset_budget(config: Config, ledger: dict, chain: Optional[dict]) -> Optional[dict]:
-    """The dataset's ledger (``dpbert.ledger``) composed with this run (with a budget only):
-    every entry of every earlier run on the dataset — other output folders, other configurations,
-    interrupted runs at their reserved size — plus the planned vocabulary and training, by the RDP
-    filter; the resumed chain's own entry (``charged_chain``) is replaced by its planned
-    ``steps_after``, not added. ConfigError when the dataset's ledger is of another privacy unit.
-    Reads the ledger only: nothing is written."""
-    from dpbert.ledger import composition, dataset, identity, target as ledger_target
-    from pipeline.paths import output_paths
-
-    budget = config.privacy.epsilon_budget
-    target = ledger_target.ledger_target(config)
-    if budget is None or target is None:
+    target = ledger_target(config)
+    if target is None:
         return None
     uri = identity.ledger_uri(identity.location_for(config), target.dataset_id)
     doc = dataset.read_ledger(uri, target.dataset_id)
     if doc.get("unit") not in (None, config.privacy.unit):
         raise ConfigError(f"privacy.unit = {config.privacy.unit}, but dataset {target.dataset_id} is accounted per "
                           f"{doc['unit']} ({uri}): one privacy unit per dataset")
-    entries = dataset.entries_of(doc)
+    return target, doc, dataset.entries_of(doc)
+
+
+def _vocab_cached(config: Config, entries, target) -> bool:
+    """TFX will answer the vocabulary from its cache: an entry of this pipeline root with the same
+    vocabulary configuration, cache on (if it does run, its own reservation still asks the gate)."""
+    from pipeline.paths import output_paths
+
+    pipeline_root = output_paths(config.pipeline.output_dir)[0]
+    return config.pipeline.enable_cache and any(
+        e.get("stage") == "vocab" and e.get("config_key") == target.vocab_key
+        and os.path.abspath(str(e.get("pipeline_root"))) == pipeline_root for e in entries)
+
+
+def dataset_budget(config: Config, ledger: dict, chain: Optional[dict]) -> Optional[dict]:
+    """The budget gate's verdict (``dpbert.accounting.gate``) on the dataset's ledger with this run:
+    every entry of every earlier run on the dataset — other output folders, other configurations,
+    interrupted runs at their reserved size — plus the planned vocabulary (unless cached) and
+    training; the resumed chain's own entry (``charged_chain``) is replaced by its planned
+    ``steps_after``, not added. The same call the reservation makes inside its compare-and-swap,
+    so ``dpbert budget``, ``dpbert run`` and the trainer cannot disagree. None without a dataset
+    identity, or without a budget configured or pinned. Reads the ledger only."""
+    from dpbert.accounting import gate
+    from pipeline.paths import output_paths
+
+    found = _dataset_entries(config)
+    if found is None:
+        return None
+    target, doc, entries = found
+    if not doc.get("budget") and target.epsilon_budget is None:
+        return None
     if chain is not None:  # the resumed chain's own entry: its steps are in steps_after already
         own = os.path.basename(os.path.normpath(chain["state"]))
         entries = [e for e in entries if not (e.get("chain") and os.path.basename(os.path.normpath(e["chain"])) == own)]
     pipeline_root = output_paths(config.pipeline.output_dir)[0]
-    planned, cached = _planned_entries(config, ledger, entries, target, pipeline_root)
-    delta = doc.get("delta") or target.delta
-    spent = composition.compose(dataset.entries_of(doc), delta, pld=False)
-    total = dataset.within(entries + [composition_entry(e) for e in planned], budget, delta, pld=True)
-    return {"dataset_id": target.dataset_id, "ledger": uri, "runs": len({e.get("run_id") for e in entries}),
-            "entries": len(doc.get("entries", {})), "epsilon_spent_rdp": spent["epsilon_rdp"],
-            "epsilon_total_rdp": total["epsilon_rdp"], "epsilon_total_pld": total["epsilon_pld"],
-            "delta": delta, "epsilon_budget": budget, "vocab_cached": cached, "rule": total["rule"],
-            "within_budget": total["within_budget"]}
+    cached = _vocab_cached(config, entries, target)
+    planned = gate.planned_entries(ledger["vocab_event"], ledger["train_events"], target.vocab_key, pipeline_root,
+                                   with_vocab=not cached)
+    request = gate.request_for(target)
+    before = gate.decide(doc, entries, gate.Request(), pld=True)
+    verdict = gate.decide(doc, entries + planned, request, pld=True)
+    return {"dataset_id": target.dataset_id, "ledger": _uri_of(config, target), "runs": len({e.get("run_id") for e in entries}),
+            "entries": len(doc.get("entries", {})), "epsilon_spent": before.spent,
+            "epsilon_spent_rdp": before.epsilon_rdp, "epsilon_total_rdp": verdict.epsilon_rdp,
+            "epsilon_total_pld": verdict.epsilon_pld, "delta": verdict.delta, "epsilon_budget": verdict.budget,
+            "vocab_cached": cached, "rule": verdict.rule, "within_budget": verdict.admitted,
+            "reason": verdict.reason, "pinned": not verdict.new_pin, "odometer": verdict.odometer,
+            "message": None if verdict.admitted else verdict.message(target.dataset_id)}
 
 
-def composition_entry(entry: dict) -> dict:
-    """A planned entry with its records in the ledger's count-free form."""
-    from dpbert.ledger.composition import ledger_record
+def _uri_of(config: Config, target) -> str:
+    from dpbert.ledger import identity
 
-    return {**entry, "planned": [ledger_record(r) for r in entry["planned"]]}
+    return identity.ledger_uri(identity.location_for(config), target.dataset_id)
 
 
 def _fmt(x) -> str:
-    return "inf" if isinstance(x, float) and math.isinf(x) else f"{x:.4g}"
+    return fmt_epsilon(x)
 
 
 def planned_statement(ledger: dict) -> str:
     budget = ledger.get("epsilon_budget")
+    unit = ledger.get("unit") == "patient"
     lines = [
         f"planned privacy ledger (n = {ledger['dataset_size']} "
-        f"{'patients, ≤ %s tuples each' % ledger.get('max_contributions') if ledger.get('unit') == 'patient' else 'tuples'}"
-        f", {ledger['steps']} steps, "
-        f"{ledger['sampling']} sampling, q = {ledger['sampling_probability']:.4g}):",
+        f"{'patients, ≤ %s tuples each' % ledger.get('max_contributions') if unit else 'tuples'}"
+        f", {ledger['steps']} steps, {ledger['sampling']} sampling, q = {ledger['sampling_probability']:.4g}):",
         f"  ε_vocab             = {_fmt(ledger['epsilon_vocab'])}",
         f"  ε_train             = {_fmt(ledger['epsilon_train'])}",
         f"  ε_total (basic sum) = {_fmt(ledger['epsilon_total_basic'])}",
-        f"  ε_total (PLD)       = {_fmt(ledger['epsilon_total_pld'])}   at δ = {ledger['delta']:.3g}",
-        f"  budget              = {'none' if budget is None else _fmt(budget)}"
-        f"  → {'within budget' if ledger['within_budget'] else 'OVER BUDGET'}",
+        f"  ε_total (PLD)       = {_fmt(ledger['epsilon_total_pld'])}   at δ = {fmt_delta(ledger['delta'])}",
     ]
     dataset = ledger.get("dataset")
-    if dataset:
-        lines += [
-            f"dataset {dataset['dataset_id']} (every run on it, {dataset['ledger']}):",
-            f"  ε spent before this run (RDP) = {_fmt(dataset['epsilon_spent_rdp'])}",
-            f"  ε with this run (RDP filter)  = {_fmt(dataset['epsilon_total_rdp'])}"
-            f"   (PLD {_fmt(dataset['epsilon_total_pld'])}) at δ = {dataset['delta']:.3g}"
-            f"  → {'within budget' if dataset['within_budget'] else 'OVER BUDGET'}"
-            + ("  (one run planned in advance: its PLD total is checked)"
-               if dataset["rule"] == "one_planned_run_pld" else ""),
-        ]
+    if not dataset:
+        lines.append(f"  budget              = {'none' if budget is None else _fmt(budget)}"
+                     f"  → {'within budget' if ledger['within_budget'] else 'OVER BUDGET'}")
+        return "\n".join(lines)
+    pin = "pinned" if dataset.get("pinned") else "pinned by this run's first reservation"
+    lines += [
+        f"dataset {dataset['dataset_id']} (every run on it, {dataset['ledger']}), budget ε = "
+        f"{_fmt(dataset['epsilon_budget'])} at δ = {fmt_delta(dataset['delta'])} ({pin}):",
+        f"  spent before this run = {_fmt(dataset['epsilon_spent'])}",
+        f"  with this run         = {_fmt(dataset['epsilon_total_rdp'])} (RDP at the committed orders; PLD "
+        f"{_fmt(dataset['epsilon_total_pld'])})"
+        + ("  (one run planned in advance: its PLD total is checked)" if dataset["rule"] == "one_planned_run_pld" else ""),
+        f"  → {'within budget' if dataset['within_budget'] else 'OVER BUDGET'} (the dataset's budget gate)",
+    ]
+    if dataset.get("odometer"):
+        odo = dataset["odometer"]
+        lines.append(f"  odometer reading: level {odo['level']}, ε = {_fmt(odo['epsilon'])} at δ = {fmt_delta(odo['delta'])}")
     return "\n".join(lines)
 
 
@@ -329,13 +365,8 @@ def over_budget_message(ledger: dict) -> str:
                   f"last checkpoint at step {charged['checkpoint_step']}: {charged['steps_after_run']} steps charged "
                   f"once this run completes)")
     dataset = ledger.get("dataset")
-    if dataset and not dataset["within_budget"] and ledger["epsilon_total_pld"] <= ledger["epsilon_budget"]:
-        return (f"dataset {dataset['dataset_id']}: the ε of every run on it with this one is "
-                f"{_fmt(dataset['epsilon_total_rdp'])} (RDP filter; PLD {_fmt(dataset['epsilon_total_pld'])}) at "
-                f"δ = {dataset['delta']:.3g}{resume}, over privacy.epsilon_budget = {_fmt(dataset['epsilon_budget'])} "
-                f"(already spent: {_fmt(dataset['epsilon_spent_rdp'])}; this run alone: "
-                f"{_fmt(ledger['epsilon_total_pld'])}); nothing was run or written. The budget is the dataset's, "
-                f"across output folders and configurations: see dpbert ledger --dataset {dataset['dataset_id']}.")
-    return (f"planned ε = {_fmt(ledger['epsilon_total_pld'])} (δ = {ledger['delta']:.3g}){resume} exceeds "
+    if dataset and dataset.get("message"):
+        return f"{dataset['message']}{resume}; nothing was run or written."
+    return (f"planned ε = {_fmt(ledger['epsilon_total_pld'])} (δ = {fmt_delta(ledger['delta'])}){resume} exceeds "
             f"privacy.epsilon_budget = {_fmt(ledger['epsilon_budget'])}; nothing was run or written. "
             f"Raise vocab.sigma or training.noise_multiplier, or lower training.steps.")

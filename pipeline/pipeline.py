@@ -26,7 +26,7 @@ def fingerprint_state_root(pipeline_root: str) -> str:
 
 
 def _ledger_target(config: Config) -> str:
-    from dpbert.ledger import ledger_target_json
+    from dpbert.accounting.target import ledger_target_json
 
     return ledger_target_json(config)
 
@@ -124,6 +124,7 @@ def create_components(config: Config, pipeline_root: Optional[str] = None) -> Li
         privacy_config=section_to_json(config.privacy),
         training_delta=config.training.delta,
         code_version=_core_version("components.accountant"),
+        ledger_target=_ledger_target(config),  # the dataset's budget gate decides within budget
     )
     components = [ingest] + ([privatizer] if privatizer else []) + [vocabulary] + \
         ([canaries] if canaries else []) + [trainer, accountant]

@@ -25,7 +25,8 @@ ORDER = (
     "schema", "config", "resources", "metadata",   # contracts and locators
     "pipeline_root",    # a run read from a pipeline root's executor outputs (no ML Metadata store)
     "privacy",          # the DP math: mechanisms, events, accountant, audit bounds
-    "ledger",           # one privacy budget per dataset: reserve / finalize / compose over every run
+    "ledger",           # one privacy budget per dataset: the ledger document, its records, identity
+    "accounting",       # THE owner of ε decisions: accounted σ, ε → σ solver, the budget gate, reserve
     "data",             # readers, tuples, the synthetic corpus
     "vocab",            # WordPiece from a DP histogram, public vocabularies
     "model",            # BERT, DP-SGD, training

@@ -68,7 +68,7 @@ chosen because (i) it is what the configuration documents and the CLI promises
 total δ. f = 0.5 reproduces the library: C = 1389.1 and ``epsilon_split`` = ε_G(δ/2) = 0.434
 (checked against ``pydp`` in the tests; ``epsilon`` is then still the per-configuration 0.424).
 The split bound is what the ledger uses to compose the vocabulary with DP-SGD
-(``dpbert.privacy.accountant``): Gaussian event σ/(m√N) in one PLD with the training events,
+(``dpbert.accounting.accountant``): Gaussian event σ/(m√N) in one PLD with the training events,
 plus the threshold's δ₂ = mNp.
 
 Classic bound, for comparison

@@ -102,7 +102,7 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
         log.info("vocabulary: σ = %g, C = %.1f, ε = %.4g at δ = %.3g", vocab_cfg.sigma, report["threshold"],
                  report["epsilon"], report["delta"])
 
-    from dpbert.ledger import target as ledger
+    from dpbert.accounting import target as ledger
 
     reservation = ledger.reserve_vocabulary(ledger_target, record, vocabulary_dir)  # before the tuples are read
     run_histogram_job(beam_pipeline, tuples_dir, histogram_path,

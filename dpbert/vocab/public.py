@@ -5,7 +5,7 @@
 * ``public``: the PUBLIC checkpoint's WordPiece vocabulary (``vocab.txt`` of ``model.init_dir``
   / ``$DPBERT_MINILM_DIR`` / the installed all-MiniLM-L6-v2, 30,522 tokens). The private tuples
   are never read: no ε for the vocabulary (the artifact carries a ``mechanism: public`` record,
-  which the ledger composes as nothing, ``dpbert.privacy.accountant``).
+  which the ledger composes as nothing, ``dpbert.accounting.accountant``).
 * ``public+dp``: the public vocabulary UNCHANGED (same tokens, same ids) followed by the
   DP-released words (the noisy, thresholded histogram the vocabulary stage releases anyway) that
   the public tokenizer splits into >= 2 pieces, highest noisy count first (ties by the word), at
@@ -45,7 +45,7 @@ SOURCES = ("dp", "public", "public+dp")
 #: ``token_sources.json``'s ``"schema"``.
 SCHEMA = "dpbert.vocab.sources/1"
 #: The ``mechanism`` of the vocabulary record when no private data was read (``vocab.source:
-#: public``; ``dpbert.privacy.accountant.PUBLIC_VOCAB_MECHANISM``).
+#: public``; ``dpbert.accounting.accountant.PUBLIC_VOCAB_MECHANISM``).
 PUBLIC_MECHANISM = "public"
 
 
@@ -165,8 +165,8 @@ def read_token_sources(vocabulary_dir) -> Optional[Dict]:
 
 def public_vocab_event(source: str, checkpoint_sha256: str) -> Dict:
     """The vocabulary's ledger record when no private data was read: ``mechanism: public``
-    (``dpbert.privacy.accountant.ledger`` composes it as no event)."""
-    from dpbert.privacy.accountant import public_vocab_record
+    (``dpbert.accounting.accountant.ledger`` composes it as no event)."""
+    from dpbert.accounting.accountant import public_vocab_record
 
     return public_vocab_record(source, checkpoint_sha256)
 

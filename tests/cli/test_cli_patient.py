@@ -4,7 +4,7 @@ import json
 import dp_accounting
 import pytest
 
-from dpbert.privacy import accountant
+from dpbert.accounting import accountant
 from dpbert_cli.main import main
 
 

@@ -121,7 +121,7 @@ def test_budget_target_epsilon_is_the_epsilon_the_planned_ledger_records(capsys)
     import dataclasses
 
     from dpbert.config import load_config
-    from dpbert.privacy.accountant import planned_ledger
+    from dpbert.accounting.accountant import planned_ledger
 
     sets = ["training.batch_size=100", "training.steps=10", "training.delta=1e-5"]
     argv = ["budget", "--config", DEFAULTS, "--examples", "1000", *[a for s in sets for a in ("--set", s)], "--json"]

@@ -36,7 +36,8 @@ def test_report_ledger_is_recomputed_from_recorded_events(tiny_run):
     """The report's ε equals what the accountant core gives for the recorded DP events."""
     import json
 
-    from dpbert.privacy import accountant, events
+    from dpbert.accounting import accountant
+    from dpbert.privacy import events
 
     out, _ = tiny_run
     result = run_cli(["report", "--output", str(out), "--json"], REPO)

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from dpbert.config import load_config
-from dpbert.ledger import composition, dataset, identity, target
+from dpbert.ledger import composition, dataset, identity
+from dpbert.accounting import compose as acompose, target
 from dpbert_cli.main import main
 from pipeline import guard
 from tests.tiny import CLASSIC, set_args
@@ -69,8 +70,8 @@ def test_a_new_learning_rate_is_a_second_charge_not_a_fresh_budget(tmp_path):
     plan = _pld_of_one_run(config_of(tmp_path / "out"))
     vocab = {"mechanism": "dp_histogram", "planned": [composition.ledger_record(plan["vocab_event"])]}
     train = {"mechanism": "dp_sgd", "planned": [composition.ledger_record(r) for r in plan["train_events"]]}
-    one = composition.compose([vocab, train], plan["delta"])["epsilon_rdp"]
-    two = composition.compose([vocab, train, train], plan["delta"])["epsilon_rdp"]
+    one = acompose.compose([vocab, train], plan["delta"])["epsilon_rdp"]
+    two = acompose.compose([vocab, train, train], plan["delta"])["epsilon_rdp"]
     budget = (one + two) / 2
     first = config_of(tmp_path / "out", f"privacy.epsilon_budget={budget}")
     charge_like_a_run(first)

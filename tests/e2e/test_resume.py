@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from dpbert.privacy import accountant, events
+from dpbert.accounting import accountant
+from dpbert.privacy import events
 
 pytestmark = pytest.mark.e2e
 

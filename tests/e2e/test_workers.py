@@ -111,7 +111,7 @@ def _step_log_count(out):
 
 
 def test_a_killed_worker_fails_the_run_fast_and_the_rerun_charges_every_executed_step(tmp_path):
-    from dpbert.privacy import accountant
+    from dpbert.accounting import accountant
 
     overrides = ["training.steps=12", "training.checkpoint_every=4"]
     out = tmp_path / "run"

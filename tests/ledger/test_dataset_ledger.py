@@ -14,8 +14,10 @@ from dpbert import storage
 from dpbert.config import ConfigError, load_config
 from dpbert.ledger import composition as lc
 from dpbert.ledger import dataset as ld
-from dpbert.ledger import identity, target
-from dpbert.privacy import accountant, events, histogram
+from dpbert.ledger import identity
+from dpbert.accounting import compose as acompose, gate, reserve as areserve, target
+from dpbert.accounting import accountant
+from dpbert.privacy import events, histogram
 from dpbert.storage import fake
 
 REPO = __file__.rsplit("/tests/", 1)[0]
@@ -41,7 +43,7 @@ def uri(request, tmp_path):
 
 
 def reserve(uri, records, budget=None, chain=None, mechanism="dp_sgd", unit="tuple", entry_id=None):
-    return ld.reserve(uri, "ds-1", "run", "/out/pipeline_root", mechanism, records, unit, delta=DELTA,
+    return areserve.reserve(uri, "ds-1", "run", "/out/pipeline_root", mechanism, records, unit, delta=DELTA,
                       budget=budget, chain=chain, entry_id=entry_id)
 
 
@@ -88,7 +90,7 @@ def test_one_vocabulary_and_one_training_compose_as_the_accountant_does():
     vocab, train = vocab_record(), train_record()
     delta = vocab["delta"] + 1e-6
     want = accountant.ledger(vocab, [train], delta)
-    got = lc.compose([{"mechanism": "dp_histogram", "status": "finalized", "executed": [lc.ledger_record(vocab)]},
+    got = acompose.compose([{"mechanism": "dp_histogram", "status": "finalized", "executed": [lc.ledger_record(vocab)]},
                       {"mechanism": "dp_sgd", "status": "reserved", "planned": [lc.ledger_record(train)]}], delta)
     assert got["epsilon_rdp"] == pytest.approx(want["epsilon_total_rdp"], rel=1e-9)
     assert got["epsilon_pld"] == pytest.approx(want["epsilon_total_pld"], rel=1e-9)
@@ -97,7 +99,7 @@ def test_one_vocabulary_and_one_training_compose_as_the_accountant_does():
 
 def test_two_runs_compose_to_more_than_either_and_less_than_their_sum():
     one = {"mechanism": "dp_sgd", "status": "reserved", "planned": [lc.ledger_record(train_record())]}
-    single, double = lc.compose([one], DELTA)["epsilon_rdp"], lc.compose([one, one], DELTA)["epsilon_rdp"]
+    single, double = acompose.compose([one], DELTA)["epsilon_rdp"], acompose.compose([one, one], DELTA)["epsilon_rdp"]
     assert single < double < 2 * single
 
 
@@ -107,14 +109,14 @@ def test_the_ledger_holds_no_exact_count():
                                                        .count_event(5.0, 987)))
     text = json.dumps([shuffled, dp_count])
     assert "1234" not in text and "987" not in text and "dataset_size" not in text and "released" not in text
-    assert lc.compose([{"mechanism": "dp_sgd", "planned": [shuffled]}], DELTA)["epsilon_rdp"] == pytest.approx(
+    assert acompose.compose([{"mechanism": "dp_sgd", "planned": [shuffled]}], DELTA)["epsilon_rdp"] == pytest.approx(
         accountant.ledger(None, [train_record(sampling="shuffle", n=1234)], DELTA)["epsilon_total_rdp"])
 
 
 def test_non_private_and_dchi_are_listed_not_composed():
     entries = [{"mechanism": "non_private", "planned": [lc.ledger_record(events.non_private_event("train"))]},
                {"mechanism": "dchi", "planned": []}]
-    got = lc.compose(entries, DELTA)
+    got = acompose.compose(entries, DELTA)
     assert got["epsilon_rdp"] == 0 and got["listed"] == 2 and got["entries"] == 0
 
 
@@ -129,13 +131,13 @@ def test_reserve_then_finalize(uri):
     target.finalize_training(res, 40)
     (entry,) = ld.entries_of(ld.read_ledger(uri))
     assert entry["status"] == "finalized" and entry["executed"][0]["steps"] == 40
-    assert lc.compose([entry], DELTA)["epsilon_rdp"] == pytest.approx(
+    assert acompose.compose([entry], DELTA)["epsilon_rdp"] == pytest.approx(
         accountant.ledger(None, [train_record(steps=40)], DELTA)["epsilon_total_rdp"])
 
 
 def _budget_for_one(record):
-    one = lc.compose([{"mechanism": "x", "planned": [lc.ledger_record(record)]}], DELTA)["epsilon_rdp"]
-    two = lc.compose([{"mechanism": "x", "planned": [lc.ledger_record(record)] * 2}], DELTA)["epsilon_rdp"]
+    one = acompose.compose([{"mechanism": "x", "planned": [lc.ledger_record(record)]}], DELTA)["epsilon_rdp"]
+    two = acompose.compose([{"mechanism": "x", "planned": [lc.ledger_record(record)] * 2}], DELTA)["epsilon_rdp"]
     return (one + two) / 2
 
 
@@ -144,7 +146,7 @@ def test_over_budget_is_refused_with_the_totals_and_writes_nothing(uri):
     budget = _budget_for_one(record)
     reserve(uri, [record], budget=budget)
     before = storage.storage_for(uri).read(uri)
-    with pytest.raises(ld.BudgetRefused) as refused:
+    with pytest.raises(gate.BudgetRefused) as refused:
         reserve(uri, [record], budget=budget)
     assert refused.value.totals["epsilon_rdp"] > budget and refused.value.totals["entries"] == 2
     assert "ds-1" in str(refused.value)
@@ -155,9 +157,9 @@ def test_an_unfinalized_reservation_stays_charged_at_its_planned_size(uri):
     record = train_record(steps=100)
     budget = _budget_for_one(record)
     reserve(uri, [record])  # an interrupted run: never finalized, charged at its 100 planned steps
-    with pytest.raises(ld.BudgetRefused):
+    with pytest.raises(gate.BudgetRefused):
         reserve(uri, [record], budget=budget)
-    target.finalize_training(ld.Reservation(uri, ld.entries_of(ld.read_ledger(uri))[0]["id"], "ds-1"), 10)
+    target.finalize_training(areserve.Reservation(uri, ld.entries_of(ld.read_ledger(uri))[0]["id"], "ds-1"), 10)
     reserve(uri, [record], budget=budget)  # finalized at the 10 steps it executed: 110 fit
 
 
@@ -173,7 +175,7 @@ def test_a_resumed_chain_replaces_its_own_entry(uri):
     assert entry["status"] == "finalized" and entry["executed"][0]["steps"] == 30
     target.finalize_training(second, 100)
     assert ld.entries_of(ld.read_ledger(uri))[0]["executed"][0]["steps"] == 100
-    with pytest.raises(ld.BudgetRefused):  # another chain is a second charge
+    with pytest.raises(gate.BudgetRefused):  # another chain is a second charge
         reserve(uri, [train_record(steps=100)], budget=budget, chain="state/other")
 
 
@@ -207,7 +209,7 @@ def _race(uri, record, budget, workers=6):
         barrier.wait()
         try:
             wins.append(reserve(uri, [record], budget=budget))
-        except ld.BudgetRefused:
+        except gate.BudgetRefused:
             refusals.append(1)
 
     threads = [threading.Thread(target=go) for _ in range(workers)]
@@ -255,7 +257,7 @@ def test_positive_control_without_compare_and_swap_both_threads_spend(monkeypatc
 _WORKER = """
 import sys
 from tests.ledger.test_dataset_ledger import reserve, train_record
-from dpbert.ledger.dataset import BudgetRefused
+from dpbert.accounting.gate import BudgetRefused
 try:
     reserve(sys.argv[1], [train_record()], budget=float(sys.argv[2]))
     print("won")
@@ -276,7 +278,7 @@ def test_processes_racing_for_the_last_epsilon_on_a_local_folder_one_wins(tmp_pa
 
 def test_a_dataset_ledger_infinite_when_thresholds_use_up_delta():
     rec = lc.ledger_record(vocab_record())
-    got = lc.compose([{"mechanism": "dp_histogram", "planned": [rec]}], rec["threshold_delta"] / 2)
+    got = acompose.compose([{"mechanism": "dp_histogram", "planned": [rec]}], rec["threshold_delta"] / 2)
     assert math.isinf(got["epsilon_rdp"])
 
 

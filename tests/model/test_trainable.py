@@ -232,7 +232,7 @@ def test_train_mlm_subset_same_dp_event_merged_export_and_resume_refused(corpus,
     from dpbert.config import ModelConfig, TrainingConfig
     from dpbert.model.train import train_mlm
     from dpbert.privacy import diagnostics
-    from dpbert.privacy.accountant import dpsgd_epsilon
+    from dpbert.accounting.accountant import dpsgd_epsilon
     from dpbert.privacy.plan import plan_training
 
     from .conftest import SPECIALS

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from dpbert.config import load_config
-from dpbert.privacy import accountant as A
+from dpbert.accounting import accountant as A
 from dpbert.privacy import events as E
 from dpbert.privacy import histogram as H
 
@@ -327,16 +327,18 @@ def test_dp_count_composes_in_the_training_ledger():
 def test_epsilon_is_memoised_by_the_whole_event_and_delta(monkeypatch):
     """``_epsilon`` computes each (event, δ, accountant) once per process; events that differ in
     any field (σ, q, count) or another δ are computed on their own."""
+    from dpbert.accounting import epsilon as memo
+
     calls = []
     accountant = A
-    real = accountant._epsilon_uncached
+    real = memo._epsilon_uncached
 
     def counting(event, delta, kind):
         calls.append((repr(event), delta, kind))
         return real(event, delta, kind)
 
-    monkeypatch.setattr(accountant, "_epsilon_uncached", counting)
-    monkeypatch.setattr(accountant, "_EPSILON_MEMO", {})
+    monkeypatch.setattr(memo, "_epsilon_uncached", counting)
+    monkeypatch.setattr(memo, "_MEMO", {})
     first = accountant.dpsgd_epsilon(1.1, 0.01, 100, 1e-5, accountant="rdp")
     assert accountant.dpsgd_epsilon(1.1, 0.01, 100, 1e-5, accountant="rdp") == first and len(calls) == 1
     others = [accountant.dpsgd_epsilon(1.1000001, 0.01, 100, 1e-5, accountant="rdp"),

@@ -88,7 +88,7 @@ def test_the_ratios_are_post_processing_sigma_eff_is_unchanged_and_step_noise_is
 
 def test_planned_ledger_charges_the_diagnostics():
     from dpbert.config import Config
-    from dpbert.privacy.accountant import planned_ledger
+    from dpbert.accounting.accountant import planned_ledger
 
     config = Config()
     record = planned_ledger(config, 10000)["train_events"][0]

@@ -7,7 +7,8 @@ import dp_accounting
 import pytest
 
 from dpbert.config import Config, ConfigError
-from dpbert.privacy import accountant, events, histogram, statement
+from dpbert.accounting import accountant
+from dpbert.privacy import events, histogram, statement
 from dpbert.privacy.plan import plan_for_config, plan_training
 
 

@@ -44,7 +44,7 @@ def test_the_comparison_catches_a_wrong_inverse():
 def test_the_accountant_uses_it_and_its_epsilon_is_the_librarys():
     import dp_accounting
 
-    from dpbert.privacy import accountant
+    from dpbert.accounting import accountant
 
     assert plm.GaussianPrivacyLoss.get_delta_for_epsilon is pld_vectorized.get_delta_for_epsilon
     event = dp_accounting.SelfComposedDpEvent(

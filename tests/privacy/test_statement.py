@@ -1,7 +1,8 @@
 import pytest
 import math
 
-from dpbert.privacy import accountant, events, histogram
+from dpbert.accounting import accountant
+from dpbert.privacy import events, histogram
 from dpbert.privacy.statement import ledger_statement
 
 
@@ -36,7 +37,8 @@ def test_statement_flags_budget_and_non_private():
     ("shuffle", "zero_out", "zero-out adjacency"),
 ])
 def test_statement_names_the_adjacency_of_the_training_record(sampling, adjacency, text):
-    from dpbert.privacy import accountant, events, statement
+    from dpbert.accounting import accountant
+    from dpbert.privacy import events, statement
 
     record = events.dpsgd_event(1.0, 10, 100, 20, sampling=sampling)
     ledger = accountant.ledger(None, [record], 1e-6)
@@ -82,3 +84,37 @@ def test_statement_labels_the_effective_sigma_against_the_configured_one():
     assert "effective σ 0.776 (σ 0.8, DP diagnostics included)" in text and "0.7761140001162656" not in text
     same = ledger_statement({**ledger, "train_events": [train], "noise_multiplier": 0.7761140001162656})
     assert "σ 0.776," in same and "effective" not in same and "DP diagnostics" not in same
+
+
+#: A ledger as the statement reads it, with δ values that 3 significant digits would round down.
+_EXACT_DELTAS = {"unit": "tuple", "adjacency": "add_or_remove_one", "epsilon_vocab": 0.4242, "delta_vocab": 1e-9,
+                 "delta_threshold": 5e-10, "epsilon_train": 8.7, "epsilon_train_rdp": 9.1, "delta_train": 1.0001e-05,
+                 "epsilon_total_basic": 9.2, "epsilon_total_rdp": 9.5, "epsilon_total_pld": 9.0882, "delta": 1.0001e-05,
+                 "steps": 10, "train_events": [{"mechanism": "dp_sgd", "sampling": "poisson",
+                                                "sampling_probability": 0.01, "noise_multiplier": 1.1}]}
+
+
+def _delta_problems(text: str):
+    """The statement's δ lines that do not show δ = 1.0001e-05 and δ_V = 1e-09 exactly."""
+    found = []
+    if "at δ_V = 1e-09 (of which the threshold's δ₂ = 5e-10)" not in text:
+        found.append("δ_V")
+    if "at δ_T = 1.0001e-05" not in text:
+        found.append("δ_T")
+    if text.count("at δ = 1.0001e-05") != 2 or "at δ = 1e-09 + 1.0001e-05" not in text:
+        found.append("δ")
+    if "1e-05" in text.replace("1.0001e-05", ""):
+        found.append("a δ rounded down to 1e-05")
+    return found
+
+
+def test_statement_prints_delta_exactly_rounded_up():
+    assert _delta_problems(ledger_statement(_EXACT_DELTAS)) == []
+
+
+def test_statement_delta_check_positive_control(monkeypatch):
+    """The check above catches a statement that prints δ to 3 significant digits."""
+    from dpbert.privacy import statement
+
+    monkeypatch.setattr(statement, "fmt_delta", lambda value: format(value, ".3g"))
+    assert "a δ rounded down to 1e-05" in _delta_problems(ledger_statement(_EXACT_DELTAS))

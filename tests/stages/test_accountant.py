@@ -17,7 +17,7 @@ def _events():
 
 
 def test_ledger_report_and_properties(tmp_path):
-    from dpbert.privacy import accountant
+    from dpbert.accounting import accountant
 
     vocab, train = _events()
     result = stage.account(str(tmp_path), events.to_json(vocab), events.to_json(train), 1e-5,

@@ -46,7 +46,7 @@ def _draws(count, seed=13):
 def test_planned_steps_equal_executed_steps(tmp_path, tuples_dir, vocabulary_dir, draw):
     """The budget guard's plan and the trainer stage agree on the number of steps (one TrainingPlan)."""
     from dpbert.config import load_config
-    from dpbert.privacy.accountant import planned_ledger
+    from dpbert.accounting.accountant import planned_ledger
     from pipeline import guard
 
     length, B, n = draw
@@ -68,7 +68,8 @@ def test_planned_steps_equal_executed_steps(tmp_path, tuples_dir, vocabulary_dir
 
 
 def test_artifact_files_properties_and_dp_event(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
-    from dpbert.privacy import accountant, events
+    from dpbert.accounting import accountant
+    from dpbert.privacy import events
 
     tc = tiny_training_config(steps=2)
     result, model_dir = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc)

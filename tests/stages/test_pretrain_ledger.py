@@ -5,8 +5,9 @@ import pytest
 
 from dpbert import schema, storage
 from dpbert.config import MembershipConfig, PrivacyConfig
-from dpbert.ledger import LedgerTarget
-from dpbert.ledger.dataset import BudgetRefused, read_ledger
+from dpbert.accounting.gate import BudgetRefused
+from dpbert.accounting.target import LedgerTarget
+from dpbert.ledger.dataset import read_ledger
 from dpbert.model.engine.hooks import CrashAfter, SimulatedCrash
 from dpbert.stages import pretrain as stage
 

@@ -7,7 +7,8 @@ import pytest
 
 from dpbert import schema
 from dpbert.config import MembershipConfig, PrivacyConfig
-from dpbert.privacy import accountant, events
+from dpbert.accounting import accountant
+from dpbert.privacy import events
 from dpbert.stages import pretrain as stage
 
 from .conftest import PATIENTS, tiny_model_config, tiny_training_config

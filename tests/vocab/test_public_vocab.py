@@ -108,7 +108,7 @@ def _stage(monkeypatch, tmp_path, checkpoint, source, histogram=None, **vocab):
 
 
 def test_stage_public_reads_no_tuples_and_charges_nothing(monkeypatch, tmp_path, checkpoint):
-    from dpbert.privacy import accountant
+    from dpbert.accounting import accountant
 
     result, out, calls = _stage(monkeypatch, tmp_path, checkpoint, "public")
     assert calls == []                                   # the Beam job (the only reader of tuples) never ran
@@ -127,7 +127,7 @@ def test_stage_public_reads_no_tuples_and_charges_nothing(monkeypatch, tmp_path,
 
 
 def test_stage_public_plus_dp_charges_exactly_the_dp_vocabulary(monkeypatch, tmp_path, checkpoint):
-    from dpbert.privacy import accountant
+    from dpbert.accounting import accountant
 
     histogram = [("cardiomyopathy", 80.0), ("heart", 60.0), ("zq", 50.0)]
     plus, out, calls = _stage(monkeypatch, tmp_path, checkpoint, "public+dp", histogram)
@@ -156,7 +156,7 @@ def _train_record():
 
 
 def test_planned_ledger_by_vocabulary_source():
-    from dpbert.privacy.accountant import planned_ledger
+    from dpbert.accounting.accountant import planned_ledger
 
     def planned(source):
         # The whole model trained (the demo's new_tokens set needs a public+dp vocabulary).

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from dpbert import schema, storage
+from dpbert.accounting.sigma import accounted_sigma
 from dpbert.model import bert as bert_lib
 from dpbert.model import dpsgd, integrity, sampling
 from dpbert.model import trainable as trainable_lib
@@ -315,7 +316,7 @@ def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, 
                                                    noise_mode, audit_probe, noise_probe_coordinates)
         gradient_sigma = stepper.config.effective_noise_multiplier
         # What the accountant must charge per step: the gradient and the released diagnostics together.
-        accounted = diagnostics.effective_noise_multiplier(gradient_sigma, diag) if release else gradient_sigma
+        accounted = accounted_sigma(gradient_sigma, diagnostics=diag) if release else gradient_sigma
         checkpoint = tf.train.Checkpoint(model=models.mlm, optimizer=optimizer, dp_step=stepper.dp_step)
         manager, start_step, found = _restore(checkpoint, chain, stepper, optimizer, resume)
         step_log = chain.step_log(start_step, None if tc.non_private else accounted)

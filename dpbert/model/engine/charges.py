@@ -64,9 +64,9 @@ def training_record(sigma: float, plan, rows: int, steps: int) -> dict:
 
 
 def charged_ledger(vocab_record, count_record, sigma: float, plan, rows: int, steps: int, training_delta: float):
-    """The run's privacy ledger (``dpbert.privacy.accountant.ledger``, as the PrivacyAccountant
+    """The run's privacy ledger (``dpbert.accounting.accountant.ledger``, as the PrivacyAccountant
     composes it) if the chain has executed ``steps`` DP-SGD steps: vocabulary + DP count + training."""
-    from dpbert.privacy.accountant import ledger
+    from dpbert.accounting.accountant import ledger
     from dpbert.privacy.composition import ledger_delta
 
     records = ([count_record] if count_record is not None else []) + \
@@ -109,23 +109,27 @@ def chain_charged(state: str) -> Optional[dict]:
     return {"epsilon_charged": spent["epsilon_total_pld"], "delta": spent["delta"], "steps_charged": steps}
 
 
-def budget_step_limit(budget: float, vocab_record, count_record, plan, rows: int, training_delta: float):
+def budget_step_limit(reservation, epsilon_budget: Optional[float], plan, rows: int):
     """``limit(σ, needed) -> L`` for ``train_mlm(charge_limit=...)``: the largest number of executed
-    steps L ≤ ``needed`` whose composed ε (vocabulary, count and L steps at σ) is ≤ ``budget``.
-    ε grows with the steps, so a bisection over L; one accountant call when ``needed`` fits."""
+    steps L ≤ ``needed`` of this chain that the dataset's budget gate (``dpbert.accounting.gate``)
+    admits with every other entry of the dataset's ledger — the same rule as the reservation, over
+    the same entries, with this chain's entry at L steps of the accounted σ. One ledger read per
+    call; ε grows with the steps, so a bisection over L (``gate.largest_admitted``)."""
+    from dpbert.accounting import gate
+    from dpbert.ledger import composition, dataset
 
     def limit(sigma: float, needed: int) -> int:
-        def fits(steps: int) -> bool:
-            ledger = charged_ledger(vocab_record, count_record, sigma, plan, rows, steps, training_delta)
-            return ledger["epsilon_total_pld"] <= budget
+        doc = dataset.read_ledger(reservation.ledger_uri, reservation.dataset_id)
+        own = doc["entries"][reservation.entry_id]
+        others = [e for e in dataset.entries_of(doc) if e["id"] != reservation.entry_id]
+        kept = [r for r in own["planned"] if r.get("mechanism") != "dp_sgd"]
+        request = gate.Request(epsilon_budget)
 
-        if needed <= 0 or fits(needed):
-            return max(int(needed), 0)
-        lo, hi = 0, int(needed)  # fits(hi) is False; lo = 0 steps adds nothing to charge
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo
+        def admits(steps: int) -> bool:
+            records = kept + ([composition.ledger_record(training_record(sigma, plan, rows, steps))] if steps else [])
+            return gate.decide(doc, others + [{**own, "planned": records, "status": "reserved"}], request).admitted
+
+        return gate.largest_admitted(admits, needed)
 
     return limit
 

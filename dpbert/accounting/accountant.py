@@ -58,8 +58,8 @@ Several training records compose (a resumed run records the steps of each segmen
 A non-private stage (``NonPrivateDpEvent``) makes every ε infinite: reports hold
 ``float('inf')`` and ``"non_private": True``; ``events.to_json`` writes it as the string "inf".
 
-Budget (``planned_ledger``): ``within_budget`` is ``epsilon_total_pld <= privacy.epsilon_budget``
-(always true without a budget). The total δ of a planned run is vocab.delta (or the real δ of the
+Budget (``planned_ledger``): ``within_budget`` is the budget gate's verdict
+(``dpbert.accounting.gate``) on this run alone on a fresh dataset (always true without a budget). The total δ of a planned run is vocab.delta (or the real δ of the
 paper's threshold) + training.delta.
 """
 from __future__ import annotations
@@ -68,86 +68,22 @@ import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import dp_accounting
-from dp_accounting import pld as _pld
-from dp_accounting import rdp as _rdp
 
-from dpbert.privacy import _checks, pld_vectorized
+from dpbert.accounting import gate as _gate
+from dpbert.accounting import solver as _solver
+from dpbert.accounting.sigma import accounted_sigma
+from dpbert.accounting.epsilon import ACCOUNTANTS, epsilon as _epsilon, make_accountant as _make_accountant
+from dpbert.privacy import _checks
 from dpbert.privacy import events as _events
-from dpbert.privacy import diagnostics as _diagnostics
 from dpbert.privacy import histogram as _histogram
 from dpbert.privacy.plan import plan_training, steps_for  # noqa: F401  (steps_for: re-exported)
 
-# dp-accounting's PLD construction with its per-ε Python loop vectorized (same formulas).
-pld_vectorized.install()
-
-ACCOUNTANTS = ("pld", "rdp")
 PLD_DISCRETIZATION = _histogram.PLD_DISCRETIZATION
 TF_PRIVACY_NOTE = (
     "tensorflow-privacy 0.9.0's compute_dp_sgd_privacy_statement assumes used_microbatching=True "
     "by default, which halves the noise multiplier (16.384 instead of 2.597 for n=60000, B=256, "
     "sigma=1.1, 60 epochs, delta=1e-5); dpbert clips per example, so pass "
     "used_microbatching=False to compare.")
-
-
-def _make_accountant(kind: str) -> dp_accounting.PrivacyAccountant:
-    _checks.choice("accountant", kind, ACCOUNTANTS)
-    if kind == "pld":
-        return _pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
-    return _rdp.RdpAccountant()
-
-
-def _gaussian_only(event: dp_accounting.DpEvent) -> Optional[float]:
-    """Σ count/σ² over a composition made only of GaussianDpEvents (None if anything else)."""
-    if isinstance(event, dp_accounting.NoOpDpEvent):
-        return 0.0
-    if isinstance(event, dp_accounting.GaussianDpEvent):
-        return math.inf if event.noise_multiplier == 0 else event.noise_multiplier ** -2
-    if isinstance(event, dp_accounting.SelfComposedDpEvent):
-        inner = _gaussian_only(event.event)
-        return None if inner is None else event.count * inner
-    if isinstance(event, dp_accounting.ComposedDpEvent):
-        parts = [_gaussian_only(e) for e in event.events]
-        return None if any(p is None for p in parts) else sum(parts)
-    return None
-
-
-#: ``_epsilon``'s results by (repr of the event, δ, accountant): an event is a frozen value whose
-#: repr names every field (floats exactly), and a PLD of a subsampled Gaussian takes seconds to build
-#: while plans, guards, ledgers and reports ask for the same ε many times in one process.
-_EPSILON_MEMO: Dict[tuple, float] = {}
-_EPSILON_MEMO_SIZE = 4096
-
-
-def _epsilon(event: dp_accounting.DpEvent, delta: float, kind: str) -> float:
-    """ε at δ of ``event`` (memoised: ``_EPSILON_MEMO``; see ``_epsilon_uncached``)."""
-    key = (repr(event), float(delta), kind)
-    if key not in _EPSILON_MEMO:
-        if len(_EPSILON_MEMO) >= _EPSILON_MEMO_SIZE:
-            _EPSILON_MEMO.clear()
-        _EPSILON_MEMO[key] = _epsilon_uncached(event, delta, kind)
-    return _EPSILON_MEMO[key]
-
-
-def _epsilon_uncached(event: dp_accounting.DpEvent, delta: float, kind: str) -> float:
-    """ε at δ of ``event``. For "pld", a composition of Gaussian mechanisms only (the vocabulary,
-    shuffled DP-SGD) is one Gaussian mechanism with noise multiplier (Σ count/σᵢ²)^(−1/2) — its
-    privacy loss distribution is exactly that Gaussian's — so its ε is evaluated in closed form
-    (Balle & Wang 2018), the exact value the discretized PLD approximates from above (and which
-    dp-accounting 0.4.3 takes seconds to reach for noise multipliers ≪ 1)."""
-    if kind == "pld":
-        weight = _gaussian_only(event)
-        if weight is not None:
-            if weight == 0:
-                return 0.0
-            if math.isinf(weight):
-                return math.inf
-            return _histogram.gaussian_epsilon(weight ** -0.5, delta, 1.0, method="analytic")
-    accountant = _make_accountant(kind)
-    if not accountant.supports(event):
-        raise ValueError(f"event is not supported by the {kind} accountant: {event}")
-    return float(accountant.compose(event).get_epsilon(delta))
-
-
 
 
 # ------------------------------------------------------------------------------------ DP-SGD
@@ -210,14 +146,9 @@ def dpsgd_report(examples: int, batch_size: int, noise_multiplier: float, delta:
 def noise_multiplier_for_target(target_epsilon: float, sampling_probability: float, steps: int,
                                 delta: float, sampling: str = "poisson", accountant: str = "pld",
                                 tol: float = 1e-3, max_contributions: int = 1) -> float:
-    """Smallest σ (within ``tol``) whose DP-SGD ε at δ is ≤ ``target_epsilon``.
-
-    dp-accounting's ``calibrate_dp_mechanism`` (Brent's method; it guarantees ε(σ) ≤ target)
-    on an explicit bracket. The bracket is grown from σ = 1 by factors of 2 for RDP; for PLD it
-    starts at the (cheap) RDP answer and moves by factors of 1.25, so that the slow PLD is never
-    evaluated at a σ much smaller than the answer. σ is not searched below 0.01: if even that
-    meets the target, 0.01 is returned (valid, not minimal).
-    """
+    """Smallest σ (within ``tol``) whose DP-SGD ε at δ is ≤ ``target_epsilon``: the one solver
+    (``dpbert.accounting.solver.smallest_sigma``); for PLD it starts from the (cheap) RDP answer,
+    so the slow PLD is never evaluated at a σ much smaller than the answer."""
     target_epsilon = _checks.positive("target_epsilon", target_epsilon)
     delta = _checks.probability("delta", delta)
     tol = _checks.positive("tol", tol)
@@ -225,32 +156,16 @@ def noise_multiplier_for_target(target_epsilon: float, sampling_probability: flo
     # Validate the remaining arguments once, with clear messages.
     _events.dpsgd_dp_event(1.0, sampling_probability, steps, sampling, max_contributions)
 
-    def make_event(sigma: float):
-        return _events.dpsgd_dp_event(sigma, sampling_probability, steps, sampling, max_contributions)
-
     def eps(sigma: float) -> float:
-        return _epsilon(make_event(sigma), delta, accountant)
+        event = _events.dpsgd_dp_event(sigma, sampling_probability, steps, sampling, max_contributions)
+        return _epsilon(event, delta, accountant)
 
-    floor = 1e-2
+    start = 1.0
     if accountant == "pld":
-        hi = noise_multiplier_for_target(target_epsilon, sampling_probability, steps, delta, sampling,
-                                         "rdp", tol, max_contributions)
-        factor = 1.25
-    else:
-        hi, factor = 1.0, 2.0
-    while eps(hi) > target_epsilon:
-        hi *= factor
-        if hi > 1e6:
-            raise ValueError(f"target_epsilon {target_epsilon} is not reachable with noise_multiplier "
-                             f"<= 1e6")
-    lo = max(hi / factor, floor)
-    while eps(lo) <= target_epsilon:
-        if lo <= floor:
-            return floor
-        hi, lo = lo, max(lo / factor, floor)
-    return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: _make_accountant(accountant), make_event, target_epsilon, delta,
-        dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol))
+        start = noise_multiplier_for_target(target_epsilon, sampling_probability, steps, delta, sampling, "rdp",
+                                            tol, max_contributions)
+    rtol = tol / max(start, 1.0) / 2
+    return _solver.smallest_sigma(eps, target_epsilon, start, rtol=rtol, factor=1.25 if accountant == "pld" else 2.0)
 
 
 # ------------------------------------------------------------------------------------ ledger
@@ -400,8 +315,7 @@ def _planned_training(config, n: int, dp_count: bool):
     if train_cfg.non_private:
         return plan, [_events.non_private_event("train")]
     # The σ the trainer will record: the gradient's σ combined with its DP diagnostics.
-    sigma = _diagnostics.effective_noise_multiplier(train_cfg.noise_multiplier,
-                                                    _diagnostics.config_of(train_cfg))
+    sigma = accounted_sigma(train_cfg.noise_multiplier, train_cfg)
     records = [_events.dpsgd_event(sigma, train_cfg.batch_size, plan.dataset_size, plan.steps, train_cfg.sampling,
                                    k, unit=privacy.unit)]
     if dp_count:
@@ -413,6 +327,26 @@ def _planned_training(config, n: int, dp_count: bool):
         records.insert(0, _count.count_event(train_cfg.count_noise_multiplier, plan.dataset_size, unit=privacy.unit,
                                              max_contributions=k))
     return plan, records
+
+
+def _planned_vocab_record(config) -> Dict[str, Any]:
+    """The vocabulary record a run of ``config`` will write (public, non-private or the DP histogram's)."""
+    privacy, vocab_cfg = config.privacy, config.vocab
+    if getattr(vocab_cfg, "source", "dp") == "public":
+        return public_vocab_record("public")  # the public checkpoint's vocabulary: nothing charged
+    if vocab_cfg.non_private:
+        return _events.non_private_event("vocab")
+    # dp and public+dp: the same DP histogram (public+dp appends released words: post-processing).
+    k = privacy.max_tuples_per_patient if privacy.unit == "patient" else 1
+    return _events.histogram_event(_histogram.histogram_report(vocab_cfg.sigma, vocab_cfg.delta, privacy.tuple_words,
+                                                               vocab_cfg.threshold_mode, k, unit=privacy.unit))
+
+
+def planned_records(config, dataset_size: Optional[int] = None, dp_count: bool = False) -> List[Dict[str, Any]]:
+    """The records a run of ``config`` will write, vocabulary first (no ε computed)."""
+    vocab = _planned_vocab_record(config)
+    _, trains = _planned_training(config, _planned_n(config, dataset_size), dp_count)
+    return ([] if is_public_vocab_record(vocab) else [vocab]) + list(trains)
 
 
 def planned_ledger(config, dataset_size: Optional[int] = None, dp_count: bool = False) -> Dict[str, Any]:
@@ -430,31 +364,17 @@ def planned_ledger(config, dataset_size: Optional[int] = None, dp_count: bool = 
     noise_multiplier, dataset_size_source ("public" | "dp_count"), vocab_event and train_events
     (the records the run should write, in its order).
     """
-    privacy, vocab_cfg, train_cfg = config.privacy, config.vocab, config.training
+    train_cfg = config.training
     n = _planned_n(config, dataset_size)
-    k = privacy.max_tuples_per_patient if privacy.unit == "patient" else 1
-
-    if getattr(vocab_cfg, "source", "dp") == "public":
-        # The public checkpoint's vocabulary: no private data read, nothing charged.
-        vocab_record = public_vocab_record("public")
-        delta_vocab = 0.0
-    elif vocab_cfg.non_private:
-        vocab_record = _events.non_private_event("vocab")
-        delta_vocab = 0.0
-    else:
-        # dp and public+dp: the same DP histogram (public+dp appends released words to the public
-        # vocabulary: post-processing).
-        report = _histogram.histogram_report(vocab_cfg.sigma, vocab_cfg.delta, privacy.tuple_words,
-                                             vocab_cfg.threshold_mode, k, unit=privacy.unit)
-        vocab_record = _events.histogram_event(report)
-        delta_vocab = report["delta"]
-
+    vocab_record = _planned_vocab_record(config)
+    delta_vocab = vocab_record.get("delta", 0.0) if vocab_record["mechanism"] == "dp_histogram" else 0.0
     plan, train_records = _planned_training(config, n, dp_count)
     result = ledger(vocab_record, train_records, delta_vocab + train_cfg.delta)
-    budget = privacy.epsilon_budget
+    budget = config.privacy.epsilon_budget
     result.update({
         "epsilon_budget": budget,
-        "within_budget": True if budget is None else bool(result["epsilon_total_pld"] <= budget),
+        # The gate's verdict on this run alone on a fresh dataset (pipeline.guard adds the dataset's).
+        "within_budget": _gate.alone(config, vocab_record, train_records).admitted,
         "dataset_size": plan.dataset_size, "batch_size": train_cfg.batch_size, "sampling": train_cfg.sampling,
         "sampling_probability": plan.sampling_probability, "plan": plan.to_dict(),
         "noise_multiplier": train_cfg.noise_multiplier, "steps": plan.steps,
@@ -494,16 +414,10 @@ def noise_multiplier_for_planned_target(config, target_epsilon: float, dataset_s
                                                   unit=config.privacy.unit)["delta"]
     delta_train = (delta_vocab + config.training.delta) - delta_vocab
 
-    def with_sigma(sigma: float):
-        return dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=sigma))
-
-    cache: Dict[float, float] = {}
-
     def eps(sigma: float) -> float:
-        if sigma not in cache:
-            _, records = _planned_training(with_sigma(sigma), n, dp_count)
-            cache[sigma] = _train_epsilon(records, delta_train, "pld")
-        return cache[sigma]
+        configured = dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=sigma))
+        _, records = _planned_training(configured, n, dp_count)
+        return _train_epsilon(records, delta_train, "pld")
 
     if dp_count:
         _, records = _planned_training(config, n, True)
@@ -519,48 +433,30 @@ def noise_multiplier_for_planned_target(config, target_epsilon: float, dataset_s
     try:
         guess_eff = noise_multiplier_for_target(target_epsilon, record["sampling_probability"], record["steps"],
                                                 delta_train, record["sampling"], "rdp", 1e-2)
-        # σ_eff is linear in σ (diagnostics): σ = σ_eff / σ_eff(1).
-        hi = guess_eff / _diagnostics.effective_noise_multiplier(1.0, _diagnostics.config_of(config.training))
+        start = guess_eff / accounted_sigma(1.0, config.training)  # σ_eff is linear in σ
     except ValueError:
-        hi = float(config.training.noise_multiplier)
-    factor = 1.15
-    while eps(hi) > target_epsilon:
-        hi *= factor
-        if hi > 1e6:
-            raise ValueError(f"ε_T = {target_epsilon:g} cannot be met with training.noise_multiplier <= 1e6")
-    lo = hi / factor
-    while eps(lo) <= target_epsilon:
-        hi, lo = lo, lo / factor
-        if lo < 1e-2:
-            return _round_up(hi)
-    # Illinois regula falsi on g(x) = log ε_T(e^x) − log target (decreasing in x): g(lo) > 0 ≥ g(hi).
-    log_target = math.log(target_epsilon)
-    x_lo, x_hi = math.log(lo), math.log(hi)
-    g_lo, g_hi = math.log(eps(lo)) - log_target, math.log(eps(hi)) - log_target
-    side = 0
-    tol = math.log1p(rtol)
-    while x_hi - x_lo > tol:
-        x = x_hi - g_hi * (x_hi - x_lo) / (g_hi - g_lo) if g_hi != g_lo else 0.5 * (x_lo + x_hi)
-        # At least tol/2 inside the bracket: a step that lands next to the root closes it on the next.
-        x = min(max(x, x_lo + tol / 2), x_hi - tol / 2)
-        g = math.log(eps(math.exp(x))) - log_target
-        if g > 0:
-            x_lo, g_lo = x, g
-            if side == -1:
-                g_hi /= 2
-            side = -1
-        else:
-            x_hi, g_hi = x, g
-            if side == 1:
-                g_lo /= 2
-            side = 1
-    sigma = _round_up(math.exp(x_hi))
-    while eps(sigma) > target_epsilon:  # PLD's discretization: never return a σ over the target
-        sigma = _round_up(sigma * (1 + rtol))
-    return sigma
+        start = float(config.training.noise_multiplier)
+    return _solver.smallest_sigma(eps, target_epsilon, start, rtol=rtol, factor=1.15)
 
 
-def _round_up(sigma: float, digits: int = 4) -> float:
-    """σ rounded UP to ``digits`` decimals (what is printed is what meets the target)."""
-    scale = 10 ** digits
-    return math.ceil(sigma * scale - 1e-9) / scale
+def noise_multiplier_for_whole_target(config, target_epsilon: float, n: int, dp_count: bool,
+                                      rtol: float = 2e-3) -> float:
+    """The smallest ``training.noise_multiplier`` σ (within relative ``rtol``) whose planned ledger
+    records a WHOLE-run ε (``epsilon_total_pld``: vocabulary, DP count and training composed) ≤
+    ``target_epsilon`` — the one solver over that ε(σ). The whole-run ε decreases with σ towards what
+    the vocabulary (and the DP count) spend alone: a target at or below that is a ``ValueError``
+    naming their parameters."""
+    import dataclasses
+
+    def whole(sigma: float) -> float:
+        configured = dataclasses.replace(config, training=dataclasses.replace(config.training, noise_multiplier=sigma))
+        return planned_ledger(configured, n, dp_count=dp_count)["epsilon_total_pld"]
+
+    floor = whole(1e3)  # ε_T ≈ 0 at σ = 1000 (a larger σ underflows the RDP accountant)
+    if floor >= target_epsilon:
+        raise ValueError(f"the whole-run ε cannot reach {target_epsilon:g}: the vocabulary"
+                         f"{' and the DP count' if dp_count else ''} alone spend ε = {floor:.4g} (raise vocab.sigma"
+                         f"{', training.count_noise_multiplier' if dp_count else ''}, or target the training alone "
+                         f"with --target training)")
+    return _solver.smallest_sigma(whole, target_epsilon, max(float(config.training.noise_multiplier), 1e-2),
+                                  rtol=rtol, factor=2.0)

@@ -18,6 +18,8 @@ import json
 import posixpath
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+from dpbert.accounting import reserve as _reserve
+from dpbert.accounting.deltas import dataset_delta, threshold_delta  # noqa: F401 (part of the target's API)
 from dpbert.config import Config
 from dpbert.ledger import composition as _compose
 from dpbert.ledger import dataset as _dataset
@@ -36,6 +38,12 @@ class LedgerTarget:
     #: on it are one run by it (``dataset.one_planned_run``). Not the training's configuration: it
     #: is a parameter of the vocabulary component, and a new learning rate must not re-run it.
     vocab_key: Optional[str] = None
+    #: What a first budgeted reservation pins (``dpbert.accounting.gate.Request``): the threshold δ₂
+    #: of this configuration's histogram, the ledger records of its whole planned run (the committed
+    #: order is the one that fits the most repetitions of it), and how many orders to commit.
+    threshold_delta: float = 0.0
+    first_plan: tuple = ()
+    orders: int = 1
 
     def uri(self) -> str:
         return _identity.ledger_uri(self.location or _identity.default_location(), self.dataset_id)
@@ -51,21 +59,9 @@ class LedgerTarget:
             data = json.loads(text) if text else None
         else:
             data = text
-        return cls(**data) if data else None
-
-
-def dataset_delta(config: Config) -> float:
-    """The total δ of a run of ``config``: the histogram's δ (the real one for threshold_mode
-    paper) when the vocabulary reads private data, plus training.delta."""
-    from dpbert.privacy import histogram
-
-    vocab, privacy = config.vocab, config.privacy
-    delta_v = 0.0
-    if getattr(vocab, "source", "dp") != "public" and not vocab.non_private:
-        k = privacy.max_tuples_per_patient if privacy.unit == "patient" else 1
-        delta_v = histogram.histogram_report(vocab.sigma, vocab.delta, privacy.tuple_words, vocab.threshold_mode, k,
-                                             unit=privacy.unit)["delta"]
-    return delta_v + config.training.delta
+        if not data:
+            return None
+        return cls(**{**data, "first_plan": tuple(data.get("first_plan") or ())})
 
 
 def vocab_key(config: Config) -> str:
@@ -82,9 +78,21 @@ def ledger_target(config: Config) -> Optional[LedgerTarget]:
     dataset_id = _identity.dataset_id_for(config.corpus)
     if dataset_id is None:
         return None
+    pins = config.privacy.epsilon_budget is not None
     return LedgerTarget(dataset_id=dataset_id, unit=config.privacy.unit, delta=dataset_delta(config),
                         epsilon_budget=config.privacy.epsilon_budget, location=config.privacy.ledger,
-                        vocab_key=vocab_key(config))
+                        vocab_key=vocab_key(config), threshold_delta=threshold_delta(config),
+                        first_plan=tuple(_first_plan(config)) if pins else ())
+
+
+def _first_plan(config: Config) -> List[Dict[str, Any]]:
+    """The ledger records of the whole planned run (no ε computed), or [] without a public n."""
+    from dpbert.accounting.accountant import planned_records
+
+    try:
+        return [_compose.ledger_record(r) for r in planned_records(config)]
+    except ValueError:
+        return []
 
 
 def ledger_target_json(config: Config) -> str:
@@ -104,20 +112,22 @@ def run_of(output_uri: str) -> Dict[str, str]:
 
 def reserve_event(target: LedgerTarget, mechanism: str, records: Iterable, output_uri: str, *,
                   chain: Optional[str] = None, config_key: Optional[str] = None,
-                  resume_key: Optional[str] = None) -> _dataset.Reservation:
+                  resume_key: Optional[str] = None) -> _reserve.Reservation:
     """``dataset.reserve`` for a stage writing ``output_uri`` (its run and pipeline root)."""
     where = run_of(output_uri)
-    return _dataset.reserve(target.uri(), target.dataset_id, where["run_id"], where["pipeline_root"], mechanism,
+    return _reserve.reserve(target.uri(), target.dataset_id, where["run_id"], where["pipeline_root"], mechanism,
                             list(records), target.unit, delta=target.delta, budget=target.epsilon_budget,
-                            chain=chain, config_key=config_key, resume_key=resume_key, plan_key=target.vocab_key)
+                            chain=chain, config_key=config_key, resume_key=resume_key, plan_key=target.vocab_key,
+                            threshold_delta=target.threshold_delta, first_plan=target.first_plan,
+                            orders=target.orders)
 
 
-def finalize_event(reservation: _dataset.Reservation, records: Iterable) -> Dict[str, Any]:
-    return _dataset.finalize(reservation, list(records))
+def finalize_event(reservation: _reserve.Reservation, records: Iterable) -> Dict[str, Any]:
+    return _reserve.finalize(reservation, list(records))
 
 
 def reserve_training(target: LedgerTarget, model_uri: str, chain: str, resume_key: str,
-                     planned_records: List[Mapping[str, Any]]) -> _dataset.Reservation:
+                     planned_records: List[Mapping[str, Any]]) -> _reserve.Reservation:
     """Before the trainer reads the tuples (or draws its DP count): reserve the chain's cumulative
     charge once this run completes — ``planned_records`` = [count record,] DP-SGD record whose
     ``steps`` = steps the chain has executed + the steps this run will execute (``pipeline.guard``'s
@@ -127,7 +137,7 @@ def reserve_training(target: LedgerTarget, model_uri: str, chain: str, resume_ke
     return reserve_event(target, "dp_sgd", planned_records, model_uri, chain=chain, resume_key=resume_key)
 
 
-def finalize_training(reservation: _dataset.Reservation, steps_executed: int,
+def finalize_training(reservation: _reserve.Reservation, steps_executed: int,
                       executed_records: Optional[List[Mapping[str, Any]]] = None) -> Dict[str, Any]:
     """When the trainer stops (finished, refused, interrupted, failed): the chain's executed steps
     (the write-ahead log's count, never less). Poisson: the planned records re-planned at
@@ -143,7 +153,7 @@ def finalize_training(reservation: _dataset.Reservation, steps_executed: int,
                     executed_records.append(_compose.with_steps(record, steps_executed))
             else:
                 executed_records.append(record)
-    return _dataset.finalize(reservation, executed_records)
+    return _reserve.finalize(reservation, executed_records)
 
 
 def reserve_vocabulary(ledger_target, record: Mapping[str, Any], vocabulary_dir: str):
