@@ -111,8 +111,10 @@ def audit_objective(blow_up_inverse: BlowUpInverse, m: int, n_guess: int, n_corr
 
 def epsilon_one_run_fdp(m: int, n_guess: int, n_correct: int, significance: float, delta: float,
                         eps_lo: float = 0.0) -> float:
-    """jax_privacy's estimator: the largest ε whose Gaussian curve G_{μ(ε, δ)} is rejected, or
-    ``eps_lo`` when none above it is (a μ-GDP test: module docstring)."""
+    """jax_privacy's estimator: from ``eps_lo`` (rejected), doubling to a non-rejected ε, then the
+    root of the objective between them (Brent) — an ε whose Gaussian curve G_{μ(ε, δ)} is rejected
+    (the objective need not be monotone in ε, so the root found depends on ``eps_lo``, as in
+    jax_privacy); ``eps_lo`` when it is not rejected. A μ-GDP test (module docstring)."""
     if not 0 < significance < 1 or not 0 < delta < 1:
         raise ValueError(f"need 0 < significance, delta < 1, got {significance}, {delta}")
 
