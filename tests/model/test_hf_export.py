@@ -324,3 +324,28 @@ def test_positive_control_the_tanh_gelu_is_told_apart(tmp_path):
     ours = _dpbert_logits(models, ids, positions)
     tanh = hf_mlm_logits(config, t, ids, (ids != 0).astype(np.float64), activation=_gelu_tanh)
     assert np.abs(np.take_along_axis(tanh, positions[..., None], 1) - ours).max() > 1e-4
+
+
+# ------------------------------------------------------------------------------ the model card
+CARD_PRIVACY = {"epsilon": 2.34561, "delta": 1.0000001e-05, "epsilon_vocab": 0.4242, "delta_vocab": 1e-09,
+                "epsilon_train": 2.1, "unit": "patient", "adjacency": "add_or_remove_one",
+                "mechanisms": ["dp_histogram", "dp_count", "dp_sgd"]}
+
+
+def _card_states(card: str, privacy: dict) -> bool:
+    """The card's table states ε (rounded up), δ with ≥ 6 significant digits rounded up, the unit,
+    the adjacency and the mechanisms."""
+    return all(row in card for row in ("| ε (vocabulary + training, composed) | 2.346 |", "| δ | 1.00001e-05 |",
+                                       f"| privacy unit | {privacy['unit']} |", f"| adjacency | {privacy['adjacency']} |",
+                                       "| mechanisms | dp_histogram, dp_count, dp_sgd |", "0.4242 at δ = 1e-09"))
+
+
+def test_the_model_card_states_the_privacy_fields_with_delta_rounded_up():
+    spec = bert_lib.BertSpec(vocab_size=12, max_seq_length=16, max_predictions=3, preset="tiny",
+                             **bert_lib.PRESETS["tiny"])
+    card = hf_layout.model_card(spec, CARD_PRIVACY)
+    assert card.startswith("---\n") and _card_states(card, CARD_PRIVACY) and hf_layout.PRIVACY_KEY in card
+    # positive control: a card printing δ with 3 significant digits (1e-05, below the true δ) fails
+    assert not _card_states(card.replace("1.00001e-05", f"{CARD_PRIVACY['delta']:.3g}"), CARD_PRIVACY)
+    private = hf_layout.model_card(spec, None)
+    assert "NOT differentially private" in private and "| δ |" not in private
