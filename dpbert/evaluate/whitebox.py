@@ -1,6 +1,10 @@
 r"""The white-box one-run audit of DP-SGD: its training harness, next to the other evaluators. The
 canaries, the scores and the power are ``dpbert.privacy.whitebox_audit`` (module docstring there);
-the ε lower bound ``dpbert.privacy.one_run_audit``.
+the ε lower bound is the f-DP one-run test of the claimed DP-SGD curve
+(``dpbert.privacy.fdp_audit``; ``estimator``), with SNJ's ``dpbert.privacy.one_run_audit`` next to
+it (``*_snj``). The report says what the audit can refute: ``max_reachable_lower_bound`` (every
+guess right), ``weakest_detected_noise_factor`` and ``detects`` (the weakest noise break it is
+expected to catch), ``cannot_detect`` (below).
 
 What runs: the SHIPPED training loop
 ------------------------------------
@@ -41,9 +45,8 @@ What it can and cannot detect
 -----------------------------
 * It tests the released noisy sums g̃_t of the trained piece against the claimed (σ, q, T) per
   AUDITED UNIT (patient or tuple): the noise draw, its scale and placement, the sampler's rate and
-  independence for the enrolled units, the step count. The bound's power is
-  ``max_reachable_lower_bound`` (≈ 4.98 / 5.51 at m = 10³ / 10⁴, δ = 1e-5, 95 %): a claimed ε
-  above it cannot be refuted.
+  independence for the enrolled units, the step count. Its power: ``weakest_detected_noise_factor``
+  (σ × 0.5 at the demo's (q, σ, T) and m = 2,000) and ``max_reachable_lower_bound``.
 * It does NOT test the per-unit clipping of real rows (canaries are inserted already of norm C;
   the run-time clipping check of ``dpbert.model.integrity`` does), the patient grouping of real
   rows (canary patients have one row), the division by B (g̃_t is read before it), the masks, the
@@ -396,8 +399,11 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
     ``public_checkpoint_dir``, ``initial_weights``, ``new_token_ids``, ``mask_token_id``,
     ``strategy``, ``progress``, ``output_dir``: default a throw-away ``ram://`` chain).
 
-    Returns epsilon_lower_bound, epsilon_upper_bound (accountant, gradient σ, same q/T/δ),
-    max_reachable_lower_bound, consistent, the audited unit and k, the trainable set, the probe
+    ``report_power``: also compute the power fields (a few seconds of simulation and bisection).
+
+    Returns epsilon_lower_bound (f-DP, ``estimator``), sigma_upper_bound, epsilon_lower_bound_snj,
+    epsilon_upper_bound (accountant, gradient σ, same q/T/δ), with ``report_power``
+    max_reachable_lower_bound(_snj), weakest_detected_noise_factor, detects, cannot_detect; consistent, the audited unit and k, the trainable set, the probe
     piece, the guesses, ``dp_event`` (chargeable — ``dp_event_chargeable`` — unless the rows are
     public) and ``dp_release``, seconds; with ``positive_control`` the
     ``positive_control_*`` keys; with ``return_arrays`` the per-step arrays (private counts)."""

@@ -75,7 +75,7 @@ def test_the_audit_runs_the_configured_loop_with_canaries_as_patients_of_its_sam
 
     spy = LoopSpy()
     res = audit(rows, cfg, plan=plan_for_config(cfg, 80), patient_keys=patients(ROWS), canaries=256, seed=1,
-                hooks=[spy], return_arrays=True)
+                hooks=[spy], return_arrays=True, report_power=False)
     loop = spy.loop
     assert type(loop) is TrainLoop and loop.source.patient_unit and loop.source.k == 2
     assert loop.stepper.selection.names == ["bias", "head"] and loop.stepper.config.group_size == 2
@@ -132,6 +132,9 @@ def test_positive_control_before_the_noise_exceeds_the_claim_and_the_honest_boun
     assert 0.0 <= res["epsilon_lower_bound"] <= upper, res
     assert res["positive_control_lower_bound"] > upper, res
     assert res["positive_control_lower_bound"] <= res["max_reachable_lower_bound"] + 1e-9
+    # the f-DP bound is at least as strong as SNJ's on the same guesses; the report names its power
+    assert res["positive_control_lower_bound"] >= res["positive_control_lower_bound_snj"]
+    assert 0 < res["weakest_detected_noise_factor"] < 1 and res["cannot_detect"] and "σ ×" in res["detects"]
     # the probe sees the claimed σ: mean square of g̃_t − canary sums − (sum before the noise −
     # canary sums) over T·d' values is σ²C² (χ² law, 5 sd)
     noise = res["observed"].astype(np.float64) - res["noiseless"]
@@ -146,7 +149,7 @@ def test_fault_injection_noise_not_added_is_refuted_by_the_honest_reading(rows):
     """Test fixture: the step computes its draw and does not add it. The run-time noise check
     would stop the run first; it is switched off here so the audit itself is what catches it."""
     with noise_drawn_not_added(), patched(integrity.RunChecks, _evaluate=lambda self: None):
-        res = audit(rows, config(), canaries=1000, seed=4)
+        res = audit(rows, config(), canaries=1000, seed=4, report_power=False)
     assert res["epsilon_lower_bound"] > res["epsilon_upper_bound"], res
     assert not res["consistent"]
 
