@@ -371,6 +371,14 @@ class TrainingConfig:
                f"{prefix}.batch_size", f"must be divisible by {prefix}.workers × {prefix}.replicas × "
                f"{prefix}.accumulation_steps = {self.workers * self.replicas * self.accumulation_steps}",
                self.batch_size)
+        # new_tokens writes its rows back into the embedding by a sliced scatter that a distributed
+        # (mirrored) variable does not implement: refused here, not a NotImplementedError at step 1.
+        distributed = self.strategy != "default" or self.replicas > 1 or self.workers > 1
+        _check("new_tokens" not in self.trainable or not distributed, f"{prefix}.trainable",
+               f"cannot include new_tokens with {prefix}.replicas = {self.replicas}, {prefix}.workers = "
+               f"{self.workers}, {prefix}.strategy = {self.strategy} (its embedding rows are trained only on "
+               f"one device: set {prefix}.replicas = 1, {prefix}.workers = 1, {prefix}.strategy = default, "
+               f"or drop new_tokens)", self.trainable)
         _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
         _check(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0", self.warmup_steps)
         _check(0 < self.mask_probability < 1, f"{prefix}.mask_probability", "must be in (0, 1)",

@@ -263,3 +263,21 @@ def test_train_mlm_subset_same_dp_event_merged_export_and_resume_refused(corpus,
         train_mlm(corpus, SPECIALS, 40, model, dataclasses.replace(subset, trainable=["bias"], steps=3), tmp_path,
                   progress=False, export_saved_model=False, new_token_ids=new_ids)
     assert (tmp_path / "run_config.json").read_text() == run_config
+
+
+@pytest.mark.parametrize("distributed", [{"replicas": 2, "strategy": "mirrored"}, {"strategy": "mirrored"},
+                                         {"workers": 2}], ids=["2-mirrored", "1-mirrored", "2-workers"])
+def test_new_tokens_on_a_distributed_strategy_is_refused_at_validation(distributed):
+    """The new tokens' rows are written back by a sliced scatter that a mirrored variable does not
+    implement (NotImplementedError at the first step): refused with the fields named (exit 2).
+    Control: the same sets on one device, and the other sets distributed, validate."""
+    from dpbert.config import ConfigError, TrainingConfig
+
+    sets = ["bias", "head", "new_tokens"]
+    with pytest.raises(ConfigError) as err:
+        TrainingConfig(batch_size=8, trainable=sets, **distributed).validate("training")
+    text = str(err.value)
+    assert text.startswith("training.trainable ") and "new_tokens" in text
+    assert "training.replicas" in text and "training.strategy" in text and "training.workers" in text
+    TrainingConfig(batch_size=8, trainable=sets).validate("training")
+    TrainingConfig(batch_size=8, trainable=["bias", "head"], **distributed).validate("training")
