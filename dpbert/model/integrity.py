@@ -1,4 +1,4 @@
-"""Run-time integrity checks on the REAL training run: what the audit canaries cannot see (issue 22).
+"""Run-time integrity checks on the REAL training run: what the audit canaries cannot see.
 
 The white-box audit (``dpbert.privacy.whitebox_audit``) adds its gradient canaries to the clipped
 sum AFTER the clipping and outside the sampler, and scores them at the CLAIMED σ: a sampler whose
@@ -34,20 +34,41 @@ steps (the first step, every ``training.integrity_check_every`` steps) and the e
    a level of 2e-9 at n = 64): it fails. Too rare a participation costs no privacy and is not
    tested. Shuffle: at most ⌈T·B/n⌉ + 1 (a window may straddle two permutations).
 2. **Brute-force clipping** (``clipping``; deterministic, no false alarm), at the first step of
-   every run and every ``training.integrity_check_every`` steps (0 = off): one unit of the step's batch chosen with
-   secret randomness; before the step runs (same weights), its gradient is recomputed by brute
-   force — ONE ``GradientTape`` over that unit's rows alone (a patient: the sum of its ≤ k rows'
-   gradients; with ``training.trainable`` the gradient of the trained pieces only,
-   ``Selection.gradients``), independent of ``ghost.py`` — and compared at rtol 1e-4 (float32) with (a) the
-   norm the step's clipping path (``DPSGDTrainStep.clip``) gives that unit on the same micro-batch,
-   (b) that path's clipped contribution of the unit alone vs min(1, C/‖g‖)·g, and (c) when the
-   model has no active dropout, the norm the step itself used (``DPSGDTrainStep.last_unit_norms``).
-   Both sides of (a) and (b) run with ``training=False`` (dropout off for both): with dropout on,
-   the step's own masks cannot be replayed, so (c) is only possible on a dropout-free model.
-   The check's computations run in full float32 (TensorFloat-32 off during the call); where the
-   step's own matmuls may have run in reduced precision (TF32 GPU, TPU), (c) is compared at
-   rtol 1e-2 (``STEP_NORM_RTOL_REDUCED``) — unverified on such hardware here (CPU only).
-   A ghost norm that drops a layer's term or is scaled fails (a) / (c); wrong book-keeping (b).
+   every run and every ``training.integrity_check_every`` steps (0 = off): one unit of the step's
+   batch chosen with secret randomness; before the step runs (same weights), its gradient b is
+   recomputed by brute force — ONE ``GradientTape`` over that unit's rows alone (a patient: the
+   sum of its ≤ k rows' gradients; with ``training.trainable`` the gradient of the trained pieces
+   only, ``Selection.gradients``), independent of ``ghost.py`` — and e = min(1, C/‖b‖)·b is what
+   the unit must add. Compared at rtol 1e-4 (float32):
+
+   (a) ``norm``: the norm the clipping path (``DPSGDTrainStep.clip``) gives that unit on the same
+       micro-batch;
+   (b) ``clipped`` / ``clipped_piece``: that path's contribution of the unit alone vs e, as a whole
+       and PER TRAINED PIECE (variable or sliced piece): piece v's error is ‖g_v − e_v‖ over
+       max(‖e_v‖, ``PIECE_FLOOR``·‖e‖) (a piece whose gradient is ~0, e.g. the attention key bias,
+       carries rounding error only). A factor r ≠ 1 on piece v alone changes the whole vector by
+       |r − 1|·‖e_v‖/‖e‖ only — 2C on the query bias of the tiny test model, a few 1e-6 of the
+       unit's norm, passes the whole-vector comparison — but piece v by |r − 1|: caught whenever
+       |r − 1| > 1e-4 and piece v carries more than 1e-6 of the unit (below that, more than
+       1e-10/|r − 1|);
+   (c) ``summed`` / ``summed_piece`` / ``summed_norm``: the step's OWN accumulate
+       (``DPSGDTrainStep.replay_accumulate``: the function ``run_step`` calls — ``_compute``, its
+       clipping, the accumulators — whose sum the noise is then added to; not ``clip()``)
+       replayed on a round holding that unit alone, without noise or apply, its accumulators read
+       and zeroed: on a dropout-free model vs e, whole and per piece (a step that clips with
+       another factor than ``clip()``'s is caught); with dropout (its masks cannot be replayed by
+       the brute force) its norm vs min(the norm the replay used, C), which 2C breaks on any
+       clipped unit;
+   (d) ``step_norm``, on a dropout-free model: the norm the real step used for the unit
+       (``DPSGDTrainStep.last_unit_norms``).
+
+   (a) and (b) run with ``training=False`` on both sides. The check's computations, the replay
+   included, run in full float32 (TensorFloat-32 off during the call); where the step's own
+   matmuls may run in reduced precision (TF32 GPU, TPU), (c) and (d) are compared at rtol 1e-2
+   (``STEP_NORM_RTOL_REDUCED``) — unverified on such hardware here (CPU only). A ghost norm that
+   drops a layer's term or is scaled fails (a) / (d); wrong book-keeping (b); 2C on one piece
+   (b) and (c); 2C in the step only (c).
+
 3. **Noise on the real step** (``noise``): ``DPSGDTrainStep`` with a ``NoiseProbe`` keeps,
    every step, on ``NOISE_COORDINATES_PER_VARIABLE`` random coordinates of EVERY trained
    variable and sliced piece (secret randomness; all of a smaller one), the clean clipped sum S
@@ -71,6 +92,18 @@ steps (the first step, every ``training.integrity_check_every`` steps) and the e
    pooled over the parts (two-sided). Releasing the exact values (r ≡ 0) fails at the first look;
    noise at σ/2 everywhere (pooled ratio 0.5) fails once 4T ≳ 80; a claimed std ≤ 0 fails.
 
+Outside the training loop, fail closed before any step (no statistics, no false alarm):
+
+5. **Patient groups** (``dpbert.model.sampling.check_patient_groups``, where the groups are built:
+   ``group_rows``): every group's rows share one patient key, no key is in two groups, every row
+   is in exactly one group — from the rows' own keys, independently of the grouping. A patient
+   split over two groups is two sampling units (sensitivity 2C): refused. The messages name no
+   key and no count.
+6. **The step log at resume** (``dpbert.model.engine.chain``): written by compare-and-swap (the
+   count never decreases); its count at each checkpoint is recorded beside it, and a resume
+   refuses a step log that counts fewer steps than the checkpoint's step or that record
+   (``StepLogBehind``: a lost update; the chain would be charged too few steps).
+
 The recorded DP event is checked against the running objects by the stage
 (``dpbert.privacy.event_check.check_event`` on :func:`observe`'s values). Given the run's checks
 (``observe(..., checks=)``), the diagnostics' noise multipliers in those values are the stds that
@@ -81,7 +114,8 @@ than the configuration's makes the event mismatch the record).
 Several worker processes (``training.strategy: multi_worker``): every worker runs the checks on
 what it holds — the units test on the step's GLOBAL unit count (all-reduced) against the global
 n, the participation test on its own units at level α_k/n each (the union over workers stays
-≤ α_k), the clipping check on one of its own units, the noise test on its own probe coordinates
+≤ α_k), the clipping check on one of its own units (the replay of the step's accumulate is a
+collective: a worker with no unit in the batch replays an all-padding round), the noise test on its own probe coordinates
 of the identical update — and only the chief writes ``integrity_checks.json``.
 """
 from __future__ import annotations

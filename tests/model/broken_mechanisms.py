@@ -240,9 +240,10 @@ def step_clips_at(factor):
 # --------------------------------------------------------------------------- step log
 class LostUpdateStepLog(chain_lib.StepLog):
     """Loses the write-ahead update of its ``lose``-th charge (1-based): the file stays one short
-    of the steps that ran (what a stale holder's write after a lease takeover does)."""
+    of the steps that ran (what a stale holder's write after a lease takeover does) until its next
+    charge, whose compare-and-swap writes max(stored, its count) + 1."""
 
-    lose = 2
+    lose = 3
 
     def __init__(self, *args, **kwargs):
         self.charges = 0
@@ -259,9 +260,10 @@ class LostUpdateStepLog(chain_lib.StepLog):
 class PlainWriteStepLog(chain_lib.StepLog):
     """Writes its count with a plain write (no compare-and-swap): whatever is stored is replaced."""
 
-    def _write(self):
-        if self.uri is not None:
-            storage.write_json(self.uri, self.data)
+    def _write(self, steps: int) -> int:
+        self.data["steps_executed"] = self.count + int(steps)
+        storage.write_json(self.uri, self.data)
+        return self.count - int(steps)  # never sees another writer
 
 
 def use_step_log(cls):

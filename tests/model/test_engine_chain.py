@@ -113,3 +113,67 @@ def test_chains_and_charge_basis_under_the_state_root(root):
     assert charged["steps_charged"] == 2
     ledger = charges.charged_ledger(None, None, 1.0, plan, 40, 2, tc.delta)
     assert charged["epsilon_charged"] == pytest.approx(ledger["epsilon_total_pld"])
+
+
+def _checkpoint_index(state, number):
+    """What tf.train.CheckpointManager's index says after saving checkpoint ``number``."""
+    storage.write_text(storage.join(state, schema.CHECKPOINTS_DIR, "checkpoint"),
+                       f'model_checkpoint_path: "ckpt-{number}"\n')
+
+
+def test_a_stale_holder_cannot_lower_the_step_log_and_stops(root):
+    """Compare-and-swap: a holder whose lease was taken over writes after the new holder; the count
+    never decreases and the stale holder stops. Positive control: the plain write lowers it."""
+    from . import broken_mechanisms as broken
+
+    state = storage.join(root, "state")
+    for cls, lowered in ((chain_lib.StepLog, False), (broken.PlainWriteStepLog, True)):
+        stale = cls(state, start_step=0, accounted_sigma=1.0)
+        stale.charge()
+        start = stale.count
+        taker = chain_lib.StepLog(state, start_step=0, accounted_sigma=1.0)  # the lease was taken over
+        for _ in range(3):
+            taker.charge()
+        if lowered:
+            stale.charge()  # its stale count + 1 replaces the taker's
+            assert chain_lib.read_step_log(state)["steps_executed"] == start + 1 < taker.count
+        else:
+            with pytest.raises(chain_lib.StepLogTakenOver, match="another run wrote"):
+                stale.charge()
+            assert chain_lib.read_step_log(state)["steps_executed"] == taker.count + 1  # kept, and charged
+            assert "writer" not in taker.read()
+
+
+def test_a_resume_refuses_a_step_log_behind_its_checkpoint(root):
+    """The count recorded with the checkpoint (or its step) above the step log's: refused.
+    Positive control: a step log that lost one write-ahead update before the checkpoint."""
+    from . import broken_mechanisms as broken
+
+    state = storage.join(root, "state")
+    chain = chain_lib.TrainingChain(state)
+    for cls, behind in ((chain_lib.StepLog, False), (broken.LostUpdateStepLog, True)):
+        chain.discard()
+        log = cls(state, start_step=0, accounted_sigma=1.0)
+        for _ in range(3):
+            log.charge()
+        log.record_checkpoint(2)  # a checkpoint at step 2 after 3 steps were executed (a resumed chain)
+        _checkpoint_index(state, 2)
+        assert chain.checkpoint_executed() == 3
+        if behind:  # its third (last) update was lost: the file says 2, the checkpoint 3
+            assert chain_lib.read_step_log(state)["steps_executed"] == 2
+            assert chain_lib.chain_state(state)["steps_executed"] == 3  # what the chain is charged: never less
+            with pytest.raises(chain_lib.StepLogBehind, match="refusing to resume"):
+                chain.step_log(2, 1.0)
+        else:
+            assert chain.step_log(2, 1.0).count == 3
+    # The checkpoint's own step above the step log's count: refused too (it used to be raised silently).
+    chain.discard()
+    with pytest.raises(chain_lib.StepLogBehind, match="counts 0 DP steps"):
+        chain_lib.StepLog(state, start_step=2)
+    # A record file without the newest checkpoint: refused (fail closed).
+    log = chain_lib.StepLog(state, start_step=0)
+    log.charge()
+    log.record_checkpoint(1)
+    _checkpoint_index(state, 5)
+    with pytest.raises(chain_lib.StepLogBehind, match="no step count recorded"):
+        chain.step_log(0, None)

@@ -550,3 +550,22 @@ def test_train_mlm_stops_when_the_exact_diagnostics_are_released(tmp_path, monke
     assert "batch_size: noise std 0.000 x the claimed std" in str(failure.value)
     saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["released_diagnostics"]
     assert not saved["passed"] and set(saved["failed"]) == set(diagnostics.PARTS) | {"all parts"}
+
+
+@pytest.mark.parametrize("control", ["2C_on_one_piece", pytest.param("2C_in_the_step_only", marks=pytest.mark.slow)])
+def test_train_mlm_stops_on_2c_on_one_small_piece_and_on_2c_in_the_step_only(tmp_path, control):
+    """The shipped loop, checked at its first step (eager check): 2C on the attention query bias in
+    the clipping path (the step and ``clip()``), or 2C in the step's accumulate only. The honest
+    run passes: ``test_train_mlm_honest_run_passes_every_check_and_its_event_matches_what_ran``.
+    (Both controls on the rig, eager and traced: above; make test runs the first here.)"""
+    fixture = broken.piece_clipped_at(2.0, _query_bias) if control == "2C_on_one_piece" else broken.step_clips_at(2.0)
+    with fixture, pytest.raises(IntegrityCheckFailed, match="clipping") as failure:
+        _train(tmp_path, steps=2, integrity_check_every=2)
+    saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["clipping"]
+    assert not saved["passed"] and saved["checks"] == 1
+    if control == "2C_on_one_piece":
+        assert _query_bias(saved["worst_piece"]["clipped_piece"]) and _query_bias(saved["worst_piece"]["summed_piece"])
+        assert "clipped_piece relative error" in str(failure.value)
+    else:
+        assert saved["max_relative_error"]["clipped_piece"] < 1e-5 and saved["max_relative_error"]["summed"] > 0.5
+    assert not (tmp_path / "train_result.json").exists()
