@@ -47,7 +47,7 @@ steps (the first step, every ``training.integrity_check_every`` steps) and the e
        and PER TRAINED PIECE (variable or sliced piece): piece v's error is ‖g_v − e_v‖ over
        max(‖e_v‖, ``PIECE_FLOOR``·‖e‖) (a piece whose gradient is ~0, e.g. the attention key bias,
        carries rounding error only). A factor r ≠ 1 on piece v alone changes the whole vector by
-       |r − 1|·‖e_v‖/‖e‖ only — 2C on the query bias of the tiny test model, a few 1e-6 of the
+       |r − 1|·‖e_v‖/‖e‖ only — 2C on the query bias of the tiny test model, 1.8e-6 of the
        unit's norm, passes the whole-vector comparison — but piece v by |r − 1|: caught whenever
        |r − 1| > 1e-4 and piece v carries more than 1e-6 of the unit (below that, more than
        1e-10/|r − 1|);

@@ -9,7 +9,9 @@ packing into fixed-shape rounds, behind one interface (:class:`BatchSource`).
   the step log's count of steps ever executed (``dpbert.model.engine.chain``), not ``step``, so a
   step replayed after a crash reads a NEW window.
 * patient Poisson (``sampling.PatientPoissonSampler``): each patient in with probability q, with
-  ≤ k of its rows chosen by a secret PRF; unit = patient.
+  ≤ k of its rows chosen by a secret PRF; unit = patient. Its groups come from
+  ``sampling.group_rows``, which checks them against the rows' own patient keys (one key per
+  group, one group per key: ``check_patient_groups``) and refuses a grouping that splits a patient.
 
 Each sampled row is masked by (the secret mask key, ``step``, its own record id) and packed
 (``sampling.pack_rounds`` / ``pack_patient_rounds``). ``sampled_unit_indices`` are indices into
