@@ -267,6 +267,7 @@ class _Run:
     plan: Any = None
     count_record: Optional[dict] = None
     vocab_record: Any = None
+    reservation: Any = None  # the dataset ledger's entry of this chain (dpbert.accounting.reserve)
 
     @property
     def patient_unit(self) -> bool:
@@ -309,8 +310,8 @@ def _train(run: _Run, tokenizer, vocabulary_dir: str, pipeline_root: str, held_l
     write_charge_basis(run.state, run.vocab_record, run.count_record, plan, n, tc)
     budget = run.pc.epsilon_budget
     limit = None
-    if budget is not None and not tc.non_private and tc.noise_seed is None:
-        limit = budget_step_limit(budget, run.vocab_record, run.count_record, plan, n, tc.delta)
+    if run.reservation is not None and not tc.non_private and tc.noise_seed is None:
+        limit = budget_step_limit(run.reservation, budget, plan, n)
     try:
         result = train_mlm(rows.token_ids, specials, tokenizer.get_vocab_size(), mc, tc, run.state, plan=plan,
                            resume=True, progress=True, vocab_tokens=vocab_tokens,
@@ -335,7 +336,7 @@ def _dp_records(run: _Run, result):
         if run.seeded:
             record["reason"] = "training.noise_seed is set: the noise is predictable"
         return record, [record], float("inf")
-    from dpbert.privacy.accountant import dpsgd_epsilon, ledger
+    from dpbert.accounting.accountant import dpsgd_epsilon, ledger
 
     sigma, steps = result.effective_noise_multiplier, result.steps_taken_total
     # user-level: patients Poisson-sampled at the planned rate, per-patient event
@@ -449,10 +450,9 @@ def _properties(run: _Run, result, record: dict, records: list, epsilon: float, 
 
 def _accounted_sigma(tc: TrainingConfig) -> float:
     """The σ every step is charged at: the gradient's, composed with the DP diagnostics."""
-    if tc.non_private:
-        return 0.0
-    diag = _diagnostics.config_of(tc)
-    return _diagnostics.effective_noise_multiplier(tc.noise_multiplier, diag) if diag.enabled else tc.noise_multiplier
+    from dpbert.accounting.sigma import configured_sigma
+
+    return configured_sigma(tc)
 
 
 def _planned_records(run: _Run, count_record: Optional[dict]) -> list:
@@ -477,7 +477,7 @@ def _reserve(run: _Run, target, model_dir: str, key: str):
     the DP count (when there is no public n) before it is drawn, then the count and the training.
     Over the dataset's budget: ``BudgetRefused`` (exit 3), nothing drawn or trained. None without
     a dataset identity."""
-    from dpbert.ledger import reserve_training
+    from dpbert.accounting.target import reserve_training
     from dpbert.privacy import count
 
     tc, pc = run.tc, run.pc
@@ -500,13 +500,24 @@ def _reserve(run: _Run, target, model_dir: str, key: str):
 
 def _finalize(run: _Run, reservation):
     """The chain's executed steps (its write-ahead step log, never less), whatever stopped it."""
-    from dpbert.ledger import finalize_training
+    from dpbert.accounting.target import finalize_training
     from dpbert.model.engine.chain import chain_state
 
     if reservation is None:
         return
-    done = chain_state(run.state) or {"steps_executed": 0}
-    finalize_training(reservation, int(done["steps_executed"]))
+    steps = int((chain_state(run.state) or {"steps_executed": 0})["steps_executed"])
+    finalize_training(reservation, steps, _executed_shuffle_records(run, steps))
+
+
+def _executed_shuffle_records(run: _Run, steps: int) -> Optional[list]:
+    """A shuffled DP run's executed records: [count,] its DP-SGD record at ``steps`` over the rows
+    it trains on (a shuffled record's epochs depend on that n, which the ledger does not hold; the
+    record is built as the model's own, ``training_record``). None otherwise: the ledger re-plans
+    a Poisson record from the step count itself, and lists a non-private one as reserved."""
+    if run.private or run.plan is None or run.plan.sampling != "shuffle":
+        return None
+    record = training_record(_accounted_sigma(run.tc), run.plan, run.rows.units, steps) if steps > 0 else None
+    return [r for r in (run.count_record, record) if r is not None]
 
 
 def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_config: ModelConfig,
@@ -526,7 +537,7 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
     empty: no dataset identity): the run's whole planned charge is reserved before the DP count or
     the first step reads the data, and finalized to the executed steps however the run stops.
     """
-    from dpbert.ledger import LedgerTarget
+    from dpbert.accounting.target import LedgerTarget
     from dpbert.model.train import state_lock
     from dpbert.privacy import events
     from dpbert.vocab.wordpiece import TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
@@ -542,7 +553,7 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
         key = resume_key(mc, tc, pc, membership.holdout_patient_fraction, tc.non_private)
         write_resume_key(state, key, tc.non_private)
         target = LedgerTarget.from_json(ledger_target) if ledger_target else None
-        reservation = _reserve(run, target, model_dir, key)
+        reservation = run.reservation = _reserve(run, target, model_dir, key)
         try:
             return _run_reserved(run, tokenizer, vocabulary_dir, model_dir, canaries_dir, pipeline_root, held_lock,
                                  export_saved_model, hooks)
