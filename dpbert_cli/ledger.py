@@ -92,11 +92,13 @@ def print_view(view: dict):
 def cmd_ledger(args) -> int:
     from dpbert.accounting.reserve import raise_budget
     from dpbert import storage
+    from dpbert.config import normalise_dataset_id
     from dpbert.ledger import identity
     from dpbert_cli.commands import UserError, load
 
     config = load(args)
     dataset_id = args.dataset or identity.dataset_id_for(config.corpus)
+    dataset_id = normalise_dataset_id(dataset_id) if dataset_id else dataset_id
     if not dataset_id:
         raise UserError("no dataset: give --dataset ID or set corpus.dataset_id")
     location = args.ledger or identity.location_for(config)

@@ -21,6 +21,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from dpbert import exit_codes  # noqa: E402
+from dpbert import storage  # noqa: E402
 from dpbert.config import Config, ConfigError, load_config  # noqa: E402
 from kubeflow.beam_args import cloud_beam_args  # noqa: E402
 from kubeflow.resources import ResourcesArg, apply_resources, parse_resources  # noqa: E402
@@ -213,6 +214,12 @@ def planned_budget_problem(config: Config) -> Optional[str]:
     from pipeline import guard
 
     ledger = guard.planned(config)
+    try:  # the dataset's budget gate over its ledger, when this machine can read it
+        dataset = guard.dataset_budget(config, ledger, None)
+    except storage.CredentialsMissing:
+        dataset = None  # offline: the run's own reservation asks the same gate before anything reads the data
+    if dataset is not None:
+        ledger["dataset"], ledger["within_budget"] = dataset, dataset["within_budget"]
     if ledger is not None and not ledger["within_budget"]:
         return guard.over_budget_message(ledger)
     return None

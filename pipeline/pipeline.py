@@ -106,6 +106,8 @@ def create_components(config: Config, pipeline_root: Optional[str] = None) -> Li
         ledger_target=_ledger_target(config),  # the dataset's privacy ledger (dpbert.ledger)
         code_version=_core_version("components.trainer"),
     )
+    if pipeline_root is not None:  # the local DAG; a compiled spec gets it from kubeflow.runner
+        trainer_args["pipeline_root"] = str(pipeline_root)
     canaries = None
     if config.canary.enabled:
         canaries = CanaryGen(

@@ -38,7 +38,9 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 os.environ["DPBERT_LEDGER"] = tempfile.mkdtemp(prefix="dpbert-test-ledgers-")
-atexit.register(shutil.rmtree, os.environ["DPBERT_LEDGER"], True)  # this process's session folder only
+os.environ["DPBERT_SYNTHETIC_LEDGER"] = tempfile.mkdtemp(prefix="dpbert-test-synthetic-ledgers-")
+atexit.register(shutil.rmtree, os.environ["DPBERT_LEDGER"], True)  # this process's session folders only
+atexit.register(shutil.rmtree, os.environ["DPBERT_SYNTHETIC_LEDGER"], True)
 # tensorflow_privacy's __init__ imports the estimator code, broken on TF 2.16 (see
 # ../shared/ENVIRONMENT.md); dpbert imports only the submodules it uses.
 sys.skip_tf_privacy_import = True
@@ -54,6 +56,7 @@ from tests.skip_guard import (  # noqa: E402,F401  (hooks: a skip not in the all
 def _own_dataset_ledger(tmp_path_factory, monkeypatch):
     """$DPBERT_LEDGER: a fresh folder per test (inherited by the test's subprocesses)."""
     monkeypatch.setenv("DPBERT_LEDGER", str(tmp_path_factory.mktemp("ledgers")))
+    monkeypatch.setenv("DPBERT_SYNTHETIC_LEDGER", str(tmp_path_factory.mktemp("synthetic-ledgers")))
 
 
 @pytest.fixture(scope="session")

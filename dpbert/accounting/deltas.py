@@ -25,5 +25,7 @@ def dataset_delta(config: Config) -> float:
 
 def threshold_delta(config: Config) -> float:
     """δ₂ of the configuration's DP histogram (0 when no vocabulary is built from private data)."""
-    report = _histogram(config)
-    return 0.0 if report is None else float(report["delta_threshold"])
+    from dpbert.privacy.numbers import round_up
+
+    report = _histogram(config)  # 12 digits, rounded up: a compiled spec's parameters stay short
+    return 0.0 if report is None else round_up(float(report["delta_threshold"]), 12)

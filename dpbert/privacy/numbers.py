@@ -22,6 +22,11 @@ def _round_up(value: float, digits: int) -> Decimal:
     return d.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_CEILING)
 
 
+def round_up(value: float, digits: int) -> float:
+    """``value`` rounded UP to ``digits`` significant digits (a stored δ that must not understate)."""
+    return float(_round_up(value, digits))
+
+
 def _text(value, digits: int, none: str) -> str:
     if value is None:
         return none

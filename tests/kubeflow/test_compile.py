@@ -343,6 +343,7 @@ def test_cli_over_budget_exits_3_and_writes_nothing(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(guard, "planned", lambda config: {
         "within_budget": False, "epsilon_total_pld": 12.0, "delta": 1e-6, "epsilon_budget": 8.0})
+    monkeypatch.setattr(guard, "dataset_budget", lambda config, ledger, chain: None)
     code, out = _compile_cli(tmp_path, "--set", "privacy.epsilon_budget=8", "--set", "training.dataset_size=100000")
     assert code == 3
     assert "exceeds" in capsys.readouterr().err and not out.exists()

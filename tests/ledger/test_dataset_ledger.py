@@ -73,13 +73,14 @@ def test_a_budget_on_a_user_corpus_needs_a_dataset_id(tmp_path):
 
 def test_the_location_is_outside_every_output_folder(tmp_path, monkeypatch):
     monkeypatch.setenv(identity.LEDGER_ENV, str(tmp_path / "ledgers"))
-    config = load_config(None, [f"pipeline.output_dir={tmp_path / 'out'}"], preset="demo")
+    config = load_config(None, [f"pipeline.output_dir={tmp_path / 'out'}", "corpus.path=/x/notes.jsonl",
+                                "corpus.dataset_id=x1"], preset="demo")
     assert identity.location_for(config) == str(tmp_path / "ledgers")
     monkeypatch.delenv(identity.LEDGER_ENV)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert identity.default_location() == str(tmp_path / "xdg" / "dpbert" / "ledgers")
-    inside = load_config(None, [f"pipeline.output_dir={tmp_path / 'out'}", f"privacy.ledger={tmp_path / 'out' / 'l'}"],
-                         preset="demo")
+    inside = load_config(None, [f"pipeline.output_dir={tmp_path / 'out'}", f"privacy.ledger={tmp_path / 'out' / 'l'}",
+                                "corpus.path=/x/notes.jsonl", "corpus.dataset_id=x1"], preset="demo")
     with pytest.raises(ConfigError, match="privacy.ledger"):
         identity.location_for(inside)
 
@@ -283,6 +284,8 @@ def test_a_dataset_ledger_infinite_when_thresholds_use_up_delta():
 
 
 def test_a_compiled_pipeline_with_a_budget_needs_a_cloud_storage_ledger():
-    assert identity.remote_ledger_problem(load_config(None, ["privacy.epsilon_budget=null"], preset="demo")) is None
-    assert "privacy.ledger" in identity.remote_ledger_problem(load_config(None, [], preset="demo"))
-    assert identity.remote_ledger_problem(load_config(None, ["privacy.ledger=gs://b/ledgers"], preset="demo")) is None
+    user = ["corpus.path=/x/notes.jsonl", "corpus.dataset_id=x1", "training.dataset_patients=10000"]
+    assert identity.remote_ledger_problem(load_config(None, ["privacy.epsilon_budget=null", *user], preset="demo")) is None
+    assert "privacy.ledger" in identity.remote_ledger_problem(load_config(None, user, preset="demo"))
+    assert identity.remote_ledger_problem(load_config(None, ["privacy.ledger=gs://b/ledgers", *user],
+                                                      preset="demo")) is None

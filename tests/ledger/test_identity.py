@@ -43,6 +43,7 @@ def test_a_user_corpus_cannot_take_the_synthetic_prefix():
 
 
 def test_the_synthetic_corpus_ignores_a_configured_dataset_id_and_ledger(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("DPBERT_SYNTHETIC_LEDGER", raising=False)  # the conftest sets one per test
     monkeypatch.setattr(identity, "_SAID", set())
     monkeypatch.setenv(identity.LEDGER_ENV, str(tmp_path / "ledgers"))
     config = load_config(None, REAL, preset="demo")
@@ -61,6 +62,7 @@ def test_the_synthetic_corpus_ignores_a_configured_dataset_id_and_ledger(tmp_pat
 
 
 def test_the_synthetic_ledger_folder_is_local_and_apart(tmp_path, monkeypatch):
+    monkeypatch.delenv("DPBERT_SYNTHETIC_LEDGER", raising=False)  # the conftest sets one per test
     monkeypatch.setenv(identity.LEDGER_ENV, "gs://hospital/ledgers")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert identity.synthetic_location() == str(tmp_path / "xdg" / "dpbert" / "ledgers-synthetic")
