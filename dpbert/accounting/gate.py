@@ -78,7 +78,8 @@ class Verdict:
         if self.reason == "budget_mismatch":
             return (f"dataset {dataset_id}: its budget is pinned at ε = {fmt_epsilon(self.budget)} (δ = "
                     f"{fmt_delta(self.delta)}), {what} asks for privacy.epsilon_budget = {fmt_epsilon(self.requested)}; "
-                    f"a filter's budget is fixed in advance. Use the pinned value, or raise it to a committed level "
+                    f"a filter's budget is fixed in advance. Set privacy.epsilon_budget = {self.budget:.7g} (or leave "
+                    f"it unset on this dataset), or raise it to a committed level "
                     f"with: dpbert ledger --dataset {dataset_id} --raise-budget {fmt_epsilon(self.requested)}")
         if self.reason == "threshold_pool":
             return (f"dataset {dataset_id}: the vocabulary thresholds' δ₂ would total {fmt_delta(self.delta_threshold)}, "
@@ -116,7 +117,8 @@ def _pin_for(request: Request, event) -> _filter.Pin:
 
 
 def _same(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+    """The budget a run names is the pinned one (to the 6 digits a person copies from a message)."""
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))
 
 
 def decide(doc: Mapping[str, Any], entries: Optional[List[Mapping[str, Any]]] = None,
