@@ -38,6 +38,9 @@ BUDGET_REFUSED_PROPERTY = "dpbert_budget_refused"    # 1
 EPSILON_CHARGED = "dpbert_epsilon_charged"            # ε (PLD) of everything the run's chain charged
 DELTA_CHARGED = "dpbert_delta_charged"
 STEPS_CHARGED = "dpbert_steps_charged"                # DP-SGD steps the chain executed (write-ahead ledger)
+#: The execution (component) parameters a reader is given (``ComponentRun.properties``): public
+#: configuration only. ``ledger_target``: the dataset's ledger (``dpbert.accounting.target``).
+EXECUTION_PROPERTIES = ("ledger_target",)
 EPSILON_BUDGET = "dpbert_epsilon_budget"
 
 
@@ -77,6 +80,8 @@ class ComponentRun:
     updated_ms: int
     inputs: List[ArtifactInfo]
     outputs: List[ArtifactInfo]
+    #: The execution's parameters named in ``EXECUTION_PROPERTIES`` (strings), when recorded.
+    properties: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:
@@ -157,7 +162,9 @@ def list_runs(store) -> List[RunInfo]:
                 node_id=node, execution_id=ex.id, state=STATE_NAMES.get(ex.last_known_state, "UNKNOWN"),
                 started_ms=ex.create_time_since_epoch, updated_ms=ex.last_update_time_since_epoch,
                 inputs=_artifact_infos(store, events, {Event.INPUT}),
-                outputs=_artifact_infos(store, events, {Event.OUTPUT, Event.DECLARED_OUTPUT})))
+                outputs=_artifact_infos(store, events, {Event.OUTPUT, Event.DECLARED_OUTPUT}),
+                properties={k: ex.custom_properties[k].string_value for k in EXECUTION_PROPERTIES
+                            if k in ex.custom_properties and ex.custom_properties[k].string_value}))
         runs.append(RunInfo(run_id=ctx.name, pipeline=pipeline, created_ms=ctx.create_time_since_epoch,
                             components=components, properties=schema.exact_properties(ctx)))
     runs.sort(key=lambda r: r.created_ms, reverse=True)

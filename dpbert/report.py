@@ -15,13 +15,23 @@ from dpbert import schema
 from dpbert.metadata import (BUDGET_REFUSED_PROPERTY, DELTA_CHARGED, EPSILON_BUDGET, EPSILON_CHARGED,
                              INTERRUPTED_CHECKPOINT_STEP, INTERRUPTED_COMPONENT, INTERRUPTED_PROPERTY,
                              INTERRUPTED_STEP, STEPS_CHARGED, RunInfo)
-from dpbert.privacy.numbers import fmt_delta
+from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
 
 #: The ledger properties the report's ``privacy`` section shows (same keys).
 LEDGER_KEYS = (schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC,
                schema.EPSILON_TOTAL_PLD, schema.EPSILON_TOTAL_RDP, schema.DELTA, schema.DELTA_VOCAB,
                schema.DELTA_TRAIN, schema.UNIT, "adjacency", schema.SAMPLING, schema.STEPS,
                schema.EPSILON_BUDGET, schema.WITHIN_BUDGET)
+
+
+#: The dataset's figures the accountant stores on the PrivacyReport (``dpbert.stages.accountant``):
+#: the budget gate's verdict over EVERY run on the dataset, this one included. Kept in the
+#: ``privacy`` section (released with it: functions of public parameters and DP events).
+DATASET_KEYS = ("dataset_epsilon_spent", "dataset_epsilon_rdp", "dataset_epsilon_pld", "dataset_delta",
+                "dataset_epsilon_budget", "dataset_rule")
+#: What the figure the gate enforces (``Verdict.spent``) is, by the gate's rule.
+DATASET_RULE_LABELS = {"rdp_filter": "Rényi filter at the committed order(s)",
+                       "one_planned_run_pld": "one planned run (PLD)"}
 
 
 def _props(run: RunInfo, short_type: str, key: Optional[str] = None, where=None) -> Dict[str, Any]:
@@ -288,7 +298,8 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
         "duration_s": round(run.duration_s, 1),
         "components": [{"id": c.node_id, "state": c.state, "duration_s": round(c.duration_s, 1)}
                        for c in run.components],
-        "privacy": {**{k: ledger.get(k) for k in LEDGER_KEYS}, **schema.approx_flags(ledger, LEDGER_KEYS)},
+        "privacy": {**{k: ledger.get(k) for k in LEDGER_KEYS}, **schema.approx_flags(ledger, LEDGER_KEYS),
+                    **{k: ledger.get(k) for k in DATASET_KEYS if ledger.get(k) is not None}},
         "vocab": {"size": vocab.get(schema.VOCAB_SIZE), "words_kept": vocab.get(schema.WORDS_KEPT),
                   "sigma": vocab.get(schema.SIGMA), "threshold": vocab.get(schema.THRESHOLD),
                   "epsilon": vocab.get(schema.EPSILON), "non_private": vocab.get(schema.NON_PRIVATE)},
@@ -326,6 +337,9 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
         "corpus": corpus_section(run),
         "warnings": report_warnings(run),
     }
+    dataset = dataset_section(run, ledger)
+    if dataset is not None:
+        report["dataset"] = dataset
     utility = utility_section(ner)
     if utility is not None:
         # Issue 16: random / public / dp / non_private rows and the gain kept (released_view keeps
@@ -358,6 +372,69 @@ def build_report(run: RunInfo) -> Dict[str, Any]:
         report["membership_inference_rows"] = membership_rows(mia.get(schema.ATTACKS),
                                                               mia.get(schema.ROC_CURVES), ledger)
     return report
+
+
+def dataset_target(run: RunInfo):
+    """The run's dataset (``dpbert.accounting.target.LedgerTarget``) from a component's
+    ``ledger_target`` parameter (``dpbert.metadata.EXECUTION_PROPERTIES``), or None."""
+    from dpbert.accounting.target import LedgerTarget
+
+    for component in run.components:
+        try:
+            target = LedgerTarget.from_json(component.properties.get("ledger_target") or "")
+        except (ValueError, TypeError):
+            continue
+        if target is not None:
+            return target
+    return None
+
+
+def dataset_section(run: RunInfo, ledger: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The ``dataset`` block: the dataset's id and ledger URI (resolved here as the stage resolved
+    it: ``privacy.ledger``, else ``$DPBERT_LEDGER`` / the per-user folder), the gate's composed
+    total over every run on it (``epsilon_spent`` under ``rule``), the pinned budget, and this
+    run's own ε beside them. None when the run names no dataset and stored no dataset figures."""
+    target = dataset_target(run)
+    figures = {k: ledger.get(k) for k in DATASET_KEYS}
+    if target is None and all(v is None for v in figures.values()):
+        return None
+    uri = None
+    if target is not None:
+        try:
+            uri = target.uri()
+        except Exception:  # noqa: BLE001 -- a folder this reader cannot resolve: shown as unknown
+            uri = None
+    rule = figures["dataset_rule"]
+    spent = figures["dataset_epsilon_spent"]
+    return {"dataset_id": None if target is None else target.dataset_id, "ledger": uri,
+            "epsilon_spent": spent, "epsilon_rdp": figures["dataset_epsilon_rdp"],
+            "epsilon_pld": figures["dataset_epsilon_pld"], "delta": figures["dataset_delta"],
+            "epsilon_budget": figures["dataset_epsilon_budget"], "rule": rule,
+            "rule_label": DATASET_RULE_LABELS.get(rule), "within_budget": ledger.get(schema.WITHIN_BUDGET)
+            if spent is not None else None, "run_epsilon": ledger.get(schema.EPSILON_TOTAL_PLD)}
+
+
+def dataset_text(privacy: Dict[str, Any], dataset_id: Optional[str] = None) -> Optional[str]:
+    """One line: the dataset's composed ε (what the budget gate enforces, with its rule; the PLD
+    figure beside the filter's), its pinned budget at δ and the verdict. None without the figures."""
+    spent = privacy.get("dataset_epsilon_spent")
+    if not isinstance(spent, (int, float)) or isinstance(spent, bool):
+        return None
+    rule = privacy.get("dataset_rule")
+    label = DATASET_RULE_LABELS.get(rule, str(rule))
+    pld = privacy.get("dataset_epsilon_pld")
+    if rule == "rdp_filter" and isinstance(pld, (int, float)):
+        label += f"; PLD {fmt_epsilon(pld)}"
+    text = f"dataset{' ' + dataset_id if dataset_id else ''}: composed ε = {fmt_epsilon(spent)} ({label}) over every run"
+    budget, delta = privacy.get("dataset_epsilon_budget"), privacy.get("dataset_delta")
+    if isinstance(budget, (int, float)):
+        text += f", against its pinned budget ε = {fmt_epsilon(budget)}"
+    if isinstance(delta, (int, float)):
+        text += f" at δ = {fmt_delta(delta)}"
+    within = privacy.get(schema.WITHIN_BUDGET)
+    if within is not None:
+        text += ": within budget" if within else ": OVER BUDGET"
+    return text
 
 
 def resume_hint(checkpoint_step) -> str:
@@ -461,6 +538,9 @@ def format_report(report: Dict[str, Any]) -> str:
             lines += format_pretraining(report[section], fmt)
             continue
         lines += ["", f"{section}:"]
+        if section == "privacy":
+            lines += _dataset_lines(report)
+            shown = [(k, v) for k, v in shown if k not in DATASET_KEYS]
         lines += [f"  {k:<24} {schema.privacy_number_text(report[section], k, fmt, fmt_delta)}" for k, v in shown
                   if not k.endswith(schema.APPROX_SUFFIX)]
     corpus = report.get("corpus")
@@ -515,6 +595,20 @@ def format_report(report: Dict[str, Any]) -> str:
         lines += format_membership([a for a in attacks if isinstance(a, dict)],
                                    (report.get("privacy") or {}).get(schema.UNIT), fmt)
     return "\n".join(lines)
+
+
+def _dataset_lines(report: Dict[str, Any]) -> List[str]:
+    """The privacy section's first lines: the dataset's composed total against its pinned budget,
+    this run's own ε beside it, and where the dataset's ledger is (operator report only)."""
+    privacy, dataset = report.get("privacy") or {}, report.get("dataset") or {}
+    text = dataset_text(privacy, dataset.get("dataset_id"))
+    if text is None:
+        return []
+    own = privacy.get(schema.EPSILON_TOTAL_PLD)
+    lines = [f"  {text}", f"  this run's own ε = {fmt_epsilon(own)} (PLD)"]
+    if dataset.get("ledger"):
+        lines.append(f"  dataset ledger: {dataset['ledger']} (dpbert ledger --dataset {dataset.get('dataset_id')})")
+    return lines
 
 
 #: Why a membership table has no bound column (``membership_rows``: the bound is per tuple).
@@ -662,8 +756,10 @@ def format_utility(utility: Dict[str, Any], fmt=None) -> List[str]:
 
 def epsilon_summary(report: Dict[str, Any]) -> List[str]:
     """What ``dpbert run`` prints at the end (cached or not): the ε the run spent — ε total (PLD)
-    per unit and adjacency, δ, ε_V and ε_T, the budget and within/over — and the run's status when
-    it is not COMPLETE. Released values only (the ledger)."""
+    per unit and adjacency, δ, ε_V and ε_T; then, when the run has a dataset, the dataset's composed
+    total over every run on it against its pinned budget (``dataset_text``: what the gate enforces),
+    else the configured budget and within/over; and the run's status when it is not COMPLETE.
+    Released values only (the ledger)."""
     def num(v):
         if isinstance(v, str):
             v = schema.decode(v)
@@ -692,7 +788,11 @@ def epsilon_summary(report: Dict[str, Any]) -> List[str]:
         lines.append(line)
         budget = num(privacy.get(schema.EPSILON_BUDGET))
         within = privacy.get(schema.WITHIN_BUDGET)
-        if budget is None:
+        dataset = dataset_text(privacy, (report.get("dataset") or {}).get("dataset_id"))
+        if dataset is not None:  # the gate's figure over every run on the dataset, not this run's
+            lines[-1] = "this run: " + lines[-1]
+            lines.append(dataset)
+        elif budget is None:
             lines.append("budget: none configured (privacy.epsilon_budget)")
         else:
             ok = bool(within) if within is not None else total <= budget
