@@ -74,9 +74,7 @@ MANIFEST_FILE = "manifest.json"
 AUDIT_FILE = "audit/audit.json"
 #: The one name of a released TensorBoard event file (no time, host or process id in it).
 TENSORBOARD_EVENTS_FILE = "events.out.tfevents.0.dpbert"
-#: ``dpbert.stages.pretrain.VOCAB_DP_EVENT_FILE`` (tested equal; not imported: that module loads the
-#: trainer): the vocabulary's DP record and δ_T in the model artifact.
-VOCAB_DP_EVENT_FILE = "vocab_dp_event.json"
+VOCAB_DP_EVENT_FILE = schema.VOCAB_DP_EVENT_FILE
 #: The vocabulary records that read no private data without noise (a DP histogram, a public vocabulary).
 DP_VOCABULARY_MECHANISMS = ("dp_histogram", "public")
 

@@ -166,6 +166,9 @@ CHARGE_BASIS_FILE = "charge_basis.json"
 #: budget guard finds the chains a run would resume by it before the DAG starts.
 RESUME_KEY_FILE = "resume_key.json"
 DP_EVENTS_FILE = "dp_events.json"
+#: Next to the model: the vocabulary's DP record (its ``dp_event.json``) and δ_T, so that
+#: ``dpbert export MODEL`` checks the vocabulary was DP and recomputes the ledger from the artifact.
+VOCAB_DP_EVENT_FILE = "vocab_dp_event.json"
 CANARY_COUNTS_FILE = "canary_counts.json"
 #: DPVocabulary with vocab.source public or public+dp: which ids came from where.
 TOKEN_SOURCES_FILE = "token_sources.json"

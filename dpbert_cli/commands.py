@@ -247,7 +247,7 @@ def cmd_release(args) -> int:
         print_json(manifest)
     else:
         print(f"released run {manifest['run_id']} ({manifest['pipeline']}): "
-              f"ε = {manifest['epsilon']:.4g}, δ = {manifest['delta'] or 0:.3g}, unit: {manifest['unit']}, "
+              f"ε = {manifest['epsilon']:.4g}, δ = {fmt_delta(manifest['delta'] or 0)}, unit: {manifest['unit']}, "
               f"adjacency: {manifest['adjacency']}")
         print(f"{len(manifest['files'])} files in {args.bundle} "
               f"(manifest: {os.path.join(args.bundle, release.MANIFEST_FILE)})")
@@ -264,8 +264,8 @@ def cmd_privacy_histogram(args) -> int:
         print_json(report)
     else:
         print(f"threshold C = {report['threshold']:.1f} ({report['threshold_mode']})")
-        print(f"ε = {report['epsilon']:.4g} at δ = {report['delta']:.3g} "
-              f"(threshold δ₂ = {report['delta_threshold']:.3g}); classic ε = {report['epsilon_classic']:.4g}")
+        print(f"ε = {report['epsilon']:.4g} at δ = {fmt_delta(report['delta'])} "
+              f"(threshold δ₂ = {fmt_delta(report['delta_threshold'])}); classic ε = {report['epsilon_classic']:.4g}")
         if report.get("warning"):
             print("WARNING: " + report["warning"])
     return exit_codes.OK
@@ -301,7 +301,7 @@ def cmd_privacy_dpsgd(args) -> int:
         print(f"DP-SGD ({report['sampling']} sampling, q = {report['sampling_probability']:.4g}, "
               f"{report['steps']} steps, σ = {report['noise_multiplier']}): "
               f"ε = {report['epsilon_pld']:.4g} (PLD), {report['epsilon_rdp']:.4g} (RDP) "
-              f"at δ = {report['delta']:.3g}{per}")
+              f"at δ = {fmt_delta(report['delta'])}{per}")
     return exit_codes.OK
 
 
@@ -396,7 +396,8 @@ def budget_check_lines(checks: dict) -> list:
     remaining = checks.get("remaining_budget")
     lines.append("the dataset's budget gate still admits: " + (
         "no budget (none configured or pinned)" if remaining is None else
-        f"{remaining['steps']} DP-SGD steps of this plan ({remaining['planned_steps']} planned; that run alone: "
+        f"{'at least ' if remaining.get('at_least') else ''}{remaining['steps']} DP-SGD steps of this plan "
+        f"({remaining['planned_steps']} planned; that run alone: "
         f"ε_T = {fmt_epsilon(remaining['epsilon_train'])} at δ_T = {fmt_delta(remaining['delta_train'])})"))
     return lines
 
@@ -534,11 +535,11 @@ def _target_noise_multiplier(config, n: int, dp_count: bool, target_epsilon: flo
         diagnostics = " with its DP diagnostics" if getattr(config.training, "dp_diagnostics", True) else ""
         aim = ("the whole run's ε (vocabulary + count + training)" if target == "whole" else "ε_T (training)")
         print(f"training.noise_multiplier σ = {sigma:.4f} meets {aim} ≤ {target_epsilon:g}: the planned ledger records "
-              f"ε_T = {planned['epsilon_train']:.6g} (PLD at δ_T = {planned['delta_train']:.3g}; DP-SGD at "
+              f"ε_T = {planned['epsilon_train']:.6g} (PLD at δ_T = {fmt_delta(planned['delta_train'])}; DP-SGD at "
               f"σ_eff = {train['noise_multiplier']:.4f}{diagnostics}{count}; q = {planned['sampling_probability']:.4g}, "
               f"{planned['steps']} steps, {planned['sampling']} sampling)")
         budget = planned["epsilon_budget"]
         print(f"whole run (vocabulary included): ε = {planned['epsilon_total_pld']:.4g} (PLD) at δ = "
-              f"{planned['delta']:.3g}" + ("" if budget is None else
+              f"{fmt_delta(planned['delta'])}" + ("" if budget is None else
                                           f"; budget {budget:g}: {'within' if planned['within_budget'] else 'OVER BUDGET'}"))
     return exit_codes.OK if planned["within_budget"] else exit_codes.OVER_BUDGET

@@ -73,7 +73,7 @@ def vocabulary_threshold(config: Config) -> Optional[dict]:
                           f"counted up to {m:,} times ({size})")
     else:
         out["message"] = (f"no word can pass the vocabulary threshold C = {threshold:.1f} (vocab.sigma = {vc.sigma:g}, "
-                          f"vocab.delta = {vc.delta:g}, vocab.threshold_mode = {vc.threshold_mode}): a word in every "
+                          f"vocab.delta = {fmt_delta(vc.delta)}, vocab.threshold_mode = {vc.threshold_mode}): a word in every "
                           f"tuple of every patient is counted at most {m:,} times ({size}), so the DP vocabulary would "
                           f"be empty. Lower vocab.sigma, use vocab.source = public, or a larger corpus")
     return out
@@ -130,12 +130,13 @@ def remaining_budget(config: Optional[Config]) -> Optional[dict]:
 
     # The filter alone (cheap: RDP); a first run the filter does not cover may still be admitted whole
     # as one planned run (its PLD total, one evaluation).
-    steps, rule = gate.largest_admitted(admits, 64 * max(int(plan["steps"]), 1)), "rdp_filter"
+    ceiling = 8 * max(int(plan["steps"]), 1)  # "at least 8× the plan" is enough to read (each look costs an RDP curve)
+    steps, rule = gate.largest_admitted(admits, ceiling), "rdp_filter"
     if steps < plan["steps"] and admits(plan["steps"], planned_run_rule=True):
         steps, rule = plan["steps"], "one_planned_run_pld"
     eps = epsilon(composition.composed_event([record_at(steps)]), config.training.delta, "pld") if steps else 0.0
     return {"steps": steps, "planned_steps": plan["steps"], "epsilon_train": eps, "delta_train": config.training.delta,
-            "rule": rule}
+            "rule": rule, "at_least": steps == ceiling}
 
 
 def public_dataset_size(config: Config, dataset_size: Optional[int] = None) -> Optional[int]:

@@ -15,7 +15,9 @@ DELTA_DIGITS = 6
 
 
 def _round_up(value: float, digits: int) -> Decimal:
-    d = Decimal(repr(float(value)))
+    # 15 significant digits first: a float sum such as 1e-9 + 1e-5 = 1.0001000000000001e-05 must
+    # print 1.0001e-05, not round its last binary digit up to 1.00011e-05.
+    d = Decimal(format(float(value), ".15g"))
     if d == 0:
         return d
     exponent = d.adjusted() - (digits - 1)

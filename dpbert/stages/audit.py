@@ -300,7 +300,9 @@ def audit_vocabulary(config: Config, *, trials: int = DEFAULT_VOCAB_TRIALS, beta
 REPORT_FIELDS = ("epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_bound", "consistent",
                  "canaries", "confidence", "delta", "steps", "q", "sigma_claimed", "clip_norm",
                  "positive_control_lower_bound", "positive_control_exceeds_upper_bound", "accuracy",
-                 "guesses", "correct", "probe_variable", "canary_dims", "audited_unit", "max_contributions")
+                 "guesses", "correct", "probe_variable", "canary_dims", "audited_unit", "max_contributions",
+                 "positive_control_ratio", "sigma_upper_bound", "epsilon_lower_bound_snj",
+                 "weakest_detected_noise_factor")
 
 
 def run_audit(vocabulary_dir: str, report_dir: str, config: Config, *,

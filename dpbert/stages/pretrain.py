@@ -355,9 +355,7 @@ def _dp_records(run: _Run, result):
     return record, records, ledger(None, records, tc.delta)["epsilon_train"]
 
 
-#: Next to the model: the vocabulary's DP record (its ``dp_event.json``) and δ_T, so that
-#: ``dpbert export MODEL`` checks the vocabulary was DP and recomputes the ledger from the artifact.
-VOCAB_DP_EVENT_FILE = "vocab_dp_event.json"
+VOCAB_DP_EVENT_FILE = schema.VOCAB_DP_EVENT_FILE
 
 
 def _write_vocab_record(run: _Run, vocabulary_dir: str, model_dir: str):

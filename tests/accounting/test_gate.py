@@ -106,3 +106,25 @@ def test_every_surface_gives_the_gates_verdict(spent_once, tmp_path, monkeypatch
     assert planned_ledger(_config(tmp_path / "l", tmp_path / "x", steps))["within_budget"] is alone
     verdicts = _surfaces(spent_once, tmp_path, steps, monkeypatch)
     assert verdicts == {k: admitted for k in verdicts}, verdicts
+
+
+def test_a_delta_of_1_0001e_05_prints_as_such_in_budget_and_the_guard(tmp_path, capsys):
+    """δ = δ_V + δ_T = 1e-9 + 1e-5: never "1e-05" (rounded down) in what a person reads."""
+    import yaml
+
+    from dpbert_cli.main import main
+    from pipeline import guard
+
+    path = _config_file(tmp_path / "ledgers", tmp_path / "out", 20)
+    doc = yaml.safe_load(path.read_text())
+    doc["training"]["delta"], doc["vocab"] = 1e-5, {"delta": 1e-9}
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["budget", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1.0001e-05" in out and "δ = 1e-05" not in out
+    config = load_config(str(path), [])
+    planned = guard.planned(config)
+    planned["dataset"] = guard.dataset_budget(config, planned, None)
+    assert "1.0001e-05" in guard.planned_statement(planned)
+    planned["within_budget"], planned["dataset"]["message"] = False, None
+    assert "1.0001e-05" in guard.over_budget_message(planned)

@@ -10,7 +10,7 @@ import json
 from typing import Optional
 
 from dpbert import schema, storage
-from dpbert.model.engine.chain import read_step_log
+from dpbert.model.engine.chain import chain_state, read_step_log
 
 
 def chain_training_config(tc):
@@ -99,11 +99,12 @@ def chain_charged(state: str) -> Optional[dict]:
         basis = events.from_json(storage.read_text(storage.join(state, schema.CHARGE_BASIS_FILE)))
         steps_log = read_step_log(state)
         sigma = float(steps_log["noise_multiplier_accounted"])
+        executed = (chain_state(state) or {}).get("steps_executed", 0)  # never below the checkpoint's record
     except (OSError, ValueError, KeyError, TypeError):
         return None
     fields = {f.name for f in dataclasses.fields(TrainingPlan)}
     plan = TrainingPlan(**{k: v for k, v in basis["plan"].items() if k in fields})
-    steps = int(steps_log.get("steps_executed", 0))
+    steps = max(int(steps_log.get("steps_executed", 0)), int(executed))
     spent = charged_ledger(basis["vocab_record"], basis["count_record"], sigma, plan, basis["rows"], steps,
                            basis["training_delta"])
     return {"epsilon_charged": spent["epsilon_total_pld"], "delta": spent["delta"], "steps_charged": steps}
