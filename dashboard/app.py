@@ -6,13 +6,19 @@ JSON: ``/api/runs`` (the runs), ``/api/runs/{run_id}`` (exactly ``dpbert.report.
 as strict JSON, ``dpbert.schema.encode``: infinities as the string ``"inf"``; the operator's
 report), ``/api/runs/{run_id}/released`` (``dpbert.release.released_view`` of it: what leaves
 the trust boundary), ``/api/runs/{run_id}/dag`` (the DAG and the artifacts as the page shows them).
+Dataset: ``/dataset?ledger=<URI of a dataset ledger .json>`` (default: ``dpbert dashboard
+--ledger``) every entry of one dataset's privacy ledger and the composed total after each against
+its pinned budget, its chart ``/dataset/plot.svg?ledger=…`` and its JSON ``/api/dataset?ledger=…``
+(``dashboard.dataset``); a run page links to its dataset's page when the run names one.
 
 The run page marks every section computed on private data without noise "operator-only" and the
 released DP values "released (DP)" (``dashboard.views.run_page``).
 
 Read-only by construction: the ML Metadata store is opened READONLY for each request (or a
 pipeline root's ``executor_output.json`` files are read, ``dpbert.pipeline_root``), only GET
-(and HEAD) is routed, and no artifact file is ever opened. Every response carries a
+(and HEAD) is routed, and no artifact file is ever opened. The one other file read is a dataset's
+privacy ledger, which is not an artifact and holds only accounting numbers (``dashboard.dataset``
+says why it may be read and how the read is confined). Every response carries a
 Content-Security-Policy that allows no script at all.
 """
 from __future__ import annotations
@@ -99,14 +105,15 @@ def render_plot(name: str, args: tuple) -> bytes:
 
 
 def create_app(metadata_path: Optional[str], *, allowed_hosts: Optional[Sequence[str]] = None,
-               pipeline_root: Optional[str] = None) -> Starlette:
+               pipeline_root: Optional[str] = None, ledger: Optional[str] = None) -> Starlette:
     """The dashboard over the ML Metadata store at ``metadata_path`` (opened READONLY per request),
     or, with ``pipeline_root`` (``metadata_path`` None), over the runs of a pipeline root's executor
     outputs (``dpbert.pipeline_root``: Vertex AI's ``gs://`` root, a rehearsal's folder; re-read per
     request).
 
     ``allowed_hosts``: accepted ``Host`` headers (DNS-rebinding guard); None accepts any, which
-    ``serve`` narrows to the loopback names when bound to a loopback address.
+    ``serve`` narrows to the loopback names when bound to a loopback address. ``ledger``: the
+    dataset ledger ``/dataset`` shows without a ``ledger`` parameter.
     """
     env = jinja2.Environment(loader=jinja2.PackageLoader("dashboard", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined,
@@ -170,6 +177,35 @@ def create_app(metadata_path: Optional[str], *, allowed_hosts: Optional[Sequence
         svg = render_plot(name, args)
         return Response(svg, media_type="image/svg+xml")
 
+    def dataset_of(request: Request) -> dict:
+        from dashboard import dataset
+
+        uri = request.query_params.get("ledger") or ledger
+        if not uri:
+            raise HTTPException(status_code=404, detail="no dataset ledger given (?ledger=<URI of <dataset id>.json>)")
+        try:
+            return dataset.dataset_view(uri)
+        except dataset.NoLedger as err:
+            raise HTTPException(status_code=404, detail=str(err)) from None
+
+    def dataset_detail(request: Request) -> Response:
+        from dashboard import dataset
+
+        view = dataset_of(request)
+        return page(request, "dataset.html", dict(dataset.dataset_page(view), query=dataset_query(view["ledger"])))
+
+    def dataset_plot(request: Request) -> Response:
+        from dashboard import dataset
+
+        view = dataset_of(request)
+        points = dataset.chart_points(view)
+        if not points:
+            raise HTTPException(status_code=404, detail="no entry in this ledger")
+        return Response(render_plot("dataset", (points, view.get("epsilon_budget"))), media_type="image/svg+xml")
+
+    def api_dataset(request: Request) -> Response:
+        return JSONResponse(schema.encode(dataset_of(request)))
+
     def api_runs(request: Request) -> Response:
         out = []
         for r in list_runs():
@@ -218,6 +254,9 @@ def create_app(metadata_path: Optional[str], *, allowed_hosts: Optional[Sequence
         # The plot route precedes the page route: a run id may contain "/" ({run_id:path}).
         Route("/runs/{run_id:path}/plots/{name}.svg", plot, methods=["GET"], name="plot"),
         Route("/runs/{run_id:path}", run_detail, methods=["GET"], name="run"),
+        Route("/dataset", dataset_detail, methods=["GET"], name="dataset"),
+        Route("/dataset/plot.svg", dataset_plot, methods=["GET"], name="dataset_plot"),
+        Route("/api/dataset", api_dataset, methods=["GET"], name="api_dataset"),
         Route("/api/runs", api_runs, methods=["GET"], name="api_runs"),
         Route("/api/runs/{run_id:path}/dag", api_dag, methods=["GET"], name="api_dag"),
         Route("/api/runs/{run_id:path}/released", api_released, methods=["GET"], name="api_released"),
@@ -234,9 +273,14 @@ def create_app(metadata_path: Optional[str], *, allowed_hosts: Optional[Sequence
         """An app-relative URL with every parameter percent-encoded (run ids are free text)."""
         return str(app.url_path_for(route, **{k: quote(str(v), safe=":/") for k, v in params.items()}))
 
-    env.globals.update(path_for=path_for, fmt=views.fmt)
+    def dataset_query(uri: Optional[str]) -> str:
+        """``?ledger=<uri>`` percent-encoded (a path may hold any character)."""
+        return "?ledger=" + quote(str(uri), safe="") if uri else ""
+
+    env.globals.update(path_for=path_for, fmt=views.fmt, dataset_query=dataset_query)
     app.state.metadata_path = metadata_path
     app.state.pipeline_root = pipeline_root
+    app.state.ledger = ledger
     return app
 
 
@@ -250,7 +294,7 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(metadata_path: Optional[str], host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
-          pipeline_root: Optional[str] = None) -> None:
+          pipeline_root: Optional[str] = None, ledger: Optional[str] = None) -> None:
     """Serve the dashboard with uvicorn until interrupted (binds 127.0.0.1 unless told otherwise);
     over a pipeline root's runs instead of a store with ``pipeline_root`` (``create_app``)."""
     import uvicorn
@@ -261,7 +305,7 @@ def serve(metadata_path: Optional[str], host: str = DEFAULT_HOST, port: int = DE
         allowed = None
         log.warning("dashboard: listening on %s, reachable from other machines; it serves privacy "
                     "ledgers and run metadata without authentication", host)
-    app = create_app(metadata_path, allowed_hosts=allowed, pipeline_root=pipeline_root)
+    app = create_app(metadata_path, allowed_hosts=allowed, pipeline_root=pipeline_root, ledger=ledger)
     shown = f"[{host}]" if ":" in host else host
     source = f"store {metadata_path}" if pipeline_root is None else f"pipeline root {pipeline_root}"
     print(f"dpbert dashboard: http://{shown}:{port}/  ({source}, read-only; Ctrl-C stops)", flush=True)

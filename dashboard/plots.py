@@ -194,3 +194,27 @@ def roc_svg(attacks: Sequence[Dict[str, Any]]) -> bytes:
         ax.legend(frameon=False, fontsize=8, loc="lower right")
 
     return _render(draw, (4.6, 4.4))
+
+
+def dataset_svg(points: Sequence[Dict[str, Any]], budget: Optional[float]) -> bytes:
+    """The dataset's composed ε after each ledger entry (by time): the figure the gate enforces,
+    the Rényi filter's and the PLD one beside it, and the pinned budget as a line."""
+    def draw(fig: Figure):
+        ax = fig.subplots()
+        xs = list(range(1, len(points) + 1))
+        for key, label, style in (("spent", "composed ε (what the gate enforces)", dict(color=DP_COLOUR, linewidth=2)),
+                                  ("rdp", "Rényi filter (committed orders)", dict(color="#ff7f0e", linestyle=":")),
+                                  ("pld", "PLD", dict(color="#2ca02c", linestyle="-."))):
+            ys = [p.get(key) for p in points]
+            if any(y is not None and math.isfinite(y) for y in ys):
+                ax.step(xs, [math.nan if y is None or not math.isfinite(y) else y for y in ys], where="post",
+                        marker="o", markersize=3, label=label, **style)
+        if budget is not None and math.isfinite(budget):
+            ax.axhline(budget, color="#d62728", linestyle="--", linewidth=1, label=f"pinned budget {budget:.4g}")
+        ax.set_xticks(xs, [p.get("label", "") for p in points], rotation=30, ha="right", fontsize=7)
+        ax.set_xlabel("ledger entry (by time)")
+        ax.set_ylabel("ε")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="upper left")
+
+    return _render(draw, (7.0, 3.6))

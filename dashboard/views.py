@@ -692,6 +692,21 @@ def audit_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
             "control_detected": _bool_flag(audit.get("positive_control_exceeds_upper_bound"))}
 
 
+def dataset_summary(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The run's dataset on its page: the dataset's composed total against its pinned budget (the
+    gate's figure over every run on it, ``dpbert.report.dataset_text``) and what the dataset page
+    needs (its id, its ledger's URI); None when the run names no dataset."""
+    from dpbert.report import dataset_text
+
+    block = report.get("dataset")
+    if not isinstance(block, dict):
+        return None
+    spent = block.get("epsilon_spent")
+    return {"dataset_id": block.get("dataset_id"), "ledger": block.get("ledger"),
+            "text": dataset_text(report.get("privacy") or {}, block.get("dataset_id")),
+            "within": _bool_flag(block.get("within_budget")) if spent is not None else None}
+
+
 def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
     """The context of the run page."""
     canary = report.get("canary") or {}
@@ -703,6 +718,7 @@ def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
         "warnings": warnings_view(report),
         "dag": dag(run),
         "ledger": ledger(run),
+        "dataset": dataset_summary(report),
         "whitebox_audit": audit_view(report),
         "vocab": vocab_rows(report),
         "vocab_operator_only": vocab_operator_only(run, report),

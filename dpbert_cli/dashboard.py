@@ -27,6 +27,10 @@ def add_dashboard_parser(subparsers) -> argparse.ArgumentParser:
     where.add_argument("--pipeline-root", metavar="URI",
                        help="read the runs from a pipeline root's executor_output.json files (Vertex AI's "
                             "gs://…, a kubeflow.local_v2 rehearsal's folder) instead of an ML Metadata store")
+    p.add_argument("--ledger", metavar="URI",
+                   help="a dataset's privacy ledger (<ledger folder>/<dataset id>.json, local or gs://) shown at "
+                        "/dataset: every run on the dataset and its composed ε against the pinned budget "
+                        "(a run's page links to its own dataset's)")
     p.add_argument("--host", default=DEFAULT_HOST,
                    help="address to listen on (default 127.0.0.1; anything else exposes the dashboard, "
                         "which has no authentication, to the network)")
@@ -72,6 +76,20 @@ def _source(args):
     return path, None
 
 
+def _ledger(args) -> Optional[str]:
+    """``--ledger``, checked at start: a dataset ledger the page can show (``UserError`` otherwise)."""
+    if not getattr(args, "ledger", None):
+        return None
+    from dashboard import dataset
+    from dpbert_cli.commands import UserError
+
+    try:
+        dataset.read(args.ledger)
+    except dataset.NoLedger as err:
+        raise UserError(f"--ledger {args.ledger}: {err}") from None
+    return args.ledger
+
+
 def cmd_dashboard(args) -> int:
     from dpbert_cli.commands import UserError
 
@@ -83,6 +101,11 @@ def cmd_dashboard(args) -> int:
         path, root = _source(args)
     except (FileNotFoundError, UserError, ValueError) as err:
         print_error("dashboard", f"--pipeline-root {err}" if args.pipeline_root else err)
+        return exit_codes.BAD_INPUT
+    try:
+        ledger = _ledger(args)
+    except UserError as err:
+        print_error("dashboard", err)
         return exit_codes.BAD_INPUT
     if not 0 < args.port < 65536:
         print_error("dashboard", f"--port {args.port} is not a TCP port")
@@ -97,7 +120,7 @@ def cmd_dashboard(args) -> int:
         print_error("dashboard", refused)
         return exit_codes.ENVIRONMENT
     try:
-        serve(path, args.host, args.port, pipeline_root=root)
+        serve(path, args.host, args.port, pipeline_root=root, ledger=ledger)
     except SystemExit as exit_:
         # uvicorn exits 3 (its STARTUP_FAILURE) when it cannot bind, e.g. a port taken since
         # the probe: 3 is dpbert's over-budget code, so it becomes ENVIRONMENT.
