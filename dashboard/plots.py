@@ -215,6 +215,6 @@ def dataset_svg(points: Sequence[Dict[str, Any]], budget: Optional[float]) -> by
         ax.set_xlabel("ledger entry (by time)")
         ax.set_ylabel("ε")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="lower right")
 
     return _render(draw, (7.0, 3.6))
