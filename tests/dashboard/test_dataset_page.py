@@ -96,3 +96,19 @@ def test_positive_control_a_view_of_the_run_alone_fails_the_checks(two_runs):
     with pytest.raises(AssertionError):
         assert_dataset_html(page.replace(f'id="dataset-spent">{fmt_epsilon(built["verdict"].spent)}<',
                                          f'id="dataset-spent">{fmt_epsilon(own)}<'), built)
+
+
+def test_dashboard_ledger_option_refuses_what_is_not_a_ledger(two_runs, tmp_path, capsys):
+    from dpbert import exit_codes
+    from dpbert_cli.main import main
+
+    built, _ = two_runs
+    bad = tmp_path / "ward7.json"
+    bad.write_text("[]")
+    assert main(["dashboard", "--metadata", built["store"], "--ledger", str(bad), "--port", "1"]) == exit_codes.BAD_INPUT
+    assert "--ledger" in capsys.readouterr().err
+    import argparse
+
+    from dpbert_cli.dashboard import _ledger
+
+    assert _ledger(argparse.Namespace(ledger=built["ledger"])) == built["ledger"]  # control: a ledger passes
