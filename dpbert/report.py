@@ -390,23 +390,24 @@ def dataset_target(run: RunInfo):
 
 
 def dataset_section(run: RunInfo, ledger: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The ``dataset`` block: the dataset's id and ledger URI (resolved here as the stage resolved
-    it: ``privacy.ledger``, else ``$DPBERT_LEDGER`` / the per-user folder), the gate's composed
+    """The ``dataset`` block: the dataset's id and ledger URI (the accountant stage's record of where
+    it read the verdict; for older runs resolved here as the stage resolved it), the gate's composed
     total over every run on it (``epsilon_spent`` under ``rule``), the pinned budget, and this
     run's own ε beside them. None when the run names no dataset and stored no dataset figures."""
     target = dataset_target(run)
     figures = {k: ledger.get(k) for k in DATASET_KEYS}
     if target is None and all(v is None for v in figures.values()):
         return None
-    uri = None
-    if target is not None:
+    uri = ledger.get("dataset_ledger")  # where the accountant stage read its verdict (runs since it records it)
+    if uri is None and target is not None:
         try:
             uri = target.uri()
         except Exception:  # noqa: BLE001 -- a folder this reader cannot resolve: shown as unknown
             uri = None
     rule = figures["dataset_rule"]
     spent = figures["dataset_epsilon_spent"]
-    return {"dataset_id": None if target is None else target.dataset_id, "ledger": uri,
+    dataset_id = ledger.get("dataset_id") or (None if target is None else target.dataset_id)
+    return {"dataset_id": dataset_id, "ledger": uri,
             "epsilon_spent": spent, "epsilon_rdp": figures["dataset_epsilon_rdp"],
             "epsilon_pld": figures["dataset_epsilon_pld"], "delta": figures["dataset_delta"],
             "epsilon_budget": figures["dataset_epsilon_budget"], "rule": rule,

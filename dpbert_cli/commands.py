@@ -71,6 +71,9 @@ def cmd_run(args) -> int:
     if planned is not None and not planned["within_budget"]:
         print(guard.over_budget_message(planned), file=sys.stderr)
         return exit_codes.OVER_BUDGET
+    from pipeline import corpus_index
+
+    corpus_index.check_and_record(config, getattr(args, "same_corpus_as", None))  # one corpus, one budget
     try:
         from pipeline.local_runner import RunInterrupted, RunRefused, run_local
 

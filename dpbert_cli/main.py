@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true",
                    help="re-run every component instead of re-using TFX's cached outputs "
                         "(= --set pipeline.enable_cache=false); a changed corpus is re-read without it")
+    p.add_argument("--same-corpus-as", metavar="DATASET_ID",
+                   help="this corpus's content is already indexed under DATASET_ID in the ledger folder, and "
+                        "spending from corpus.dataset_id too is intended (docs/privacy.md: one corpus, one budget)")
     p.set_defaults(func=commands.cmd_run)
 
     p = sub.add_parser("synth", help="write the embedded synthetic clinical corpus as JSONL",

@@ -25,7 +25,7 @@ LEDGER_PROPERTIES = (
     "epsilon_total_rdp", "delta", "delta_vocab", schema.DELTA_TRAIN, "delta_threshold", "unit", "steps",
     "sampling", "sampling_probability", "noise_multiplier", "epsilon_budget", "within_budget",
     "non_private", "max_contributions", "adjacency", "dataset_epsilon_spent", "dataset_epsilon_rdp",
-    "dataset_epsilon_pld", "dataset_delta", "dataset_epsilon_budget", "dataset_rule")
+    "dataset_epsilon_pld", "dataset_delta", "dataset_epsilon_budget", "dataset_rule", "dataset_id", "dataset_ledger")
 #: The model's properties copied into the ledger: ledger key -> model property.
 _FROM_MODEL = {"sampling": "sampling_mode", "sampling_probability": "sampling_rate",
                "noise_multiplier": "noise_multiplier", "steps_planned": schema.STEPS_PLANNED}
@@ -42,16 +42,25 @@ def _records(value: Union[str, bytes, Any]):
 
 
 def dataset_verdict(ledger_target: str):
-    """The budget gate's verdict over the dataset's whole ledger (this run's entries are in it: they
-    were reserved before the mechanisms read the data), or None without a dataset identity."""
+    """(the budget gate's verdict over the dataset's whole ledger — this run's entries are in it:
+    they were reserved before the mechanisms read the data —, the ledger's URI), or (None, None)
+    without a dataset identity."""
     from dpbert.accounting import gate
     from dpbert.accounting.target import LedgerTarget
     from dpbert.ledger import dataset
 
     target = LedgerTarget.from_json(ledger_target) if ledger_target else None
     if target is None:
-        return None
-    return gate.decide(dataset.read_ledger(target.uri(), target.dataset_id), request=gate.request_for(target), pld=True)
+        return None, None
+    doc = dataset.read_ledger(target.uri(), target.dataset_id)
+    return gate.decide(doc, request=gate.request_for(target), pld=True), target.uri()
+
+
+def _dataset_id_of(ledger_target: str):
+    from dpbert.accounting.target import LedgerTarget
+
+    target = LedgerTarget.from_json(ledger_target) if ledger_target else None
+    return None if target is None else target.dataset_id
 
 
 def account(report_dir: str, vocab_event, train_events, training_delta: float, privacy_config: PrivacyConfig,
@@ -68,7 +77,7 @@ def account(report_dir: str, vocab_event, train_events, training_delta: float, p
     vocab_record, train_records = _records(vocab_event), _records(train_events)
     ledger = accountant.ledger(vocab_record, train_records, ledger_delta(vocab_record, training_delta))
     budget = privacy_config.epsilon_budget
-    verdict = dataset_verdict(ledger_target)
+    verdict, ledger_uri = dataset_verdict(ledger_target)
     if verdict is None:  # no dataset identity: no budget either (Config.validate), this run alone
         verdict = gate.alone_of_records(vocab_record, train_records, budget, ledger["delta"],
                                          ledger["delta_threshold"])
@@ -78,7 +87,9 @@ def account(report_dir: str, vocab_event, train_events, training_delta: float, p
         **({} if verdict.rule == "no_budget" else {
             "dataset_epsilon_spent": verdict.spent, "dataset_epsilon_rdp": verdict.epsilon_rdp,
             "dataset_epsilon_pld": verdict.epsilon_pld, "dataset_delta": verdict.delta,
-            "dataset_epsilon_budget": verdict.budget, "dataset_rule": verdict.rule}),
+            "dataset_epsilon_budget": verdict.budget, "dataset_rule": verdict.rule,
+            # Where the verdict was read (operator-only ML Metadata: the component's own parameter names it too).
+            "dataset_id": _dataset_id_of(ledger_target), "dataset_ledger": ledger_uri}),
         **{key: model_properties.get(name) for key, name in _FROM_MODEL.items()},
         "vocab_event": vocab_record,
         "train_events": train_records,

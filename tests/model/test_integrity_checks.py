@@ -332,7 +332,8 @@ def test_clipping_check_catches_2c_on_one_small_piece_and_2c_in_the_step_only(ri
     errors = saved["max_relative_error"]
     assert errors["clipped"] < integrity.CLIP_RTOL  # what the whole-vector comparison of clip() saw
     if control == "2C_on_one_piece":
-        assert errors["clipped_piece"] > 0.5 and _query_bias(saved["worst_piece"]["clipped_piece"])
+        # Measured against PIECE_FLOOR of the unit (the query bias is 1.8e-6 of it): 1.8e-2, 180x the tolerance.
+        assert errors["clipped_piece"] > 100 * integrity.CLIP_RTOL and _query_bias(saved["worst_piece"]["clipped_piece"])
         assert _query_bias(str(failure.value))
     else:
         assert errors["clipped_piece"] < 1e-5 and errors["summed"] > 0.5 and errors["summed_norm"] > 0.5
