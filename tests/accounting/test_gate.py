@@ -88,6 +88,9 @@ def _surfaces(base, tmp_path, steps: int, monkeypatch) -> dict:
     result = account(str(tmp_path / "report"), planned["vocab_event"], planned["train_events"], 1e-6,
                      PrivacyConfig(epsilon_budget=BUDGET), {}, ledger_target=target.to_json())
     verdicts["accountant"] = result.properties["within_budget"]
+    from dashboard.dataset import dataset_view
+
+    verdicts["dashboard"] = dataset_view(target.uri())["totals"]["within_budget"]  # the dataset page's verdict
     return verdicts
 
 
@@ -128,3 +131,16 @@ def test_a_delta_of_1_0001e_05_prints_as_such_in_budget_and_the_guard(tmp_path, 
     assert "1.0001e-05" in guard.planned_statement(planned)
     planned["within_budget"], planned["dataset"]["message"] = False, None
     assert "1.0001e-05" in guard.over_budget_message(planned)
+
+
+@pytest.mark.parametrize("command", ["budget", "run", "ledger", "compile"])
+def test_a_budget_on_a_user_corpus_without_a_dataset_id_is_exit_2_in_every_command(tmp_path, capsys, command):
+    from dpbert_cli.main import main
+
+    extra = {"run": ["--output", str(tmp_path / "out")],
+             "compile": ["--output", str(tmp_path / "p.json"), "--image", "europe-west4-docker.pkg.dev/p/r/i:1",
+                         "--pipeline-root", "gs://b/root"]}.get(command, [])
+    code = main([command, *extra, "--set", "corpus.path=/x/notes.jsonl", "--set", "privacy.epsilon_budget=5",
+                 "--set", "training.dataset_patients=100"])
+    assert code == 2 and "corpus.dataset_id" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "p.json").exists()
