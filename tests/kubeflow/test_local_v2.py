@@ -7,6 +7,7 @@ import pytest
 from tests.kubeflow.conftest import task_names
 
 from tests.tiny import CLASSIC
+from tests.no_cloud_storage import NoCloudStorage
 
 TINY = CLASSIC + [
     "corpus.synthetic.patients=6",
@@ -152,19 +153,6 @@ def _snapshot(folder):
     return sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, files in os.walk(folder) for f in files)
 
 
-class _NoCloudStorage:
-    """A storage spy in the place of dpbert.storage's gs:// backend: every call is recorded and fails."""
-
-    def __init__(self):
-        self.touched = []
-
-    def __getattr__(self, name):
-        def refuse(uri=None, *args, **kwargs):
-            self.touched.append(str(uri))
-            raise AssertionError(f"gs:// contacted: {name} {uri}")
-        return refuse
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize("layout", ["rehearsal", "vertex"])
@@ -175,7 +163,7 @@ def test_a_synthetic_rehearsal_compiled_for_a_real_dataset_completes_offline_ins
     from dpbert.storage import api
     from kubeflow.local_v2 import run_spec_locally
 
-    spy = _NoCloudStorage()
+    spy = NoCloudStorage()
     monkeypatch.setitem(api._SINGLETONS, "gs", spy)  # pylint: disable=protected-access
     spec = compile_spec(TINY + REAL_ID)
     parent = tmp_path / "parent"

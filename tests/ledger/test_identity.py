@@ -7,6 +7,7 @@ import pytest
 from dpbert import storage
 from dpbert.config import ConfigError, load_config
 from dpbert.ledger import identity
+from tests.no_cloud_storage import NoCloudStorage
 
 REAL = ["corpus.dataset_id=Ward7", "privacy.ledger=gs://hospital/ledgers", "privacy.epsilon_budget=8"]
 
@@ -88,24 +89,11 @@ def test_a_real_dataset_keeps_its_configured_ledger(tmp_path):
         config, privacy=dataclasses.replace(config.privacy, ledger=str(tmp_path)))) is not None
 
 
-class _NoCloudStorage:
-    """A storage spy in the place of dpbert.storage's gs:// backend: every call is recorded and fails."""
-
-    def __init__(self):
-        self.touched = []
-
-    def __getattr__(self, name):
-        def refuse(uri=None, *args, **kwargs):
-            self.touched.append(str(uri))
-            raise AssertionError(f"gs:// contacted: {name} {uri}")
-        return refuse
-
-
 @pytest.fixture
 def no_cloud(monkeypatch):
     from dpbert.storage import api
 
-    spy = _NoCloudStorage()
+    spy = NoCloudStorage()
     monkeypatch.setitem(api._SINGLETONS, "gs", spy)  # pylint: disable=protected-access
     return spy
 
