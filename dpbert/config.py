@@ -598,9 +598,11 @@ class VertexConfig:
     """The Vertex AI custom job a compiled trainer step runs with ``training.workers`` > 1
     (``kubeflow.custom_job``): worker pools chief × 1 + worker × (W − 1), each on this machine type."""
 
-    #: Google Cloud project and region of the custom job (required to compile with workers > 1).
+    #: Google Cloud project of the custom job (required to compile with workers > 1).
     project: Optional[str] = None
-    region: str = "us-central1"
+    #: Region of the custom job; null = the region of --image's regional Artifact Registry host
+    #: (REGION-docker.pkg.dev/...); required with any other image host.
+    region: Optional[str] = None
     machine_type: str = "n1-standard-8"
     #: e.g. NVIDIA_TESLA_T4, NVIDIA_L4 (then training.replicas = accelerator_count, strategy mirrored).
     accelerator_type: Optional[str] = None
@@ -611,7 +613,7 @@ class VertexConfig:
     def validate(self, prefix: str):
         _check(self.project is None or bool(re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", self.project)),
                f"{prefix}.project", "must be a Google Cloud project id", self.project)
-        _check(bool(re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", self.region or "")), f"{prefix}.region",
+        _check(self.region is None or bool(re.fullmatch(r"[a-z]+-[a-z]+[0-9]+", self.region)), f"{prefix}.region",
                "must be a Vertex AI region such as us-central1", self.region)
         _check(bool(self.machine_type), f"{prefix}.machine_type", "must be set (e.g. n1-standard-8)",
                self.machine_type)

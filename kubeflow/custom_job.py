@@ -36,6 +36,7 @@ import copy
 import json
 import logging
 import os
+import re
 import time
 from typing import Callable, Optional
 
@@ -57,15 +58,39 @@ class CustomJobFailed(RuntimeError):
     """The Vertex AI custom job ended FAILED or CANCELLED (its error in the message)."""
 
 
-def build_custom_job(config: Config, image: str) -> dict:
+#: A regional Artifact Registry host: ``REGION-docker.pkg.dev`` (``europe-docker.pkg.dev``,
+#: ``us-docker.pkg.dev`` and ``*gcr.io`` are multi-regional: they name no region).
+_REGIONAL_REGISTRY = re.compile(r"([a-z]+-[a-z]+[0-9]+)-docker\.pkg\.dev/")
+
+
+def region_of_image(image: str) -> Optional[str]:
+    """The region of ``image``'s host when it is a regional Artifact Registry one, else None."""
+    match = _REGIONAL_REGISTRY.match(image or "")
+    return match.group(1) if match else None
+
+
+def vertex_region(config: Config, image: str) -> str:
+    """``vertex.region``, else the region of ``image``'s regional Artifact Registry host; a
+    ConfigError naming ``vertex.region`` when neither says one (a multi-region or other host)."""
+    region = config.vertex.region or region_of_image(image)
+    if not region:
+        raise ConfigError(
+            f"vertex.region must be set: the image {image!r} is not on a regional Artifact Registry host "
+            f"(REGION-docker.pkg.dev/...), so it names no region; e.g. --set vertex.region=europe-west4")
+    return region
+
+
+def build_custom_job(config: Config, image: str, region: Optional[str] = None) -> dict:
     """``{"project", "region", "customJob"}``: the CustomJob (REST JSON, camelCase) without the
-    replicas' argument, which only the running step knows (its artifact URIs)."""
+    replicas' argument, which only the running step knows (its artifact URIs). ``region``:
+    :func:`vertex_region` when not given."""
     workers, vertex = config.training.workers, config.vertex
     if workers < 2:
         raise ConfigError(f"training.workers = {workers}: a custom job is for training.workers > 1")
     if not vertex.project:
         raise ConfigError("vertex.project must be set to compile training.workers > 1 for Vertex AI "
                           "(the project the trainer's custom job runs in)")
+    region = region or vertex_region(config, image)
     machine = {"machineType": vertex.machine_type}
     if vertex.accelerator_type:
         machine.update(acceleratorType=vertex.accelerator_type, acceleratorCount=int(vertex.accelerator_count))
@@ -78,7 +103,7 @@ def build_custom_job(config: Config, image: str) -> dict:
     job = {"displayName": f"{config.pipeline.name}-trainer"[:128], "jobSpec": job_spec,
            "labels": {"dpbert-step": "mlm-pretrainer"}}
     check_custom_job(job)
-    return {"project": vertex.project, "region": vertex.region, "customJob": job}
+    return {"project": vertex.project, "region": region, "customJob": job}
 
 
 def check_custom_job(job: dict):

@@ -24,6 +24,7 @@ from dpbert import exit_codes  # noqa: E402
 from dpbert import storage  # noqa: E402
 from dpbert.config import Config, ConfigError, load_config  # noqa: E402
 from kubeflow.beam_args import cloud_beam_args  # noqa: E402
+from kubeflow.custom_job import vertex_region  # noqa: E402
 from kubeflow.resources import ResourcesArg, apply_resources, parse_resources  # noqa: E402
 
 TARGETS = ("vertex",)
@@ -42,7 +43,7 @@ def validate_for_vertex(config: Config, pipeline_root: str) -> None:
                           f"got {pipeline_root!r}")
     if config.training.workers > 1 and not config.vertex.project:
         raise ConfigError("vertex.project must be set with training.workers > 1: the trainer step runs a "
-                          "Vertex AI custom job in that project (and vertex.region, default us-central1)")
+                          "Vertex AI custom job in that project (and in vertex.region)")
     from dpbert.ledger.identity import remote_ledger_problem
 
     problem = remote_ledger_problem(config)
@@ -89,7 +90,7 @@ def compile_vertex(config: Config, output: str, image: str, pipeline_root: str,
     if resources:
         apply_resources(dag, resources)
     trainer = trainer_image(config, image, cuda_image, resources)
-    attach_custom_job(dag, config, trainer)
+    attach_custom_job(dag, config, trainer, vertex_region(config, image) if config.training.workers > 1 else None)
     attach_pipeline_root(dag, pipeline_root)
     output = os.path.abspath(output)
     images = image if trainer == image else dict({pipeline_builder.DEFAULT_IMAGE_PATH_KEY: image},
@@ -134,17 +135,18 @@ def trainer_image(config: Config, image: str, cuda_image: Optional[str],
     return cuda_image
 
 
-def attach_custom_job(dag, config: Config, image: str) -> Optional[dict]:
+def attach_custom_job(dag, config: Config, image: str, region: Optional[str] = None) -> Optional[dict]:
     """With ``training.workers`` > 1, give each trainer component the Vertex AI CustomJob template
-    (``kubeflow.custom_job.build_custom_job``) as its ``custom_job`` parameter: its step then runs
-    the training as a custom job of W replicas. Returns the template (None with one worker)."""
+    (``kubeflow.custom_job.build_custom_job``, in ``region``) as its ``custom_job`` parameter: its
+    step then runs the training as a custom job of W replicas. Returns the template (None with one
+    worker)."""
     if config.training.workers < 2:
         return None
     import json
 
     from kubeflow.custom_job import build_custom_job
 
-    template = build_custom_job(config, image)
+    template = build_custom_job(config, image, region)
     for component in dag.components:
         if component.id in TRAINER_IDS:
             component.exec_properties["custom_job"] = json.dumps(template, sort_keys=True)
@@ -202,16 +204,19 @@ def _write_spec(spec: dict, output: str) -> None:
 def planned_budget_problem(config: Config) -> Optional[str]:
     """The budget guard for a compile: a message if the planned ε exceeds the budget, else None.
 
-    Counting the corpus needs it on this machine; for a corpus on Cloud Storage set
-    ``training.dataset_size`` (a public lower bound on the number of tuples) instead.
+    The plan needs the unit's public size (``training.dataset_size`` for tuples,
+    ``training.dataset_patients`` for patients): the corpus is not readable from here.
     """
     if config.privacy.epsilon_budget is None:
         return None
-    if config.corpus.path is not None and config.training.dataset_size is None:
-        raise ConfigError(
-            "training.dataset_size must be set to compile with privacy.epsilon_budget: the budget is "
-            "checked before anything runs, and the corpus (corpus.path) is not readable from here")
     from pipeline import guard
+
+    if config.corpus.path is not None and guard.public_dataset_size(config) is None:
+        field = "dataset_patients" if config.privacy.unit == "patient" else "dataset_size"
+        raise ConfigError(
+            f"training.{field} must be set to compile with privacy.epsilon_budget (privacy.unit = "
+            f"{config.privacy.unit}): the budget is checked before anything runs, and the corpus "
+            f"(corpus.path) is not readable from here")
 
     ledger = guard.planned(config)
     try:  # the dataset's budget gate over its ledger, when this machine can read it
@@ -259,6 +264,7 @@ def cmd_compile(args) -> int:
     """``dpbert compile``: 0 written; 2 bad input (ConfigError raised to the caller); 3 over budget."""
     config = load_config(args.config, list(args.overrides), preset=None if args.config else "demo")
     resources = dict(parse_resources(text) for text in args.resources)
+    region = vertex_region(config, args.image)
     problem = planned_budget_problem(config)
     if problem is not None:
         print(problem, file=sys.stderr)
@@ -266,9 +272,84 @@ def cmd_compile(args) -> int:
     path = compile_vertex(config, args.output, args.image, args.pipeline_root, resources=resources,
                           display_name=args.display_name, cuda_image=args.cuda_image)
     print(f"compiled {config.pipeline.name} for {args.target}: {path}")
-    print("submit it with google.cloud.aiplatform.PipelineJob(template_path=...).submit() "
-          "(docs/running-on-vertex.md, section 5)")
+    print(compile_summary(config, args, region, resources))
+    print(f"submit it in {region} with google.cloud.aiplatform.PipelineJob(template_path=...).submit() "
+          f"(docs/running-on-vertex.md, section 5)")
     return exit_codes.OK
+
+
+# --- the summary a compile ends with ------------------------------------------------------------
+
+def planned_line(config: Config) -> str:
+    """The planned ε per unit (``pipeline.guard.planned``) when a public size is configured."""
+    from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
+    from pipeline import guard
+
+    unit = config.privacy.unit
+    if config.training.non_private:
+        return "  planned ε: none planned (training.non_private: the model is not differentially private)"
+    if guard.public_dataset_size(config) is None:
+        field = "dataset_patients" if unit == "patient" else "dataset_size"
+        return (f"  planned ε per {unit}: not planned (training.{field} is unset: the trainer plans "
+                f"from a DP count of its units)")
+    ledger = guard.planned(config)
+    return (f"  planned ε per {unit}: ε_total (PLD) = {fmt_epsilon(ledger['epsilon_total_pld'])} at δ = "
+            f"{fmt_delta(ledger['delta'])} (vocabulary ε_V = {fmt_epsilon(ledger['epsilon_vocab'])}, training "
+            f"ε_T = {fmt_epsilon(ledger['epsilon_train'])}, each at its own δ; n = {ledger['dataset_size']} "
+            f"{unit}s, {ledger['steps']} steps)")
+
+
+def ledger_lines(config: Config) -> List[str]:
+    """Where the dataset's ledger is, and what it still admits (``guard.remaining_budget``) when
+    this machine can read it."""
+    from dpbert.ledger import identity
+    from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
+    from pipeline import guard
+
+    dataset_id = identity.dataset_id_for(config.corpus)
+    if dataset_id is None:
+        return ["  ledger: none (no corpus.dataset_id and no budget)"]
+    where = identity.ledger_uri(identity.location_for(config), dataset_id)
+    if config.corpus.path is None:
+        where += " (public synthetic corpus: on Vertex AI the step's own disk)"
+    try:
+        left = guard.remaining_budget(config)
+    except storage.CredentialsMissing:
+        return [f"  ledger: {where}", "  ledger admits: ledger not read (no credentials)"]
+    if left is None:
+        admits = "no budget configured or pinned for this dataset"
+    else:
+        admits = (f"{'at least ' if left['at_least'] else ''}{left['steps']} DP-SGD steps of this plan "
+                  f"({left['planned_steps']} planned; a run of {left['steps']} steps: ε_T = "
+                  f"{fmt_epsilon(left['epsilon_train'])} at δ = {fmt_delta(left['delta_train'])})")
+    return [f"  ledger: {where}", f"  ledger admits: {admits}"]
+
+
+def machine_line(config: Config, resources: dict) -> str:
+    """The trainer's custom job machines (``training.workers`` > 1) and the sized steps."""
+    vertex, parts = config.vertex, []
+    if config.training.workers > 1:
+        accelerator = f" + {vertex.accelerator_count} × {vertex.accelerator_type}" if vertex.accelerator_type else ""
+        parts.append(f"trainer custom job {config.training.workers} × {vertex.machine_type}{accelerator}")
+    for component_id, spec in sorted(resources.items()):
+        sized = [f"cpu={spec.cpu_limit:g}" if spec.cpu_limit else "", f"memory={spec.memory_limit:g}GB"
+                 if spec.memory_limit else "", f"{spec.accelerator.count} × {spec.accelerator.type}"
+                 if spec.accelerator.type else ""]
+        parts.append(f"{component_id} {', '.join(filter(None, sized))}")
+    parts.append(f"{'every other' if parts else 'every'} step: Vertex AI's default machine (size it with --resources)")
+    return "  machines: " + "; ".join(parts)
+
+
+def compile_summary(config: Config, args, region: str, resources: dict) -> str:
+    """What the compiled pipeline will run: planned ε, the dataset ledger, region, machines,
+    image(s) and pipeline root."""
+    source = "vertex.region" if config.vertex.region else "from the image's Artifact Registry host"
+    lines = ["summary:", planned_line(config), *ledger_lines(config), f"  region: {region} ({source})",
+             machine_line(config, resources), f"  image: {args.image}"]
+    if args.cuda_image:
+        lines.append(f"  trainer image with a GPU: {args.cuda_image}")
+    lines.append(f"  pipeline root: {args.pipeline_root}")
+    return "\n".join(lines)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
