@@ -235,7 +235,7 @@ def planned_budget_problem(config: Config) -> Optional[str]:
 def add_compile_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``compile`` subcommand to an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
-        "compile", help="compile the DAG for Kubeflow Pipelines / Vertex AI (offline)",
+        "compile", help="compile the DAG for Vertex AI Pipelines (offline)",
         description="Compile the DAG to a Vertex AI PipelineJob JSON (KFP v2). Offline: nothing is "
                     "contacted. See docs/running-on-vertex.md.")
     p.add_argument("--target", choices=TARGETS, default="vertex", help="orchestrator (default: vertex)")
