@@ -24,9 +24,11 @@ def _config_file(ledgers, out, steps: int):
 
     path = out.parent / f"{out.name}-{steps}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
+    corpus = out.parent / "notes.jsonl"  # read only by dpbert run's preflight: the plan's n is public
+    corpus.write_text('{"text": "pt stable on metoprolol", "patient_id": "p1"}\n', encoding="utf-8")
     path.write_text(yaml.safe_dump({
         "privacy": {"ledger": str(ledgers), "epsilon_budget": BUDGET},
-        "corpus": {"path": "/x/notes.jsonl", "dataset_id": "Ward7"},
+        "corpus": {"path": str(corpus), "dataset_id": "Ward7"},
         "training": {"dataset_size": 2000, "steps": steps}, "pipeline": {"output_dir": str(out)}}), encoding="utf-8")
     return path
 
@@ -64,6 +66,7 @@ def _surfaces(base, tmp_path, steps: int, monkeypatch) -> dict:
     target = ledger_target.ledger_target(config)
     verdicts = {"budget": main(["budget", "--config", str(_config_file(ledgers, tmp_path / "run2", steps)),
                                 "--set", "corpus.dataset_id= WARD7"]) == 0}  # a case variant: the same ledger
+    verdicts["run"] = _run_admitted(main, _config_file(ledgers, tmp_path / "run2", steps), monkeypatch)
     planned = guard.planned(config)
     verdicts["guard"] = guard.dataset_budget(config, planned, None)["within_budget"]
     verdicts["compile"] = planned_budget_problem(config) is None
@@ -92,6 +95,27 @@ def _surfaces(base, tmp_path, steps: int, monkeypatch) -> dict:
 
     verdicts["dashboard"] = dataset_view(target.uri())["totals"]["within_budget"]  # the dataset page's verdict
     return verdicts
+
+
+def _run_admitted(main, config_file, monkeypatch) -> bool:
+    """``dpbert run``'s verdict: exit 3 before anything runs, or it reaches the DAG (stubbed here)."""
+    import pipeline.local_runner as runner
+
+    class ReachedTheDag(Exception):
+        pass
+
+    def stub(config, *args, **kwargs):
+        raise ReachedTheDag
+
+    monkeypatch.setattr(runner, "run_local", stub)
+    try:
+        code = main(["run", "--config", str(config_file)])
+    except ReachedTheDag:
+        return True
+    finally:
+        monkeypatch.undo()
+    assert code == 3, code
+    return False
 
 
 def _admit_all(decide):
