@@ -87,9 +87,10 @@ def account(report_dir: str, vocab_event, train_events, training_delta: float, p
         **({} if verdict.rule == "no_budget" else {
             "dataset_epsilon_spent": verdict.spent, "dataset_epsilon_rdp": verdict.epsilon_rdp,
             "dataset_epsilon_pld": verdict.epsilon_pld, "dataset_delta": verdict.delta,
-            "dataset_epsilon_budget": verdict.budget, "dataset_rule": verdict.rule,
-            # Where the verdict was read (operator-only ML Metadata: the component's own parameter names it too).
-            "dataset_id": _dataset_id_of(ledger_target), "dataset_ledger": ledger_uri}),
+            "dataset_epsilon_budget": verdict.budget, "dataset_rule": verdict.rule}),
+        # Where the dataset's ledger was read, budget or not (operator-only ML Metadata: the
+        # component's own parameter names it too), so a reader elsewhere links to the right one.
+        **({} if ledger_uri is None else {"dataset_id": _dataset_id_of(ledger_target), "dataset_ledger": ledger_uri}),
         **{key: model_properties.get(name) for key, name in _FROM_MODEL.items()},
         "vocab_event": vocab_record,
         "train_events": train_records,

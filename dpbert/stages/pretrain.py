@@ -49,7 +49,7 @@ from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, Training
 # The chain's helpers live in the training engine; re-exported for the guard, the runner and tests.
 from dpbert.model.engine.chain import (PRIVATE_MARKER, STATE_ROOT, chain_state, chains,  # noqa: F401
                                        copy_artifact_files, mark_state_root_private, state_dir, write_resume_key)
-from dpbert.model.engine.charges import (TrainingBudgetRefused, budget_step_limit, chain_charged,  # noqa: F401
+from dpbert.model.engine.charges import (TrainingBudgetRefused, budget_step_limit, chain_charged, run_step_limit,  # noqa: F401
                                          charged_ledger, refuse, resume_key, stage_state_dir, training_record,
                                          write_charge_basis)
 from dpbert.model.public_warmup import public_start_weights  # noqa: F401  (re-exported)
@@ -312,6 +312,8 @@ def _train(run: _Run, tokenizer, vocabulary_dir: str, pipeline_root: str, held_l
     limit = None
     if run.reservation is not None and not tc.non_private and tc.noise_seed is None:
         limit = budget_step_limit(run.reservation, budget, plan, n)
+    elif budget is not None and not tc.non_private and tc.noise_seed is None:
+        limit = run_step_limit(budget, run.vocab_record, run.count_record, plan, n, tc.delta)
     try:
         result = train_mlm(rows.token_ids, specials, tokenizer.get_vocab_size(), mc, tc, run.state, plan=plan,
                            resume=True, progress=True, vocab_tokens=vocab_tokens,

@@ -143,6 +143,9 @@ def test_dag_runs_in_one_process_on_ram(tmp_path, monkeypatch):
         monkeypatch.setenv(var, str(scratch))
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("DPBERT_LEDGER", raising=False)
+    # The synthetic corpus's ledger folder (its configured dataset id and privacy.ledger are
+    # ignored: synthetic stays synthetic), here on ram:// too.
+    monkeypatch.setenv("DPBERT_SYNTHETIC_LEDGER", f"{root}/synthetic-ledgers")
     monkeypatch.chdir(work)
 
     config = load_config(None, TINY_DAG + [
@@ -179,7 +182,8 @@ def test_dag_runs_in_one_process_on_ram(tmp_path, monkeypatch):
         assert any(f.startswith(part) for f in files), (part, files[:40])
     import tensorflow as tf
 
-    assert tf.io.gfile.glob(f"{ledger}/*.json"), "the dataset ledger is on ram://"
+    assert tf.io.gfile.glob(f"{root}/synthetic-ledgers/*.json"), "the dataset ledger is on ram://"
+    assert not tf.io.gfile.exists(ledger), "a configured ledger folder is never touched by the synthetic corpus"
     run = metadata.get_run(metadata.open_store(metadata_path))
     assert {c.node_id for c in run.components} >= {"CorpusIngest", "MLMPretrainer", "PrivacyAccountant"}
     assert all(c.state in ("COMPLETE", "CACHED") for c in run.components), [(c.node_id, c.state) for c in run.components]

@@ -61,7 +61,8 @@ def test_a_budget_lowered_after_an_interrupt_counts_the_reserved_run(tmp_path):
     assert ledger["epsilon_total_pld"] <= own * 1.2          # the run alone fits: the old guard ran it
     assert not ledger["within_budget"] and not ledger["dataset"]["within_budget"]
     message = guard.over_budget_message(ledger)
-    assert "every run on it" in message and "nothing was run or written" in message
+    # The dataset's budget is pinned at its first reservation: another budget is refused, not re-checked.
+    assert "pinned" in message and "--raise-budget" in message and "nothing was run or written" in message
     assert main(["ledger", "--json", "--set", f"pipeline.output_dir={tmp_path / 'out'}", *set_args(OVERRIDES)]) == 0
 
 
@@ -113,9 +114,9 @@ def test_a_second_output_folder_is_refused_and_the_ledger_lists_the_first(tmp_pa
                for e in entries)
     second = _run(tmp_path / "b", budget)
     assert second.returncode == 3, second.stderr[-3000:]
-    assert "every run on it" in second.stderr and not (tmp_path / "b").exists()
+    assert "every run that spent from it" in second.stderr and not (tmp_path / "b").exists()
     assert main(["ledger", "--json", *set_args(OVERRIDES)]) == 0
     view = json.loads(capsys.readouterr().out)
     assert view["dataset_id"] == identity.dataset_id_for(config.corpus) and len(view["entries"]) == 2
     assert sorted(e["run_id"].split("/")[0] for e in view["entries"]) == ["DPVocabularyGen", "MLMPretrainer"]
-    assert view["totals"]["epsilon_rdp"] > 0 and view["totals"]["remaining"] is not None
+    assert view["totals"]["epsilon_rdp"] > 0 and view["budget"]["epsilon"] == pytest.approx(budget)  # pinned by the first

@@ -135,6 +135,28 @@ def budget_step_limit(reservation, epsilon_budget: Optional[float], plan, rows: 
     return limit
 
 
+def run_step_limit(epsilon_budget: float, vocab_record, count_record, plan, rows: int, training_delta: float):
+    """``limit(σ, needed)`` without a dataset identity (the stage called directly: every command
+    requires ``corpus.dataset_id`` with a budget): the same gate, asked about this run alone as the
+    first on a fresh dataset (its vocabulary, DP count and L steps)."""
+    from dpbert.accounting import gate
+    from dpbert.privacy.composition import ledger_delta
+
+    delta = ledger_delta(vocab_record, training_delta)
+    histogram = isinstance(vocab_record, dict) and vocab_record.get("mechanism") == "dp_histogram"
+    threshold = float(vocab_record.get("threshold_delta", 0.0)) if histogram else 0.0
+
+    def limit(sigma: float, needed: int) -> int:
+        def admits(steps: int) -> bool:
+            trains = ([count_record] if count_record is not None else []) + \
+                ([training_record(sigma, plan, rows, steps)] if steps else [])
+            return gate.alone_of_records(vocab_record, trains, epsilon_budget, delta, threshold).admitted
+
+        return gate.largest_admitted(admits, needed)
+
+    return limit
+
+
 class TrainingBudgetRefused(RuntimeError):
     """The trainer refused a step the privacy budget does not cover (exit 3 in ``dpbert run``).
     ``refusal``: what ``schema.BUDGET_REFUSAL_FILE`` holds (ε already charged, steps, budget)."""
