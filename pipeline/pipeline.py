@@ -25,10 +25,10 @@ def fingerprint_state_root(pipeline_root: str) -> str:
     return os.path.join(pipeline_root, STATE_ROOT)
 
 
-def _ledger_target(config: Config) -> str:
+def _ledger_target(config: Config, with_plan: bool = True) -> str:
     from dpbert.accounting.target import ledger_target_json
 
-    return ledger_target_json(config)
+    return ledger_target_json(config, with_plan)
 
 
 def ingest_component(config: Config, pipeline_root: Optional[str] = None):
@@ -92,7 +92,9 @@ def create_components(config: Config, pipeline_root: Optional[str] = None) -> Li
         privacy_config=section_to_json(config.privacy),
         # Where the public checkpoint is (vocab.source public / public+dp).
         model_config=section_to_json(config.model, ("init", "init_dir")),
-        ledger_target=_ledger_target(config),  # the dataset's privacy ledger (dpbert.ledger)
+        # The dataset's privacy ledger, without the training's planned records (its cache must not
+        # depend on the training's configuration: dpbert.accounting.target.ledger_target_json).
+        ledger_target=_ledger_target(config, with_plan=False),
         code_version=_core_version("components.vocabulary"),
     )
     trainer_args = dict(

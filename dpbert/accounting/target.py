@@ -95,9 +95,14 @@ def _first_plan(config: Config) -> List[Dict[str, Any]]:
         return []
 
 
-def ledger_target_json(config: Config) -> str:
-    """The component parameter: ``LedgerTarget.to_json`` or ``""``."""
+def ledger_target_json(config: Config, with_plan: bool = True) -> str:
+    """The component parameter: ``LedgerTarget.to_json`` or ``""``. ``with_plan`` False (the
+    vocabulary component): no ``first_plan`` — it holds the training's records, and a parameter
+    that changes with the training would defeat TFX's cache of the vocabulary (a second histogram,
+    charged again); a vocabulary that pins the budget commits the order best for its own event."""
     target = ledger_target(config)
+    if target is not None and not with_plan:
+        target = dataclasses.replace(target, first_plan=())
     return "" if target is None else target.to_json()
 
 

@@ -168,3 +168,13 @@ def test_a_budget_on_a_user_corpus_without_a_dataset_id_is_exit_2_in_every_comma
                  "--set", "training.dataset_patients=100"])
     assert code == 2 and "corpus.dataset_id" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "p.json").exists()
+
+
+def test_the_vocabularys_ledger_parameter_does_not_change_with_the_training(tmp_path):
+    """A parameter that moved with the training would miss TFX's cache of the vocabulary: a second
+    histogram released and charged. The trainer's parameter carries the plan (positive control)."""
+    from dpbert.accounting.target import ledger_target_json
+
+    short, long = (_config(tmp_path / "l", tmp_path / "o", steps) for steps in (20, 400))
+    assert ledger_target_json(short, with_plan=False) == ledger_target_json(long, with_plan=False)
+    assert ledger_target_json(short) != ledger_target_json(long)
