@@ -57,11 +57,11 @@ def _total(verdict) -> Dict[str, Any]:
             "epsilon_rdp": verdict.epsilon_rdp, "epsilon_pld": verdict.epsilon_pld, "admitted": verdict.admitted}
 
 
-def _entry_row(entry: Mapping[str, Any], delta: Optional[float]) -> Dict[str, Any]:
-    from dpbert.accounting.compose import entry_epsilon
+def _entry_row(entry: Mapping[str, Any], delta_c: Optional[float]) -> Dict[str, Any]:
+    from dpbert.accounting.compose import entry_epsilon_at
     from dpbert.ledger import composition
 
-    own = entry_epsilon(entry, delta) if delta else {"epsilon_rdp": 0.0, "epsilon_pld": 0.0}
+    own = entry_epsilon_at(entry, delta_c)
     return {"id": entry.get("id"), "time": entry.get("time"), "run_id": entry.get("run_id"),
             "pipeline_root": entry.get("pipeline_root"), "mechanism": entry.get("mechanism"),
             "stage": entry.get("stage"), "status": entry.get("status"), "composed": composition.composed(entry),
@@ -79,10 +79,9 @@ def dataset_view(uri: str) -> Dict[str, Any]:
     verdict = gate.decide(doc, entries, pld=True)
     pin = verdict.pin
     delta_c = pin.delta_conversion if pin else (doc.get("delta") or 0.0) - verdict.delta_threshold
-    delta = delta_c + verdict.delta_threshold if doc.get("delta") else None
     rows = []
     for i, entry in enumerate(entries):
-        row = _entry_row(entry, delta)
+        row = _entry_row(entry, delta_c if doc.get("delta") else None)
         row["after"] = _total(gate.decide(doc, entries[:i + 1], pld=True))
         rows.append(row)
     return {"dataset_id": doc.get("dataset_id") or dataset_id_of(uri), "ledger": uri, "unit": doc.get("unit"),

@@ -31,11 +31,11 @@ def add_ledger_parser(sub):
     return p
 
 
-def _entry_row(e: dict, delta) -> dict:
-    from dpbert.accounting.compose import entry_epsilon
+def _entry_row(e: dict, delta_c) -> dict:
+    from dpbert.accounting.compose import entry_epsilon_at
     from dpbert.ledger import composition
 
-    own = entry_epsilon(e, delta) if delta else {"epsilon_rdp": 0.0, "epsilon_pld": 0.0}
+    own = entry_epsilon_at(e, delta_c)
     return {"time": e.get("time"), "updated": e.get("updated"), "run_id": e.get("run_id"),
             "pipeline_root": e.get("pipeline_root"), "mechanism": e.get("mechanism"), "stage": e.get("stage"),
             "status": e.get("status"), "chain": e.get("chain"), "composed": composition.composed(e),
@@ -53,7 +53,7 @@ def ledger_view(uri: str, dataset_id: str) -> dict:
     verdict = gate.decide(doc, entries, pld=True)
     pin = verdict.pin
     delta_c = pin.delta_conversion if pin else (doc.get("delta") or 0.0) - verdict.delta_threshold
-    rows = [_entry_row(e, delta_c + verdict.delta_threshold if doc.get("delta") else None) for e in entries]
+    rows = [_entry_row(e, delta_c if doc.get("delta") else None) for e in entries]
     return {"dataset_id": doc.get("dataset_id") or dataset_id, "ledger": uri, "unit": doc.get("unit"),
             "delta": verdict.delta or doc.get("delta"), "entries": rows, "runs": len({r["run_id"] for r in rows}),
             "budget": None if pin is None else pin.to_dict(),

@@ -12,7 +12,7 @@ in advance (one planned run); across adaptively chosen runs the guarantee is the
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, Mapping
+from typing import Any, Dict, Iterable, Mapping, Optional
 
 from dpbert.accounting.epsilon import epsilon as _epsilon
 from dpbert.ledger import composition as _records
@@ -46,3 +46,12 @@ def entry_epsilon(entry: Mapping[str, Any], delta: float) -> Dict[str, float]:
         return {"epsilon_rdp": value, "epsilon_pld": value}
     got = compose([entry], delta)
     return {"epsilon_rdp": got["epsilon_rdp"], "epsilon_pld": got["epsilon_pld"]}
+
+
+def entry_epsilon_at(entry: Mapping[str, Any], delta_conversion: Optional[float]) -> Dict[str, float]:
+    """The entry's own ε at the dataset's conversion δ_c (its own thresholds' δ₂ added: ``compose``
+    subtracts them), never at the dataset's larger δ, which would read smaller; 0 without a δ yet."""
+    if not delta_conversion:
+        return {"epsilon_rdp": 0.0, "epsilon_pld": 0.0}
+    own = _records.threshold_delta(_records.accountable_records([entry]))
+    return entry_epsilon(entry, delta_conversion + own)
