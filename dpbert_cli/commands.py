@@ -535,7 +535,7 @@ def _target_noise_multiplier(config, n: int, dp_count: bool, target_epsilon: flo
         print_json(out)
     else:
         count = (f" + the DP count (σ_c = {config.training.count_noise_multiplier:g})" if dp_count else "")
-        diagnostics = " with its DP diagnostics" if getattr(config.training, "dp_diagnostics", True) else ""
+        diagnostics = " with its DP diagnostics" if config.training.dp_diagnostics else ""
         aim = ("the whole run's ε (vocabulary + count + training)" if target == "whole" else "ε_T (training)")
         print(f"training.noise_multiplier σ = {sigma:.4f} meets {aim} ≤ {target_epsilon:g}: the planned ledger records "
               f"ε_T = {planned['epsilon_train']:.6g} (PLD at δ_T = {fmt_delta(planned['delta_train'])}; DP-SGD at "

@@ -298,7 +298,7 @@ def _planned_n(config, dataset_size: Optional[int]) -> int:
     patient_unit = config.privacy.unit == "patient"
     if dataset_size is None:
         train_cfg = config.training
-        dataset_size = getattr(train_cfg, "dataset_patients", None) if patient_unit else train_cfg.dataset_size
+        dataset_size = train_cfg.dataset_patients if patient_unit else train_cfg.dataset_size
     if dataset_size is None:
         raise ValueError("dataset_size must be given (or training.dataset_size set), got None")
     return _checks.integer("dataset_size", dataset_size, 1)
@@ -332,7 +332,7 @@ def _planned_training(config, n: int, dp_count: bool):
 def _planned_vocab_record(config) -> Dict[str, Any]:
     """The vocabulary record a run of ``config`` will write (public, non-private or the DP histogram's)."""
     privacy, vocab_cfg = config.privacy, config.vocab
-    if getattr(vocab_cfg, "source", "dp") == "public":
+    if vocab_cfg.source == "public":
         return public_vocab_record("public")  # the public checkpoint's vocabulary: nothing charged
     if vocab_cfg.non_private:
         return _events.non_private_event("vocab")
@@ -406,7 +406,7 @@ def noise_multiplier_for_planned_target(config, target_epsilon: float, dataset_s
         raise ValueError("training.non_private is set: its ε is infinite, no noise multiplier meets a target")
     n = _planned_n(config, dataset_size)
     delta_vocab = 0.0  # ε_T is at δ_T = δ_total − δ_V = training.delta, computed as ``ledger`` does
-    if getattr(config.vocab, "source", "dp") != "public" and not config.vocab.non_private:
+    if config.vocab.source != "public" and not config.vocab.non_private:
         delta_vocab = _histogram.histogram_report(config.vocab.sigma, config.vocab.delta, config.privacy.tuple_words,
                                                   config.vocab.threshold_mode,
                                                   config.privacy.max_tuples_per_patient

@@ -9,7 +9,7 @@ def _histogram(config: Config):
     from dpbert.privacy import histogram
 
     vocab, privacy = config.vocab, config.privacy
-    if getattr(vocab, "source", "dp") == "public" or vocab.non_private:
+    if vocab.source == "public" or vocab.non_private:
         return None
     k = privacy.max_tuples_per_patient if privacy.unit == "patient" else 1
     return histogram.histogram_report(vocab.sigma, vocab.delta, privacy.tuple_words, vocab.threshold_mode, k,

@@ -447,7 +447,7 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
     upper = float(dpsgd_epsilon(sigma, q, T, delta))
     lower = float(result["epsilon_lower_bound"])
     power = _power(m, plan, sigma, beta, grid, delta, upper) if report_power else {}
-    unit = getattr(plan, "unit", "tuple")
+    unit = plan.unit
     included = int(cans.included.sum())
     out: Dict[str, object] = dict(
         epsilon_lower_bound=lower, epsilon_upper_bound=upper, estimator=ESTIMATOR,
@@ -455,7 +455,7 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
         **power, consistent=bool(lower <= upper + 1e-9), canaries=m, confidence=1.0 - float(beta), beta=float(beta),
         delta=delta, steps=int(T), q=float(q), expected_batch_size=float(plan.expected_batch_size),
         dataset_size=int(plan.dataset_size), sigma_claimed=sigma, clip_norm=float(tc.clip_norm),
-        audited_unit=unit, max_contributions=int(getattr(plan, "max_contributions", 1)) if unit == "patient" else 1,
+        audited_unit=unit, max_contributions=int(plan.max_contributions) if unit == "patient" else 1,
         canary_units=f"each canary one {unit} of its own (one empty row), Poisson-sampled by the run's sampler at q",
         loop="dpbert.model.engine.build.build_training → TrainLoop (the trainer's loop)",
         k_plus=int(result["k_plus"]), k_minus=int(result["k_minus"]), guesses=int(result["r"]),

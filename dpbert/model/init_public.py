@@ -66,7 +66,7 @@ def spec_for_public(model_config, vocab_size: int, mask_probability: float = 0.1
     from dpbert.model import bert as bert_lib
 
     sizes = public_sizes(directory)
-    layers = getattr(model_config, "public_layers", None)
+    layers = model_config.public_layers
     if layers is not None:
         if layers > sizes["num_layers"]:
             raise ValueError(f"model.public_layers = {layers} exceeds the checkpoint's {sizes['num_layers']} layers")

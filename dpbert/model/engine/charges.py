@@ -18,7 +18,7 @@ def chain_training_config(tc):
     worker processes, so a re-run with another ``training.workers`` resumes the chain (its step
     log charges every executed step, whoever ran it). A worker process trains with
     ``engine.workers.process_config`` (strategy multi_worker over W × replicas): mapped back."""
-    workers = max(int(getattr(tc, "workers", 1) or 1), 1)
+    workers = max(int(tc.workers or 1), 1)
     processed = workers > 1 and tc.strategy == "multi_worker"
     replicas = int(tc.replicas) // workers if processed else int(tc.replicas)
     strategy = "default" if processed and replicas == 1 else ("mirrored" if processed else tc.strategy)
@@ -55,7 +55,7 @@ def training_record(sigma: float, plan, rows: int, steps: int) -> dict:
     (``sampling_unit: patient``) or per tuple (shuffle: over the ``rows`` actually trained on)."""
     from dpbert.privacy import events
 
-    if getattr(plan, "unit", "tuple") == "patient":
+    if plan.unit == "patient":
         return events.dpsgd_event(sigma, plan.batch_size, plan.dataset_size, steps, plan.sampling,
                                   plan.max_contributions, unit="patient")
     return events.dpsgd_event(sigma, plan.batch_size,

@@ -112,7 +112,7 @@ def non_chief_worker(training_config, strategy) -> bool:
     strategy, else from ``$TF_CONFIG`` when ``training.strategy`` is multi_worker)."""
     if strategy is not None:
         return dpsgd.worker_layout(strategy)[1] > 0
-    if getattr(training_config, "strategy", None) != "multi_worker":
+    if training_config.strategy != "multi_worker":
         return False
     from tensorflow.python.distribute import multi_worker_util  # pylint: disable=import-outside-toplevel
 
