@@ -175,3 +175,23 @@ def test_the_scan_flags_a_getattr_default_on_a_plan_field():
     assert forbidden(hits, frozenset({"steps"}), allowlist={}) == []  # not a field: the other test's concern
     assert forbidden(three_argument_getattrs("getattr(o, name, 1)\ngetattr(o, 'unit')\n", "y.py"),
                      frozenset(), allowlist={}) == [Hit("y.py", DYNAMIC, 1, "o")]
+
+
+# ------------------------------------------------------------------ the diagnostics' defaults
+def test_the_diagnostics_defaults_are_the_training_configs():
+    """One definition (``TrainingConfig``): ``DiagnosticsConfig`` derives its defaults from it, and
+    the configuration reference documents the same values. No shipped YAML sets them."""
+    import re
+
+    from dpbert.config import TrainingConfig
+    from dpbert.privacy.diagnostics import DiagnosticsConfig, config_of
+
+    assert DiagnosticsConfig() == config_of(TrainingConfig()) == DiagnosticsConfig(True, 8.0, 12.0)
+    docs = (ROOT / "docs/configuration.md").read_text(encoding="utf-8")
+    for field in ("dp_diagnostics", "diagnostics_noise_ratio", "diagnostics_loss_bound"):
+        shown = re.search(rf"\| `training\.{field}` \| `([^`]+)` \|", docs)
+        assert shown, f"docs/configuration.md documents training.{field}"
+        default = getattr(TrainingConfig, field)
+        assert shown.group(1) == (str(default).lower() if isinstance(default, bool) else repr(default))
+    for path in sorted((ROOT / "dpbert/configs").glob("*.yaml")):
+        assert "diagnostics" not in path.read_text(encoding="utf-8"), f"{path.name}: a second copy of a default"

@@ -47,17 +47,21 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from dpbert.config import TrainingConfig
+
 #: The released parts besides the gradient (their noise multiplier is ratio · σ).
 PARTS = ("loss", "accuracy", "clipped", "batch_size")
 
 
 @dataclasses.dataclass(frozen=True)
 class DiagnosticsConfig:
-    enabled: bool = True
+    """The diagnostics settings; their defaults are ``TrainingConfig``'s (one definition)."""
+
+    enabled: bool = TrainingConfig.dp_diagnostics
     #: noise multiplier of each diagnostic part, in units of the gradient's σ.
-    noise_ratio: float = 8.0
+    noise_ratio: float = TrainingConfig.diagnostics_noise_ratio
     #: per-example MLM loss clipped to [0, loss_bound] nats before summing (its sensitivity).
-    loss_bound: float = 12.0
+    loss_bound: float = TrainingConfig.diagnostics_loss_bound
 
     def __post_init__(self):
         if not self.noise_ratio > 0:
@@ -66,12 +70,11 @@ class DiagnosticsConfig:
             raise ValueError(f"training.diagnostics_loss_bound must be > 0, got {self.loss_bound}")
 
 
-def config_of(training_config) -> DiagnosticsConfig:
-    """The diagnostics settings of a ``TrainingConfig`` (defaults where it has none)."""
-    return DiagnosticsConfig(
-        enabled=bool(getattr(training_config, "dp_diagnostics", True)),
-        noise_ratio=float(getattr(training_config, "diagnostics_noise_ratio", 8.0)),
-        loss_bound=float(getattr(training_config, "diagnostics_loss_bound", 12.0)))
+def config_of(training_config: TrainingConfig) -> DiagnosticsConfig:
+    """The diagnostics settings of a ``TrainingConfig``."""
+    return DiagnosticsConfig(enabled=bool(training_config.dp_diagnostics),
+                             noise_ratio=float(training_config.diagnostics_noise_ratio),
+                             loss_bound=float(training_config.diagnostics_loss_bound))
 
 
 def effective_noise_multiplier(gradient_sigma: float, config: DiagnosticsConfig) -> float:
