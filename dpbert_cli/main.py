@@ -259,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     from dpbert_cli.export import add_export_parser  # the Hugging Face BertForMaskedLM layout
 
     add_export_parser(sub)
+
+    from dpbert_cli.predict import add_predict_parser  # fill-mask on a text (dpbert.evaluate.fill_mask)
+
+    add_predict_parser(sub)
     return parser
 
 
