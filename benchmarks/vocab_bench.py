@@ -137,7 +137,7 @@ def zipf_tuples(words: int, seed: int = 1234, vocab: int = 200_000, exponent: fl
 # ----------------------------------------------------------------------------- child processes
 
 def _child_beam(source: str, output: str, sigma: float, threshold: float) -> dict:
-    from beam_jobs.dp_histogram import run_dp_histogram
+    from dpbert.vocab.beam_histogram import run_dp_histogram
 
     with _TreeMemorySampler() as memory:
         start = time.perf_counter()

@@ -150,7 +150,7 @@ def report_warnings(run: RunInfo) -> List[Dict[str, str]]:
     """``[{"section", "code", "message"}]``: heavy byte replacement, short documents, a tiny corpus,
     a corpus far from the configured public size (operator-only: computed from the corpus's exact
     counts), a tiny DP vocabulary."""
-    from dpbert.stages.ingest import corpus_warnings
+    from dpbert.data.corpus_warnings import corpus_warnings
 
     tuples = run.artifacts(schema.type_name(schema.WORD_TUPLES))
     tuple_props = tuples[0].properties if tuples else {}
@@ -168,14 +168,14 @@ def report_warnings(run: RunInfo) -> List[Dict[str, str]]:
 
 def loss_curve_steps(model: Dict[str, Any]) -> Optional[List[int]]:
     """The true training step of each point of the model's ``loss_curve``: its
-    ``loss_curve_steps`` property, else (older runs) derived as ``dpbert.stages.pretrain.loss_curve``
+    ``loss_curve_steps`` property, else (older runs) derived as ``dpbert.model.loss_curve.loss_curve``
     strides this run's steps (``resumed_from_step`` + 1 … + ``steps_this_run``); None when unknown."""
     curve = model.get(schema.LOSS_CURVE)
     if not isinstance(curve, list) or not curve:
         return None
-    from dpbert.stages.pretrain import LOSS_CURVE_STEPS, curve_steps
+    from dpbert.model.loss_curve import curve_steps
 
-    steps = model.get(LOSS_CURVE_STEPS)
+    steps = model.get(schema.LOSS_CURVE_STEPS)
     if isinstance(steps, list) and len(steps) == len(curve):
         return steps
     first = model.get("resumed_from_step") or 0

@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence
 from kubeflow.spec_check import executors, load_spec, pipeline_spec
 
 INVOCATION_PLACEHOLDER = "{{$}}"
-#: The components' dataset-ledger parameter (``dpbert.ledger.LedgerTarget`` JSON).
+#: The components' dataset-ledger parameter (``dpbert.accounting.target.LedgerTarget`` JSON).
 LEDGER_PARAMETER = "ledger_target"
 #: The trainer components' pipeline-root parameter (``kubeflow.runner.attach_pipeline_root``).
 PIPELINE_ROOT_PARAMETER = "pipeline_root"
@@ -51,24 +51,16 @@ LEDGER_FOLDER = ".ledgers"
 PRIVATE_FOLDERS = (LEDGER_FOLDER, "_trainer_state")
 
 
-def ledger_target_class():
-    """``LedgerTarget`` from ``dpbert.accounting.target`` (``dpbert.ledger.target`` before it moved)."""
-    try:
-        from dpbert.accounting.target import LedgerTarget
-    except ImportError:
-        from dpbert.ledger.target import LedgerTarget
-    return LedgerTarget
-
-
 def local_ledger_target(text: str, root_dir: str, synthetic_id: Optional[str] = None) -> str:
     """The ledger target with its location under the rehearsal's folder (``ROOT/.ledgers``) when
     its dataset is the public synthetic corpus — ``synthetic_id`` (the spec's corpus is synthetic:
     a target compiled with a real id is given the generator's) or a ``synthetic-`` id; a real
     dataset's target unchanged (its budget belongs to the dataset: a rehearsal's DP releases are
     charged where every other run's are)."""
+    from dpbert.accounting.target import LedgerTarget
     from dpbert.ledger.identity import is_synthetic_id
 
-    target = ledger_target_class().from_json(text)
+    target = LedgerTarget.from_json(text)
     if target is None or not (synthetic_id or is_synthetic_id(target.dataset_id)):
         return text
     return dataclasses.replace(target, dataset_id=synthetic_id or target.dataset_id,

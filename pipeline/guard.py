@@ -201,8 +201,7 @@ def charged_chain(config: Config) -> Optional[dict]:
     (the plan's steps − the checkpoint's step). Chains are matched by configuration
     (``pretrain.resume_key``, no artifact URIs: they are not known before the DAG runs), so a chain
     of another corpus with the same configuration counts too — conservative. None without one."""
-    from dpbert.model.engine.chain import chains
-    from dpbert.model.engine.charges import resume_key
+    from dpbert.stages.pretrain import chains, resume_key
     from pipeline.paths import output_paths
 
     tc = config.training

@@ -87,7 +87,7 @@ def state_snapshot(pipeline_root: str) -> Dict[str, Optional[int]]:
     """The storage generation of every trainer chain's step log and budget-refusal file under
     ``pipeline_root`` (any storage: a ``gs://`` root too). Taken before a run; a file whose
     generation differs afterwards was written by that run."""
-    from dpbert.model.engine.chain import STATE_ROOT, chains
+    from dpbert.stages.pretrain import STATE_ROOT, chains
 
     paths = [c["step_log"] for c in chains(pipeline_root)]
     pattern = storage.join(pipeline_root, STATE_ROOT, "*", schema.BUDGET_REFUSAL_FILE)
@@ -103,7 +103,7 @@ def _written_since(path: str, before: Mapping[str, Optional[int]]) -> Optional[i
 
 def budget_refusal(pipeline_root: str, before: Mapping[str, Optional[int]]) -> Optional[Dict[str, Any]]:
     """The trainer's ``schema.BUDGET_REFUSAL_FILE`` written by this run (``state_snapshot``), or None."""
-    from dpbert.model.engine.chain import STATE_ROOT
+    from dpbert.stages.pretrain import STATE_ROOT
 
     pattern = storage.join(pipeline_root, STATE_ROOT, "*", schema.BUDGET_REFUSAL_FILE)
     for path in storage.storage_for(pattern).glob(pattern):
@@ -117,7 +117,7 @@ def budget_refusal(pipeline_root: str, before: Mapping[str, Optional[int]]) -> O
 
 def _newest_chain(pipeline_root: str, before: Mapping[str, Optional[int]], dp_only: bool = False):
     """The chain whose step log this run wrote last (generations order writes), or None."""
-    from dpbert.model.engine.chain import chains
+    from dpbert.stages.pretrain import chains
 
     newest, newest_generation = None, None
     for chain in chains(pipeline_root):
@@ -149,7 +149,7 @@ def record_charged(pipeline_root: str, metadata_path: str, started: float, befor
     the run's start (seconds; ML Metadata's clock), ``before``: ``state_snapshot`` then. Returns
     what was recorded, or None (no DP trainer ran in this run)."""
     from dpbert.metadata import mark_charged
-    from dpbert.model.engine.charges import chain_charged
+    from dpbert.stages.pretrain import chain_charged
 
     since_ms = int(started * 1000)
     if refusal is not None:

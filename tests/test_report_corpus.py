@@ -86,7 +86,7 @@ def _ingest(tmp_path, name, content: bytes, encoding: str = "utf-8"):
 def test_ingest_records_counts_and_warns_on_random_bytes(tmp_path, caplog):
     import random
 
-    from dpbert.stages.ingest import corpus_warnings
+    from dpbert.data.corpus_warnings import corpus_warnings
 
     # a binary-ish file: letters, spaces and bytes that are not UTF-8
     rng = random.Random(0)
@@ -105,7 +105,7 @@ def test_ingest_records_counts_and_warns_on_random_bytes(tmp_path, caplog):
 
 
 def test_ingest_warns_on_three_word_documents_and_not_on_clean_text(tmp_path):
-    from dpbert.stages.ingest import corpus_warnings
+    from dpbert.data.corpus_warnings import corpus_warnings
 
     short = _ingest(tmp_path, "short", [b"fever and cough"] * 30).properties
     assert short["num_documents"] == 30 and short["num_words"] == 90 and short["replaced_bytes"] == 0

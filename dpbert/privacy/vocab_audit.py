@@ -3,7 +3,7 @@ r"""Distinguishing test of the DP vocabulary (issue 15): an empirical (ε, δ) L
 What runs
 ---------
 The production mechanism, ``dpbert.privacy.histogram.noise_and_threshold`` (the function the
-Beam job ``beam_jobs/dp_histogram.py`` calls on every shard), with the configured σ and the
+Beam job ``dpbert/vocab/beam_histogram.py`` calls on every shard), with the configured σ and the
 configured threshold C (``histogram.histogram_report``: ``threshold_for`` in the configured
 ``threshold_mode``), on two neighbouring histograms, ``trials`` times each:
 

@@ -42,7 +42,7 @@ import dataclasses
 import json
 import logging
 from os import environ
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from dpbert import schema, storage
 from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig
@@ -52,6 +52,7 @@ from dpbert.model.engine.chain import (PRIVATE_MARKER, STATE_ROOT, chain_state, 
 from dpbert.model.engine.charges import (TrainingBudgetRefused, budget_step_limit, chain_charged, run_step_limit,  # noqa: F401
                                          charged_ledger, refuse, resume_key, stage_state_dir, training_record,
                                          write_charge_basis)
+from dpbert.model.loss_curve import curve_steps, loss_curve
 from dpbert.model.public_warmup import public_start_weights  # noqa: F401  (re-exported)
 from dpbert.privacy import diagnostics as _diagnostics
 from dpbert.stages.result import StageResult
@@ -79,26 +80,6 @@ def _hooks_from_env() -> list:
 
 #: PretrainedModel property: the training step of each ``loss_curve`` point (``curve_steps``).
 LOSS_CURVE_STEPS = schema.LOSS_CURVE_STEPS
-
-
-def _curve_indices(n: int, points: int) -> List[int]:
-    """The indices ``loss_curve`` keeps of ``n`` values: all, or ``points`` evenly strided + the last."""
-    if n <= points:
-        return list(range(n))
-    stride = n / points
-    return [int(i * stride) for i in range(points)] + [n - 1]
-
-
-def loss_curve(losses, points: int = 200) -> List[float]:
-    """At most ``points`` (+ the last) losses, evenly strided, rounded for a property."""
-    return [round(float(losses[i]), 5) for i in _curve_indices(len(losses), points)]
-
-
-def curve_steps(n: int, first_step: int = 0, points: int = 200) -> List[int]:
-    """The true training step of each point of ``loss_curve`` over ``n`` per-step values of a run
-    that started at ``first_step`` (a resume's checkpoint step): value i is step first_step + i + 1.
-    Stored as ``loss_curve_steps`` so the curve is plotted against steps, not point indices."""
-    return [first_step + i + 1 for i in _curve_indices(n, points)]
 
 
 def training_patients(tuples_dir: str, membership: MembershipConfig):

@@ -1,7 +1,7 @@
 """DPVocabularyGen's stage: tuples → DP word histogram (Beam) → WordPiece vocabulary.
 
 The threshold and (ε, δ) come from ``dpbert.privacy.histogram``, the Beam job from
-``beam_jobs.dp_histogram``, the WordPiece trainer from ``dpbert.vocab.wordpiece``. Only the
+``dpbert.vocab.beam_histogram``, the WordPiece trainer from ``dpbert.vocab.wordpiece``. Only the
 noised, thresholded histogram is written (``histogram.jsonl``); the exact counts exist only
 inside the Beam job.
 
@@ -71,9 +71,9 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
     """
     if vocab_config.source == "public":
         return public_vocabulary(vocabulary_dir, vocab_config, privacy_config, checkpoint_dir)
-    from beam_jobs.dp_histogram import run_histogram_job
     from dpbert.privacy import events, histogram
     from dpbert.vocab import histogram_file, wordpiece
+    from dpbert.vocab.beam_histogram import run_histogram_job
 
     vocab_cfg, privacy_cfg = vocab_config, privacy_config
     n_words = privacy_cfg.tuple_words

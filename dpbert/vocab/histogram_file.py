@@ -1,6 +1,6 @@
 """The on-disk form of a word histogram: JSON Lines, one ``{"word": ..., "count": ...}`` per line.
 
-Written by ``beam_jobs.dp_histogram`` (``run_dp_histogram`` / ``run_exact_histogram``) and read by
+Written by ``dpbert.vocab.beam_histogram`` (``run_dp_histogram`` / ``run_exact_histogram``) and read by
 the WordPiece trainer. JSON rather than TSV because a word is an arbitrary string (the job does
 not rely on the pre-tokenizer having removed tabs and newlines); each line is one self-contained
 JSON object, so the file can be streamed and split.

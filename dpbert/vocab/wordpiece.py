@@ -1,6 +1,6 @@
 """A BERT WordPiece vocabulary learned from a word histogram alone (never from raw text).
 
-The histogram is the DP one (``beam_jobs.dp_histogram``: noisy counts of the released words) or,
+The histogram is the DP one (``dpbert.vocab.beam_histogram``: noisy counts of the released words) or,
 for the non-private BERT-M baseline only, the exact one. The tokenizer uses the same
 ``BertNormalizer`` / ``BertPreTokenizer`` as ``dpbert.data.words`` (the histogram's words are
 exactly the units the tokenizer splits into pieces), BERT's special tokens with BERT's

@@ -1,4 +1,4 @@
-"""beam_jobs.dp_histogram: exact counting stage, noise/threshold, seeding, patient cap, runners."""
+"""dpbert.vocab.beam_histogram: exact counting stage, noise/threshold, seeding, patient cap, runners."""
 import collections
 import json
 import os
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam_jobs import dp_histogram as dh
 from dpbert.data.synthetic import generate_notes
 from dpbert.data.tuples import WordTuple, corpus_tuples, distinct_words
+from dpbert.vocab import beam_histogram as dh
 from dpbert.vocab.histogram_file import read_histogram
 
 

@@ -6,7 +6,7 @@ started on loopback for the test: ``apache_beam.runners.portability.local_job_se
 (the job service; it runs the pipeline with Beam's FnApiRunner) and
 ``apache_beam.runners.worker.worker_pool_main`` (the worker pool: every SDK worker is a separate
 ``python`` process it starts). The vocabulary stage's job (``dp_vocabulary`` →
-``beam_jobs.dp_histogram.run_histogram_job``) must give the same EXACT (noise-off:
+``dpbert.vocab.beam_histogram.run_histogram_job``) must give the same EXACT (noise-off:
 ``vocab.non_private``) per-word tuple counts there as on the DirectRunner, with the patient cap
 too (its ``Top.PerKey`` over string patient ids is the shuffle DaskRunner gets wrong); the DP
 path (noise from OS entropy on the SDK worker) runs there and releases a valid noisy histogram.

@@ -33,10 +33,7 @@ def test_nothing_below_imports_the_cli_and_the_core_imports_no_layer_above_it():
         assert "dpbert_cli" not in set(_imported_top_levels(path)), path
     above_core = {"pipeline", "kubeflow", "dashboard", "components", "beam_jobs", "dpbert_cli"}
     for path in _sources("dpbert"):
-        # A stage may run its Beam job (beam_jobs is the vocabulary stage's backend, as PipelineDP's
-        # engine runs over Beam); nothing else in the core reaches a layer above it.
-        allowed = {"beam_jobs"} if "stages" in path.parts else set()
-        assert not (above_core - allowed) & set(_imported_top_levels(path)), path
+        assert not above_core & set(_imported_top_levels(path)), path
 
 
 def test_exit_codes_are_defined_once():

@@ -98,9 +98,9 @@ def test_a_synthetic_rehearsal_keeps_its_ledger_under_its_own_folder_a_real_data
 
     from dpbert.config import CorpusConfig
     from dpbert.ledger.identity import synthetic_dataset_id
-    from kubeflow.local_v2 import ledger_target_class, local_ledger_target
+    from dpbert.accounting.target import LedgerTarget
+    from kubeflow.local_v2 import local_ledger_target
 
-    LedgerTarget = ledger_target_class()  # noqa: N806
     remote, sid = "gs://my-bucket/dpbert/ledgers", synthetic_dataset_id(CorpusConfig())
     public = LedgerTarget(sid, "patient", 1e-6, 8.0, remote).to_json()
     local = LedgerTarget.from_json(local_ledger_target(public, str(tmp_path)))
@@ -120,9 +120,9 @@ def test_the_trainer_receives_the_rehearsal_root_and_a_synthetic_ledger(compile_
     """Compiled with a real corpus.dataset_id and a gs:// ledger, the synthetic corpus's trainer
     task gets the generator's id, ROOT/.ledgers, and ROOT as its pipeline root (in either layout)."""
     from dpbert.ledger.identity import is_synthetic_id
-    from kubeflow.local_v2 import executor_input, ledger_target_class, spec_synthetic_id, task_folder
+    from dpbert.accounting.target import LedgerTarget
+    from kubeflow.local_v2 import executor_input, spec_synthetic_id, task_folder
 
-    LedgerTarget = ledger_target_class()  # noqa: N806
     spec = compile_spec(TINY + REAL_ID)
     task = spec["pipelineSpec"]["root"]["dag"]["tasks"]["MLMPretrainer"]["inputs"]["parameters"]
     compiled = LedgerTarget.from_json(task["ledger_target"]["runtimeValue"]["constantValue"]["stringValue"])

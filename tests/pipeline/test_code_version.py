@@ -35,8 +35,8 @@ def test_trainer_sources_are_what_it_imports():
 
 
 def test_function_body_imports_and_bundled_data_count():
-    # components/vocabulary.py imports the Beam job inside its executor function
-    assert "beam_jobs/dp_histogram.py" in cv.component_sources("components.vocabulary")
+    # components/vocabulary.py imports the stage, which imports the Beam job, inside a function
+    assert "dpbert/vocab/beam_histogram.py" in cv.component_sources("components.vocabulary")
     assert any(s.startswith("dpbert/resources/ner/") for s in cv.component_sources("components.ner"))
     for module, paths in cv.DATA.items():
         assert cv._module_file(module, cv.ROOT) is not None, module
@@ -62,7 +62,7 @@ def test_an_edit_changes_exactly_the_components_that_import_it(tree):
     for m in before:
         assert (after[m] != before[m]) == ("dpbert/model/train.py" in cv.component_sources(m, tree)), m
 
-    _edit(tree / "beam_jobs" / "dp_histogram.py")  # a function-body import of the vocabulary only
+    _edit(tree / "dpbert" / "vocab" / "beam_histogram.py")  # a function-body import of the vocabulary only
     again = {m: cv.component_code_version(m, tree) for m in before}
     assert again["components.vocabulary"] != after["components.vocabulary"]
     assert again["components.trainer"] == after["components.trainer"]

@@ -89,7 +89,7 @@ def test_saved_and_reloaded_tokenizer_is_the_combined_one(checkpoint, tmp_path):
 # ------------------------------------------------------------------------------ the stage
 
 def _stage(monkeypatch, tmp_path, checkpoint, source, histogram=None, **vocab):
-    import beam_jobs.dp_histogram as job
+    import dpbert.vocab.beam_histogram as job
     from dpbert.stages import vocabulary as stage
     from dpbert.vocab import histogram_file
 
