@@ -11,12 +11,10 @@ user's side before anyone else sees it:
 * ``deniability`` — plausible-deniability statistics N_w, S_w and the inversion attack, plots;
 * ``pretrain``    — privacy-adaptive pre-training objectives (vanilla / prob / denoising MLM);
 * ``finetune``    — fine-tuning on privatized input, original vs privatized accuracy tables;
-* ``cli``         — ``dpbert privatize``; ``experiments`` — ``python -m
-  dpbert.local_privacy.experiments`` writes the figures and tables.
+* ``experiments`` — ``python -m dpbert.local_privacy.experiments`` writes the figures and tables.
+
+``dpbert privatize`` (``dpbert_cli/privatize.py``) drives ``text``.
 
 TensorFlow is imported only by ``pretrain``/``finetune`` training functions and by
 ``embeddings.from_dpbert_model``.
 """
-from dpbert.local_privacy.dchi import DchiMechanism, check_eta, make_rng, sample_noise  # noqa: F401
-from dpbert.local_privacy.embeddings import TokenEmbeddings, load_embeddings, random_embeddings  # noqa: F401
-from dpbert.local_privacy.text import privatize_file, privatize_text, privatize_texts, privatize_word_lists  # noqa: F401

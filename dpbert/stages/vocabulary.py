@@ -65,7 +65,7 @@ def dp_vocabulary(beam_pipeline, tuples_dir: str, vocabulary_dir: str, vocab_con
     ``BeamComponentParameter``). ``tuple_words``: N recorded on the tuples (must equal
     ``privacy.tuple_words``; None = not recorded). ``checkpoint_dir``: the public checkpoint
     (``model.init_dir``; None = ``$DPBERT_MINILM_DIR`` or the installed package).
-    ``ledger_target``: the dataset ledger (``dpbert.ledger.LedgerTarget`` or its JSON; empty = none):
+    ``ledger_target``: the dataset ledger (``dpbert.accounting.target.LedgerTarget`` or its JSON; empty = none):
     the histogram is reserved there before the tuples are read (``BudgetRefused`` over the
     dataset's budget) and finalized once the vocabulary is written.
     """

@@ -9,7 +9,7 @@ import pytest
 
 from dpbert import exit_codes
 from dpbert.config import ConfigError, load_config
-from dpbert.ledger import read_ledger
+from dpbert.ledger.dataset import read_ledger
 from dpbert.model.engine.hooks import Hook
 from dpbert.privacy.whitebox_audit import max_reachable_lower_bound, whitebox_k_grid
 from dpbert.stages import audit
