@@ -1,4 +1,4 @@
-"""The in-domain NER task (``ner.task: synthetic``, issue 23 item 2): is it saturated, and does
+"""The in-domain NER task (``ner.task: synthetic``): is it saturated, and does
 in-domain pre-training move it? Prints JSON lines.
 
     TF_USE_LEGACY_KERAS=1 python benchmarks/ner_synthetic.py [--mode probe] [--seeds 3] \

@@ -1,4 +1,4 @@
-"""Cost and F1 of the utility table's NER evaluation on a public MiniLM (issue 16).
+"""Cost and F1 of the utility table's NER evaluation on a public MiniLM.
 
     TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python benchmarks/ner_utility.py \\
         --layers 2 --mode finetune --learning-rate 3e-4 --epochs 6 --seeds 0 [--train-sentences N]

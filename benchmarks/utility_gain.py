@@ -1,4 +1,4 @@
-"""The table a data owner reads (issue 23): how much of the in-domain pre-training gain DP keeps,
+"""The table a data owner reads: how much of the in-domain pre-training gain DP keeps,
 per trainable set and ε per patient. A benchmark, never a test: it runs for an hour or more.
 
     TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python benchmarks/utility_gain.py \\

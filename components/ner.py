@@ -1,5 +1,5 @@
 """NerEvaluator: the utility table — held-out MLM loss and accuracy, NER F1 over seeds and the
-gain kept — for the random, public-start, DP and non-private models (issue 16).
+gain kept — for the random, public-start, DP and non-private models.
 
 Adapter over ``dpbert.stages.ner``.
 """

@@ -241,7 +241,7 @@ class TrainingConfig:
     replicas: int = 1
     #: poisson (each example in with probability q = B/n) | shuffle (fixed-size, no amplification).
     sampling: str = "poisson"
-    #: PUBLIC n used to plan q = B/n and steps from epochs before any private data is read (a
+    #: PUBLIC n that plans q = B/n and steps from epochs before any private data is read (a
     #: public figure or lower bound on the number of tuples, held-out patients included). Required
     #: with privacy.epsilon_budget; null without a budget = the trainer plans from a DP count of
     #: its rows (Gaussian, ``count_noise_multiplier``, charged in the ledger). Never the exact count.

@@ -626,7 +626,7 @@ RELEASED_REPORT = {
     "canary": ("audit_epsilon_lower_bound", "audit_max_reachable_lower_bound"),
     # public rows, the DP vocabulary and public parameters only (dpbert.stages.audit)
     "audit": None,
-    # The utility table (issue 16): the rows of RELEASED_UTILITY_ROWS only (computed on public
+    # The utility table: the rows of RELEASED_UTILITY_ROWS only (computed on public
     # text and public NER data — BC5CDR or the user's files, and the synthetic in-domain task — from
     # the DP model and public models); the non-private row and the gains kept (a function of it),
     # their std and their n/a reasons are operator-only.

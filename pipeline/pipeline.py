@@ -178,7 +178,7 @@ def create_components(config: Config, pipeline_root: Optional[str] = None) -> Li
             ner_config=section_to_json(config.ner),
             tuple_words=config.privacy.tuple_words,
             # The utility table's public row: the trainer's public start (model.init, public
-            # layers, warm-up) with the training seed and masking (issue 16).
+            # layers, warm-up) with the training seed and masking.
             model_config=section_to_json(config.model),
             training_config=section_to_json(config.training, ("seed", "mask_probability")),
             code_version=_core_version("components.ner"),

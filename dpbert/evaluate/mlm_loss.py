@@ -2,7 +2,7 @@
 
 The positions are chosen by the training masking (``dpbert.model.masking``, one implementation)
 from a public seed, each replaced by [MASK]; the loss is the mean cross-entropy of the true
-tokens at the masked positions over all examples. Used to compare the DP model with the
+tokens at the masked positions over all examples. It compares the DP model with the
 non-private baseline and with a model without domain pre-training on public held-out text; the
 accuracy is the top-1 prediction's at the same positions.
 """

@@ -1,4 +1,4 @@
-"""The utility table of a run (issue 16): how much of the in-domain pre-training gain the DP model
+"""The utility table of a run: how much of the in-domain pre-training gain the DP model
 keeps. Plain Python and numpy (no TensorFlow).
 
 Rows (those that ran): ``random`` (the architecture and vocabulary, random initialization),

@@ -1,4 +1,4 @@
-"""The recorded DP-SGD event against the values the training run actually USED (issue 22).
+"""The recorded DP-SGD event against the values the training run actually USED.
 
 The white-box audit (``whitebox_audit``) scores its canaries at the CLAIMED σ and adds them after
 the sampler and the clipping: a record whose q, step count or σ is wrong passes it whenever the

@@ -21,7 +21,7 @@ Two families:
 * ``epsilon_one_run_fdp`` (jax_privacy's estimator): the Gaussian curve G_μ through (ε, δ)
   (μ = ``gaussian_mu(ε, δ)``), reported as ε: the largest ε whose G_μ is rejected. A test of
   μ-GDP, not of (ε, δ): a mechanism that is (ε, δ)-DP need not be μ(ε, δ)-GDP (a subsampled
-  Gaussian's loss has a heavier tail), so it is NOT used to judge a DP-SGD claim.
+  Gaussian's loss has a heavier tail), so it never judges a DP-SGD claim.
 * ``dpsgd_blow_up_inverse(σ, q, T)`` (what the white-box audit tests): the curve of the claimed
   mechanism itself, T Poisson-subsampled (q) Gaussian steps of noise σ (sensitivity 1), from its
   privacy profile δ(ε) (``dpsgd_privacy_profile``, both neighbour orders, a proven upper bound)

@@ -9,7 +9,7 @@ applied). Nothing else computes n, q or the number of steps.
 * q = min(1, B / n) — Poisson sampling rate (shuffle: fixes n/B for the participation count);
 * steps = ``training.steps``, else ceil(epochs · n / B), where a product that is an integer up to
   float rounding (1.1 · 50 / 5 = 11.000000000000002) counts as that integer — so the guard and
-  the trainer agree (both used to round differently: 11 planned, 12 executed);
+  the trainer agree (rounded apart, they would plan 11 steps and execute 12);
 * expected batch = q · n under Poisson sampling, B under shuffling;
 * micro-batch m = B / (P · T) examples per replica per accumulation round.
 

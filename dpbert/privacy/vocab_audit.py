@@ -1,4 +1,4 @@
-r"""Distinguishing test of the DP vocabulary (issue 15): an empirical (ε, δ) LOWER bound.
+r"""Distinguishing test of the DP vocabulary: an empirical (ε, δ) LOWER bound.
 
 What runs
 ---------

@@ -1,4 +1,4 @@
-r"""White-box one-run audit of DP-SGD with gradient canaries (issue 15): the canaries, the scores and
+r"""White-box one-run audit of DP-SGD with gradient canaries: the canaries, the scores and
 the audit's power — the math. The training harness that runs real DP-SGD steps with these canaries
 is ``dpbert.evaluate.whitebox`` (module docstring there: what runs, which variable, what the audit
 can and cannot detect); the ε lower bound is ``dpbert.privacy.one_run_audit``.

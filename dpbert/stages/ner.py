@@ -1,4 +1,4 @@
-"""NerEvaluator's stage: the run's utility table (issue 16) — held-out MLM loss and accuracy and
+"""NerEvaluator's stage: the run's utility table — held-out MLM loss and accuracy and
 NER entity F1 (mean ± std over ``ner.seeds`` fine-tuning seeds, Hoory et al.'s Table 2) for the
 rows ``random``, ``public`` (the public start, when ``model.init: minilm``), ``dp`` and
 ``non_private`` (with the baseline), and the gain kept (``dpbert.evaluate.utility``).

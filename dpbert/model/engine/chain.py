@@ -27,9 +27,9 @@ checkpoint is also kept beside it, and a resume refuses a step log that counts f
 the checkpoint it resumes from (:class:`StepLogBehind`: it lost an update).
 
 The lock is a lease object, not ``flock``: it works on object stores, and a crashed holder's lease
-expires after ``LOCK_TTL_S`` so the next run takes the chain over. Two runs started into one
-output used to share one checkpoint directory and one step log (10 steps ran, 5 charged); with the
-lock the second is refused (:class:`StateDirectoryBusy`) before it reads anything, so every
+expires after ``LOCK_TTL_S`` so the next run takes the chain over. Without it, two runs started
+into one output would share one checkpoint directory and one step log (10 steps ran, 5 charged);
+with it the second is refused (:class:`StateDirectoryBusy`) before it reads anything, so every
 executed step is in the step log of the run that executed it. Only the CHIEF of a multi-worker run
 locks and writes here.
 """
