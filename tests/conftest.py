@@ -50,6 +50,7 @@ import pytest  # noqa: E402
 from tests.skip_guard import (  # noqa: E402,F401  (hooks: a skip not in the allowlist fails)
     pytest_addoption, pytest_configure, pytest_make_collect_report, pytest_runtest_makereport,
     pytest_terminal_summary)
+from tests.gcs_server import gcs_server  # noqa: E402,F401  (fixture: a GCS JSON API on loopback)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
-"""The contract every backend meets (local folder, ram://, fake://, gs:// with a fake client):
+"""The contract every backend meets (local folder, ram://, fake://, gs:// with a fake client and on
+fake-gcs-server):
 atomic whole-object writes with generations, compare-and-swap preconditions, folders, listings,
 the JSON helpers and update_json."""
 import threading
@@ -8,6 +9,7 @@ import pytest
 from dpbert.storage import (PreconditionFailed, join, read_json, read_text, update_json, write_json,
                             write_text)
 from dpbert.storage.base import Storage
+from tests.storage.conftest import DELETE_PRECONDITION, server_gap
 
 
 def test_write_then_read_returns_the_data_and_one_generation(backend):
@@ -50,13 +52,22 @@ def test_a_stale_generation_writes_nothing_and_a_current_one_swaps(backend):
     assert storage.read(uri) == (b"v2", new) and not storage.exists(join(root, "missing"))
 
 
-def test_delete_is_generation_matched_and_recreating_never_reuses_a_generation(backend):
+@server_gap(DELETE_PRECONDITION)
+def test_delete_is_generation_matched(backend):
+    storage, root = backend
+    uri = join(root, "d")
+    gen = storage.write_bytes(uri, b"1")
+    with pytest.raises(PreconditionFailed):
+        storage.delete(uri, if_generation_match=gen + 12345)
+    assert storage.read(uri) == (b"1", gen)
+    storage.delete(uri, if_generation_match=gen)
+    assert not storage.exists(uri)
+
+
+def test_recreating_a_deleted_object_never_reuses_a_generation(backend):
     storage, root = backend
     uri = join(root, "d")
     seen = {storage.write_bytes(uri, b"1")}
-    with pytest.raises(PreconditionFailed):
-        storage.delete(uri, if_generation_match=max(seen) + 12345)
-    assert storage.exists(uri)
     for _ in range(5):  # delete and re-create at once, same size: still a new generation (no ABA)
         storage.delete(uri, if_generation_match=storage.generation(uri))
         assert not storage.exists(uri)

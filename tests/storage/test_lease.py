@@ -1,7 +1,6 @@
-"""LeaseLock on every backend: acquire, LockHeld, expiry and takeover (an injected clock, no
+"""LeaseLock on every backend (fake-gcs-server included): acquire, LockHeld, expiry and takeover (an injected clock, no
 sleeping), exactly one winner of two racing takeovers, LockLost, a release that never deletes
 someone else's lease, keep_alive, and a SIGKILLed holder whose lease the next run takes over."""
-import json
 import os
 import signal
 import subprocess
@@ -191,9 +190,16 @@ time.sleep(600)
 """
 
 
-def test_a_killed_holder_is_taken_over_after_its_ttl(tmp_path):
-    uri = str(tmp_path / "state" / "lock")
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, uri, "30"], cwd=ROOT,
+@pytest.mark.parametrize("where", ["local", pytest.param("gcs-server", marks=pytest.mark.slow)])
+def test_a_killed_holder_is_taken_over_after_its_ttl(tmp_path, request, where):
+    env = dict(os.environ)
+    if where == "local":
+        uri = str(tmp_path / "state" / "lock")
+    else:  # the holder reaches the server through STORAGE_EMULATOR_HOST, this process by its client
+        server = request.getfixturevalue("gcs_server")
+        request.getfixturevalue("gcs_on_server")
+        uri, env = f"gs://{server.bucket}/{tmp_path.name}/state/lock", {**env, **server.env()}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, uri, "30"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "held"
@@ -204,7 +210,7 @@ def test_a_killed_holder_is_taken_over_after_its_ttl(tmp_path):
         LeaseLock(uri, ttl_s=30, owner="next").acquire()
     assert err.value.holder["owner"] == "crashing"
     later = LeaseLock(uri, ttl_s=30, owner="next", clock=lambda: time.time() + 31).acquire()
-    assert later.held and json.loads((tmp_path / "state" / "lock").read_text())["owner"] == "next"
+    assert later.held and read_json(uri)["owner"] == "next"
 
 
 class _LostReply(Storage):
