@@ -1,48 +1,16 @@
 """DP-SGD step cost vs. the non-private step on the same model and logical batch, timed on the
 SHIPPED training loop.
 
-    python benchmarks/dpsgd_step.py [--quick] [--configs tiny base]
+    python benchmarks/dpsgd_step.py [--quick] [--configs tiny base] [--trainable-only] [--xla]
 
-Each config runs in its own process. For each mode (non-private baseline, then DP) it builds the
-run with ``dpbert.model.engine.build.build_training`` — the trainer's own composition: batch
-source (Poisson sampler at q = 1 so every step has exactly the logical batch B, keyed masks,
-packing into T micro-rounds), ``DPSGDTrainStep`` (non-DP: plain gradients; DP: ghost clipping +
-one noise draw), AdamW, step log in a throw-away ``ram://`` chain, run-time integrity checks
-(the brute-force clipping check off: ``integrity_check_every = 0``) — and runs its ``TrainLoop``
-with a :class:`TimingHook` (``dpbert.model.engine.hooks.Hook``) that records each step's wall
-time. The first ``warmup`` steps (tracing) are dropped; the ratio is of the medians (target
-≤ 1.5), and of the minimums (less sensitive to other processes on the 2 cores). The modes run one
-after the other in the same process (the loop takes its steps itself, so they are not
-interleaved step by step as the former hand-built steppers were). Peak memory: ``ru_maxrss`` of
-two more processes that each run ONE mode alone (``peak_rss_alone_mb``).
-
-Per ``training.trainable`` set (``--trainable-only``; also run after the configs unless
-``--skip-trainable``): the demo's model (MiniLM width 384, 2 layers, 12 heads, FFN 1536, 30,541
-tokens of which 19 appended, L = 32), B = 64 rows, the same loop per set and mode; the ratio is
-of the medians (goal ≤ 1.15). Figures measured with the former hand-built steppers (one run on
-the shared 2-core machine, load 5–7):
-
-    set          trained params   non-DP s   DP s    DP ÷ non-DP
-    all              27,196,621      1.74    2.79      1.61
-    lora                221,184      1.96    1.00      0.51
-    bias                 42,445      1.08    0.97      0.90
-    head                179,149      0.49    0.48      0.98
-    new_tokens           14,611      0.79    0.67      0.85
-
-A ratio below 1 means this DP step is cheaper than this non-DP baseline: the ghost path watches
-only the trained layers' pre-activations and calls the frozen layers as they are, while the
-non-DP baseline is a plain ``tf.GradientTape`` over the whole model. It is not evidence that DP is
-faster than a tuned non-DP step.
-
-Eager and XLA (``--xla``; ``training.jit_compile``): at the demo model (every parameter trained)
-and BERT-base, one process per (config, compiled or not) builds the shipped loop twice, DP and
-non-DP, and INTERLEAVES their steps (alternating which goes first), so each DP ÷ non-DP ratio is
-against its own baseline under the same load; the load average (``os.getloadavg``, as ``uptime``)
-before and after each process is in the report next to its figures. Also per process: the first
-step (tracing; XLA compilation), the host's batch preparation (sampling, keyed masking, packing:
-``source.rounds``) and, DP, the noise draw alone (made ahead, off the step's path).
-BERT-base: 6 timed steps after 2 (the first traces or compiles; the second traces the noise
-drawn ahead). The dated figures are in docs/benchmarks.md.
+Each config runs in its own process; each mode (non-private baseline, then DP) is built with
+``dpbert.model.engine.build.build_training`` — the trainer's own composition — and run through its
+``TrainLoop`` with a :class:`TimingHook` recording each step's wall time. The first ``warmup``
+steps (tracing) are dropped; the ratio is of the medians (target ≤ 1.5) and of the minimums.
+``--trainable-only`` times each ``training.trainable`` set on the demo's model; ``--xla`` compares
+eager and XLA (``training.jit_compile``) with DP and non-DP steps interleaved, next to the load
+average before and after each process. What each mode builds, the per-set and XLA runs, and the
+dated figures: docs/benchmarks.md ("The DP-SGD step benchmark").
 """
 from __future__ import annotations
 

@@ -1,62 +1,19 @@
 """The release boundary: what leaves the trust boundary, and the ε that covers each file.
 
-ONE explicit list (``RELEASED``). Everything else a run writes stays with the operator:
+ONE explicit list (``RELEASED``): the DP vocabulary, the DP model (weights, tokenizer, DP
+diagnostics, DP events), the privacy report and, optionally, the white-box and one-run audits.
+Everything else a run writes stays with the operator (``private = 1`` artifacts, the trainer's
+state directory, any file of a released artifact not in the list).
 
-released (DP-covered)                                     covered by
-  DPVocabulary       vocab.txt, tokenizer.json, the noisy  ε_V (vocabulary record)
-                     histogram of kept words, dp_event.json,
-                     token_sources.json (public / DP ids)
-  PretrainedModel    model/ (weights), tokenizer/,         ε_total (vocabulary + training: the
-  (the DP model)     tensorboard/ (DP diagnostics only,    weights are trained on the DP vocabulary)
-                     rewritten: no wall time, see below),
-                     dp_events.json, vocab_dp_event.json
-                     (the vocabulary's record and δ_T)
-  PrivacyReport      privacy_report.json,                  ε_total (it is a function of the
-                     privacy_statement.txt                 records above and public parameters)
-  AuditReport        whitebox_audit.json: the white-box    ε_V (a function of the DP vocabulary,
-  (optional)         audit of the configured DP-SGD        public rows, public parameters and
-                                                           secret canaries)
-  CanaryReport       audit.json: the one-run audit of the  ε_total (computed from the released DP
-                     DP model (written by ``write_bundle``  model and public canaries; the non-private
-                     from the report's audit fields only)  baseline's exposures are NOT included)
-
-operator-only (``private = 1`` on the artifact, never in a bundle): WordTuples (raw text), CanaryList
-(canary secrets and insertion key), the non-private baseline model, MembershipReport (attack
-scores on private rows), NerReport rows of the non-private model (and the utility table's gains
-kept, which use it), the trainer's state directory
-(exact training curves, checkpoints, keys), and any file of a released artifact not in the list
-(``train_result.json``: exact diagnostics; ``canary_counts.json``: insertions per canary;
-``run_config.json``; the CanaryReport's ``exposure.json`` with the non-private exposures).
-
-TensorBoard: the released event files are REWRITTEN, never copied. An event's ``wall_time`` reveals
-how long each step took — the rounds per step, a function of the exact Poisson batch size — and
-TensorFlow names the file ``events.out.tfevents.<unix time>.<host>.<pid>...``: neither is covered
-by ε. ``write_bundle`` reads every event file of a released ``tensorboard/`` directory (TFRecords of
-``Event`` protos, checksums verified), and writes the same events, in order, with ``wall_time = 0``
-and without run metadata (step timings), into ONE file per directory named ``TENSORBOARD_EVENTS_FILE``.
-Other files under ``tensorboard/`` (profiler traces, plugin data) are not DP diagnostics and are left
-out; an event file that cannot be read is refused (nothing written). The model artifact in the
-pipeline root keeps the original files (operator-only).
-
-``write_bundle`` copies the released files of one run into a directory with ``manifest.json``:
-for every file its path, size, sha256 and the ε, δ, unit and adjacency that cover it — the ε of
-the run's PrivacyReport (the accountant's), never a recomputed or planned value. Artifacts are read
-through ``dpbert.storage`` (a local folder, Vertex AI's ``gs://``, ``ram://``: the same bundle);
-symbolic links, which only a local disk has, are refused. A local bundle is written into a
-temporary directory next to the target and renamed at the end: on any error nothing is left. A
-remote bundle (``--to gs://…``; object storage has no rename) is written object by object, each
-created only if absent, ``manifest.json`` last: a bundle is complete when its manifest exists, and
-on an error the objects written are deleted.
-
-The privacy a released model states (``PRIVACY_FIELDS``: ε, δ, ε_V, δ_V, ε_T, unit, adjacency,
-mechanisms — numbers and public names, no dataset id, path or count) is the manifest's, and ``dpbert
-export`` writes the same fields into the Hugging Face folder's model card and ``config.json``:
-``run_privacy`` (a run: the accountant's recorded ledger) or ``records_privacy`` (a model artifact
-by its path: the same ledger recomputed from the records that travel with it).
-
-``released_view`` is the same boundary for the run report (``dpbert report --released``): an
-allow-list of the report's DP values; everything computed on private data without noise (the
-non-private model's losses and NER rows, exposures, membership inference, timings) is dropped.
+Contract: ``write_bundle`` copies the released files of one run, through ``dpbert.storage``,
+into a bundle whose ``manifest.json`` gives every file's path, size, sha256 and the ε, δ, unit
+and adjacency of the run's PrivacyReport that cover it (never a recomputed or planned value);
+TensorBoard event files are REWRITTEN (``wall_time = 0``, no run metadata, one file named
+``TENSORBOARD_EVENTS_FILE``); on any error nothing is left (a local bundle is renamed into place,
+a remote one written object by object with the manifest last). ``PRIVACY_FIELDS`` is what a
+released model states (``run_privacy``, ``records_privacy``); ``released_view`` is the same
+boundary for the run report. The table of released files and what covers each, and why the
+TensorBoard files are rewritten: docs/privacy.md ("The release boundary in detail").
 """
 from __future__ import annotations
 
@@ -419,7 +376,7 @@ def _folder_plan(store, root: str, rel: str, part: ReleasedPart) -> List[tuple]:
             copies.extend((storage.join(root, folder, name), f"{part.bundle_dir}/{folder}/{name}", part.covered_by)
                           for name in names)
             continue
-        # Rewritten (module docstring): one neutral file per directory, no other file.
+        # Rewritten (docs/privacy.md): one neutral file per directory, no other file.
         event_files = [storage.join(root, folder, name) for name in names if _is_event_file(name)]
         if event_files:
             try:

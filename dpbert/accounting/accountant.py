@@ -5,62 +5,14 @@ or, before a run, from the configuration alone (``planned_ledger``). The unit of
 N-word tuple (or one patient with ≤ k tuples, ``privacy.unit = patient``); every mechanism of a
 ledger must use the same unit.
 
-DP-SGD (``dpsgd_epsilon``, ``dpsgd_report``)
---------------------------------------------
-Poisson sampling: SelfComposed(PoissonSampled(q, Gaussian(σ)), steps), q = B/n, accounted by
-dp-accounting 0.4.3's ``RdpAccountant`` (Mironov et al. 2019) and ``PLDAccountant`` (privacy
-loss distributions, Koskela et al. 2020 / Doroshenko et al. 2022; value discretization 1e-4,
-pessimistic). With steps from epochs, steps = ceil(epochs·n/B). Reference values
-(n = 60000, B = 256, σ = 1.1, 60 epochs → 14063 steps, q = 256/60000, δ = 1e-5):
-RDP ε = 2.597, PLD ε = 2.382 — PLD is tighter because RDP's conversion to (ε, δ) is lossy.
-Shuffled fixed-size batches: no amplification, zero-out adjacency (σ per occurrence),
-see ``events`` for the derivation and the count of occurrences.
-Patient unit (user-level DP-SGD, ``unit="patient"``): n and B count PATIENTS; each patient is
-Poisson-sampled at q = B/n and its summed gradient over ≤ k tuples is clipped to C, so the
-per-patient event is the same SelfComposed(PoissonSampled(q, Gaussian(σ)), steps) at the
-patient rate (``events``); no group-privacy factor.
-
-tensorflow-privacy 0.9.0's ``compute_dp_sgd_privacy_statement`` defaults to
-``used_microbatching=True``, which halves σ (microbatches of > 1 example double the add/remove
-sensitivity) and reports ε = 16.384 for the configuration above; dpbert clips per example (one
-example per microbatch), so that doubling does not apply: with ``used_microbatching=False`` it
-reports 2.597 = our RDP ε.
-
-Composition (``ledger``)
-------------------------
-Inputs: the vocabulary record (σ, m√N, threshold C, its total δ_V) and training records. The
-target δ (``delta_target``) is the total δ of everything released. Three bounds, each at total
-δ_target, each stated with its δ split:
-
-* basic: ε_V + ε_T with δ_V + δ_T = δ_target: ε_V is the histogram's ε at its own δ_V
-  (``histogram.histogram_epsilon``: per-configuration bound), ε_T the training events' PLD ε at
-  δ_T = δ_target − δ_V (basic composition, Dwork & Roth 2014, Thm. 3.16).
-* pld (``epsilon_total_pld``, the number checked against the budget): the histogram's Gaussian
-  part, GaussianDpEvent(σ/(m√N)), and all training events composed in ONE ``PLDAccountant``,
-  evaluated at δ_c = δ_target − δ₂, where δ₂ = mN·P[Z ≥ C − m] is the threshold's δ. Valid by
-  the split bound (``histogram`` docstring): conditioned on no fresh word being released
-  (probability ≥ 1 − δ₂, on either side of a neighbouring pair), the vocabulary is a
-  post-processing of the Gaussian, so the adaptive composition is (ε, δ_c + δ₂)-DP.
-  dp-accounting has no thresholding event, hence δ₂ outside the PLD.
-* rdp: the same composition in ``RdpAccountant``, at δ_c.
-Reference (``/work/shared/DP-VOCABULARY-NOTES.md``): q = 131072/83M, σ_T = 2.72, 50k steps,
-vocabulary σ = 200, δ_V = 1e-9, N = 256, δ_target = 1.1e-8: ε_T = 0.676 at δ_T = 1e-8,
-composed PLD ε = 0.792 at δ_c = 1e-8, basic 0.424 + 0.676 = 1.100 (the notes' 1.109 adds the
-library-split ε_V = 0.434 instead of the per-configuration 0.424).
-
-Adjacency: the vocabulary and Poisson DP-SGD are accounted for adding/removing one unit;
-shuffled DP-SGD for zero-out (replacing the unit by a null one that contributes 0; for the
-histogram that is the same as removing it, so the vocabulary's guarantee covers it). A ledger
-with a shuffle record therefore holds for zero-out adjacency only, and says so
-(``ledger(...)["adjacency"]``, the statement).
-
-Several training records compose (a resumed run records the steps of each segment).
-A non-private stage (``NonPrivateDpEvent``) makes every ε infinite: reports hold
-``float('inf')`` and ``"non_private": True``; ``events.to_json`` writes it as the string "inf".
-
-Budget (``planned_ledger``): ``within_budget`` is the budget gate's verdict
-(``dpbert.accounting.gate``) on this run alone on a fresh dataset (always true without a budget). The total δ of a planned run is vocab.delta (or the real δ of the
-paper's threshold) + training.delta.
+Contract: ``dpsgd_epsilon`` / ``dpsgd_report`` account DP-SGD with dp-accounting's RDP and PLD
+accountants; ``ledger`` composes the vocabulary's Gaussian part with every training event in one
+PLD at δ_c = δ_target − δ₂ (the threshold's δ₂ added outside: the split bound), and states the
+basic and RDP bounds with their δ splits; a non-private stage makes every ε infinite (reports say
+``"non_private": True``); a shuffle record makes the ledger hold for zero-out adjacency only, and
+it says so. ``planned_ledger``'s ``within_budget`` is the budget gate's verdict
+(``dpbert.accounting.gate``) on this run alone on a fresh dataset. Derivations and reference
+values: docs/privacy.md ("The privacy ledger's derivation").
 """
 from __future__ import annotations
 

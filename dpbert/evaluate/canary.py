@@ -1,65 +1,19 @@
 """Secret-sharer canaries and exposure (Carlini et al. 2019; as used by Hoory et al. 2021, Fig. 2).
 
-Canaries
---------
 A canary ``C_{k,p}`` is a sequence of ``k`` random word pieces following a pattern of hints
-``H`` and one secret ``S`` (patterns ``HS``, ``HSH``, ``HSHH``, ``HHSHH``: ``k = len(pattern)``),
-inserted into the training examples ``p`` times (a fixed number of occurrences) or into each
-example with probability ``p``. Every piece (hint or secret) is drawn uniformly, with the
-operating system's CSPRNG (``secrets.SystemRandom``), from the *candidate set* R; within a
-canary set no two canaries of the same pattern share their hints (a colliding canary is redrawn),
-so every exposure query identifies one canary.
+``H`` and one secret ``S`` (patterns ``HS``, ``HSH``, ``HSHH``, ``HHSHH``), inserted into the
+training examples ``p`` times or into each example with probability ``p``; every piece is drawn
+uniformly from the candidate set R (:func:`candidate_ids`) with the operating system's CSPRNG.
+Exposure = ``log2 |R| - log2 rank`` of the masked secret among R, queried the way training saw
+the canary (in held-out carrier text, or standalone for a canary trained as its own example), and
+extrapolated beyond the rank's resolution by a skew-normal fit.
 
-The candidate set R is every vocabulary id except the special tokens ([PAD], [UNK], [CLS],
-[SEP], [MASK] = 0..4), any other bracketed ``[...]`` token, and ``##`` continuation pieces
-(:func:`candidate_ids`). Excluding ``##`` pieces makes every canary the tokenization of a real
-text (whole-word pieces separated by spaces), so the same canary could be planted in the raw
-corpus instead of the token ids and would tokenize identically. R is also the reference set of
-the exposure: a secret is uniform over R, so ranking it among R is exactly Carlini's rank among
-all possible secrets.
-
-A :class:`CanarySet` is a PRIVATE artifact (it holds the secrets): ``save`` writes it as JSON
-with mode 0600, and neither ``repr``/``str`` nor any error message of this module shows a token
-of a canary.
-
-Insertion (:func:`insert_canaries`) never overwrites ``[CLS]``, ``[SEP]`` or padding: a canary is
-inserted between two content tokens of an example (after a leading ``[CLS]``, before a trailing
-``[SEP]``), the rest of the example shifts right, and when the example would exceed ``L`` its
-original content is truncated at the end (the canaries are kept whole; a canary that cannot fit
-at all is not inserted and not counted). All-padding rows are never used.
-
-Exposure
---------
-For a canary, the secret position is replaced by ``[MASK]`` and the MLM head scores every
-vocabulary token there (``score_fn(token_ids [n, L], mask_positions [n]) -> [n, V]`` logits or
-log-probabilities; a log-softmax is applied, which changes neither). The query must look like
-what training saw:
-
-* a canary inserted INTO training examples (:func:`insert_canaries`) is queried in context
-  (``contexts=``): it is inserted the same way (uniform gap, content truncated at the end) into
-  ``contexts_per_canary`` carrier rows — held-out text that is not training data — and the
-  log-softmax at the masked secret is averaged over the carriers
-  (:func:`canary_context_queries`);
-* a canary trained as an example of its own (``[CLS] canary [SEP]``, e.g. the one-run audit's,
-  :func:`canary_examples`) is queried standalone (``contexts=None``).
-
-An MLM trained on full-length rows is out of distribution on a short ``[CLS] canary [SEP]`` row
-(nearly all padding): queried that way, a model that predicts a mid-text canary's
-secret in context ranks it near chance, so the standalone query must not be used for canaries
-inserted into text. With the log-perplexity ``-log p(c | context)`` of each candidate ``c`` in R:
-
-* rank (from 1) of the true secret among R, ties counted half (``ties="average"``: a model that
-  gives every candidate the same score ranks the secret at ``(|R| + 1) / 2``);
-* exposure = ``log2 |R| - log2 rank``, in ``[0, log2 |R|]`` (:func:`compute_exposure_rank`;
-  tf-privacy's ``compute_exposure_interpolation`` is the same with a sampled reference set:
-  :func:`exposure_interpolation`);
-* extrapolated exposure (tf-privacy's ``compute_exposure_extrapolation``): fit a skew-normal to
-  the log-perplexities of the OTHER candidates (``scipy.stats.skewnorm.fit``) and report
-  ``-log2 F(perplexity of the secret)``, ``F`` the fitted CDF — an estimate that keeps growing past
-  the ``log2 |R|`` resolution of the rank (:func:`compute_exposure_extrapolation`).
-
-:func:`evaluate_exposure` runs the above for a canary set and summarises exposure per group
-(mean, standard deviation, median, min, max) against the number of occurrences.
+Contract: a :class:`CanarySet` is a PRIVATE artifact (it holds the secrets): ``save`` writes it
+with mode 0600, and neither ``repr``/``str`` nor any error message of this module shows a token of
+a canary. :func:`insert_canaries` never overwrites ``[CLS]``, ``[SEP]`` or padding;
+:func:`evaluate_exposure` summarises exposure per group against the number of occurrences. The
+candidate set, insertion and the exposure's definitions: docs/audits.md ("Canaries and exposure
+in detail").
 """
 from __future__ import annotations
 
@@ -412,7 +366,7 @@ def insert_canaries(token_ids: np.ndarray, canaries, key: Optional[int] = None, 
     therefore never changes which canaries the other rows carry (a uniform choice of c rows
     among the eligible ones did: a new row could take a canary another row would have had, so
     neighbouring training sets differed in ≥ 2 rows). Within a row the position is uniform over
-    the gaps between content tokens (see the module docstring for truncation).
+    the gaps between content tokens (see docs/audits.md for truncation).
 
     ``key``: the secret insertion key (default: OS entropy); ``row_ids``: each row's own record
     id (default: the row index — tests). Returns ``(new_token_ids [n, L], counts
@@ -736,7 +690,7 @@ def evaluate_exposure(canaries: CanarySet, score_fn: ScoreFn, max_seq_length: in
     training text (:func:`insert_canaries`): each is queried in ``contexts_per_canary`` of them
     (:func:`canary_context_queries`, carriers and gaps drawn with ``context_seed``). ``None``:
     the standalone ``[CLS] canary [SEP]`` query, right only for canaries trained as examples of
-    their own (:func:`canary_examples`, the audit's); see the module docstring.
+    their own (:func:`canary_examples`, the audit's); see docs/audits.md.
 
     ``counts``: realised insertion counts from :func:`insert_canaries` (reported per canary and
     as the group's mean occurrences). Returns ``{"log2_reference_size", "query": {"form":

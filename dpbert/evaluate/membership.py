@@ -5,71 +5,16 @@ were used for pre-training (members, b = 1), and *out-of-training* (OOT) patient
 never were (non-members, b = 0). A sample is one tuple; its MLM masks are drawn afresh at
 evaluation time from a seed (80/10/10 replacement exactly as in training,
 ``dpbert.model.masking.mask_with_seed``), the same masks for every model evaluated with the same
-seed.
+seed. Members and non-members come from ``dpbert.data.splits.split_patients``: the split the
+trainer holds patients out with, recomputed from its seed.
 
-Split
------
-Members and non-members come from ``dpbert.data.splits.split_patients`` over
-``dpbert.data.splits.patient_key``: the split the trainer holds patients out with
-(``membership.holdout_patient_fraction``), recomputed from its seed.
-
-Per-sample features
--------------------
-* :func:`sample_losses`: the sample's MLM loss, the mean cross-entropy over ITS masked positions
-  (``dpbert.model.dpsgd.per_example_mlm_loss``, what DP-SGD clips), ``[n]``.
-* :func:`attention_features`: for every layer and head, the attention concentration
-  C(a) = Σ_j a_j log a_j of each (non-padding) query token's attention distribution a over the
-  keys (0 for a one-hot row, −log k for uniform attention over k keys), summarised over the
-  sentence by its mean, median, 5th and 95th percentile: ``[n, layers · heads · 4]``, ordered
-  (layer, head, statistic). Computed on the unmasked sample (deterministic; no dropout).
-* :func:`gradient_features`: for every layer with weights (``word_embeddings``,
-  ``position_embeddings``, ``embeddings_layer_norm``, per block ``attention``,
-  ``attention_layer_norm``, ``intermediate``, ``output``, ``output_layer_norm``, and the MLM head's
-  ``mlm_transform``, ``mlm_layer_norm``, ``mlm_output``) the squared L2 norm of the gradient of
-  the sample's MLM loss with respect to that layer's weights: ``[n, 3 + 5·layers + 3]``. They are
-  computed for a whole batch at once with the ghost-norm functions the DP-SGD trainer uses
-  (``dpbert.model.ghost``, checked there against per-example gradients), with
-  ``training=False``.
-
-Attacks (each evaluated with :func:`advantage`, :func:`auc`, :func:`roc_curve`)
------------------------------------------------------------------------------
-* S-BBA (sample, black box; Yeom et al. 2018): member iff the sample's loss < τ, τ = the mean loss
-  of the training (member) samples evaluated — "the model's average training loss".
-* A-BBA / P-BBA (admission / patient level): the same threshold on the mean loss of the group's
-  own samples (:func:`group_means`); a group's label is its samples' label (all of a patient's
-  tuples share it). Tuples without an admission id take no part in A-BBA.
-* S-AWBA / S-GWBA (sample, white box): a logistic regression (scikit-learn, standardised
-  features, balanced class weights) on the attention features / on the log of the gradient
-  features, fitted on ~20 % of the samples and evaluated on the other ~80 %
-  (:func:`attacker_split`). The split is by PATIENT and stratified by membership: no sample —
-  and no patient — is both fitted and evaluated on (with a sample-level split, tuples of the same
-  patient on both sides would let the regression recognise the patient rather than membership).
-  With fewer than two patients in a class they cannot be split and are reported as not run.
-* No LiRA / reference-model attack: it needs shadow models trained on the same distribution.
-
-Metrics
--------
-``advantage`` = Pr[A = 0 | b = 0] − Pr[A = 0 | b = 1] (Yeom et al., as in the paper), A the
-attack's output (1 = "member"), b = 1 for members; i.e. TPR − FPR at the attack's own decision.
-``auc`` and ``roc_curve`` rank the attack's continuous score (−loss for the BBAs, the regression's
-probability for the WBAs); the ROC is downsampled to ≤ 200 points for artifacts. These replace
-tensorflow-privacy's membership-inference library (``tensorflow-empirical-privacy``, not
-installed): its ``get_auc`` is our :func:`auc`, its ``get_attacker_advantage`` (max |TPR − FPR|
-over all thresholds) our :func:`max_advantage`.
-
-Privacy bounds
---------------
-:func:`advantage_bound`: an (ε, δ)-DP mechanism limits any attack to TPR ≤ e^ε·FPR + δ and
-1 − FPR ≤ e^ε·(1 − TPR) + δ, so TPR − FPR ≤ (e^ε − 1 + 2δ)/(e^ε + 1) (Kairouz et al. 2015).
-:func:`group_privacy`: a tuple-level (ε, δ) guarantee protects a patient with k tuples only at
-(kε, k·e^{(k−1)ε}·δ), the standard group-privacy conversion — NOT at (kε, δ) or (kε, kδ): chaining
-the guarantee over the k differing tuples, the δ of each step is multiplied by the e^ε of the
-steps after it, δ·Σ_{j<k} e^{jε} ≤ k·e^{(k−1)ε}·δ (``tight=True`` returns the sum). That is what
-bounds the patient-level attack (P-BBA), via :func:`advantage_bound`, when DP-SGD is DP at the
-tuple level; it becomes vacuous quickly as k grows.
-
-The module imports TensorFlow and scikit-learn lazily: the split, the metrics and the bounds
-need neither.
+Contract: per-sample features (:func:`sample_losses`, :func:`attention_features`,
+:func:`gradient_features`), the attacks S-BBA, A-BBA, P-BBA, S-AWBA, S-GWBA (white-box regressions
+fitted and evaluated on disjoint PATIENTS), their metrics (:func:`advantage`, :func:`auc`,
+:func:`roc_curve`, :func:`max_advantage`) and the bounds an (ε, δ) guarantee puts on them
+(:func:`advantage_bound`, :func:`group_privacy`). TensorFlow and scikit-learn are imported
+lazily: the split, the metrics and the bounds need neither. Features, attacks, metrics and the
+bounds' derivation: docs/audits.md ("Membership inference").
 """
 from __future__ import annotations
 

@@ -1,65 +1,18 @@
 r"""The white-box one-run audit of DP-SGD: its training harness, next to the other evaluators. The
-canaries, the scores and the power are ``dpbert.privacy.whitebox_audit`` (module docstring there);
-the ε lower bound is the f-DP one-run test of the claimed DP-SGD curve
-(``dpbert.privacy.fdp_audit``; ``estimator``), with SNJ's ``dpbert.privacy.one_run_audit`` next to
-it (``*_snj``). The report says what the audit can refute: ``max_reachable_lower_bound`` (every
-guess right), ``weakest_detected_noise_factor`` and ``detects`` (the weakest noise break it is
-expected to catch), ``cannot_detect`` (below).
+canaries, the scores and the power are ``dpbert.privacy.whitebox_audit``; the ε lower bound is
+the f-DP one-run test of the claimed DP-SGD curve (``dpbert.privacy.fdp_audit``; ``estimator``),
+with SNJ's ``dpbert.privacy.one_run_audit`` next to it (``*_snj``). The report says what the
+audit can refute: ``max_reachable_lower_bound`` (every guess right),
+``weakest_detected_noise_factor`` and ``detects`` (the weakest noise break it is expected to
+catch), ``cannot_detect``.
 
-What runs: the SHIPPED training loop
-------------------------------------
-``whitebox_audit`` calls ``dpbert.model.engine.build.build_training`` with the run's configuration
-— the same plan (q, T, P, accumulation), sampler (patient Poisson with ≤ k tuples, or tuple
-Poisson), trainable selection (``training.trainable``), clipping path, single noise draw, divisor,
-optimizer, step log and run-time integrity checks — and runs its ``TrainLoop`` with two extra
-parts:
-
-* Canaries ENROLLED AS UNITS of the run's own sampler. Canary i is included with probability ½
-  (``one_run_audit.draw_inclusion``); every included canary becomes one extra unit of the source
-  (a patient of its own with one row, or one row with the tuple unit), so the run's sampler flips
-  its coin at q at every step exactly as for a real unit (``CanarySampler`` wraps the sampler the
-  build makes and learns which canary units a step drew).
-* An ``AuditProbe`` on d' coordinates of ONE TRAINED piece (``selection.pieces``): the largest
-  (ties: the first; for ``[bias, head]`` on the demo's model the MLM head's transform kernel,
-  384 × 384), because its canaries are then signals in coordinates the release really updates;
-  d' = the largest power of two ≤ min(piece size, ``canary_dims`` = 16384), random coordinates;
-  m ≤ d'. At each step the sum of the sampled canaries' vectors c_i (norm exactly C, orthogonal)
-  is added to the all-reduced CLIPPED SUM before the single noise draw N(0, σ²C²), and the noisy
-  sum g̃_t is read back on those coordinates (``ProbeHook``, a loop hook: the ``sampled`` units
-  of each step give the participation, cross-checked against the sum that was injected).
-
-No double count: a canary unit's own row is EMPTY ([PAD] only: nothing to mask, loss 0, clipped
-gradient exactly 0 — ``canary_rows``), so a sampled canary unit adds exactly c_i to the clipped
-sum: one unit of norm C, the add/remove-one neighbour the accountant charges. With a row of real
-text the unit would add its own clipped gradient (≤ C) PLUS c_i, up to 2C — beyond the claim's
-sensitivity, so an honest run could be "refuted".
-
-What differs from ``dpbert run`` (said in the report, ``differs``): the rows are the audit's
-(``dpbert.stages.audit.audit_rows``: tokenized with a WordPiece of the corpus, not the run's
-public+dp vocabulary); ``model.init: minilm`` starts from the public checkpoint but without the
-MLM-head public warm-up; the units are the first n of the plan (a public cut) plus the enrolled
-canaries; the chain is a throw-away ``ram://`` directory; nothing is saved or released but the
-audit's numbers.
-
-What it can and cannot detect
------------------------------
-* It tests the released noisy sums g̃_t of the trained piece against the claimed (σ, q, T) per
-  AUDITED UNIT (patient or tuple): the noise draw, its scale and placement, the sampler's rate and
-  independence for the enrolled units, the step count. Its power: ``weakest_detected_noise_factor``
-  (σ × 0.5 at the demo's (q, σ, T) and m = 2,000) and ``max_reachable_lower_bound``.
-* It does NOT test the per-unit clipping of real rows (canaries are inserted already of norm C;
-  the run-time clipping check of ``dpbert.model.integrity`` does), the patient grouping of real
-  rows (canary patients have one row), the division by B (g̃_t is read before it), the masks, the
-  frozen pieces (no noise there, no signal either), nor anything released outside the gradients
-  (vocabulary: ``vocab_audit``; the DP diagnostics are not observed). σ here is the GRADIENT's σ;
-  with DP diagnostics the ledger charges a smaller σ_eff (larger ε), so the comparison is the
-  stricter one.
-* An audit on PRIVATE rows is a DP release: the audited run is DP-SGD on those rows and the
-  report is post-processing of its release, charged as ``dp_event`` (the run's training record,
-  ``origin: audit``). The positive control (``positive_control=True``: the same run's sums read
-  BEFORE the noise, ``AuditProbe.observed_noiseless``) is not private and is refused unless the
-  rows are public. Fault injection (noise off, noise too small) is a test fixture
-  (``tests/evaluate/test_audit_shipped_loop.py``), not an argument.
+Contract: ``whitebox_audit`` runs the SHIPPED training loop (``build_training`` with the run's
+configuration) with canaries enrolled as units of the run's own sampler (each of norm exactly C,
+on an EMPTY row: one unit, no double count) and an ``AuditProbe`` on one trained piece, and
+reports how it differs from ``dpbert run`` (``differs``). An audit on PRIVATE rows is a DP
+release charged as the run's training record (``origin: audit``); the noiseless positive control
+is refused unless the rows are public. What runs, what differs and what it can and cannot
+detect: docs/audits.md ("The audit's harness in detail").
 """
 from __future__ import annotations
 
@@ -86,7 +39,7 @@ __all__ = [
 DEFAULT_CANARY_DIMS = 16384
 SPECIAL_IDS = (0, 1, 2, 3, 4)  # [PAD] [UNK] [CLS] [SEP] [MASK] (dpbert.vocab.wordpiece order)
 MASK_ID = 4
-#: What the report says about its own privacy (module docstring).
+#: What the report says about its own privacy (docs/audits.md).
 AUDIT_RELEASE_NOTE = ("an audit on private rows is a DP release: the audited run is DP-SGD on them, charged as "
                       "dp_event; the positive control (sums before the noise) is refused on them")
 
@@ -133,7 +86,7 @@ def demo_spec(vocab_size: int, max_seq_length: int = 16, hidden_size: int = 16, 
 
 # ----------------------------------------------------------------------------- the parts
 def choose_piece(pieces: Sequence) -> int:
-    """Index of the largest trained piece (first among ties); see the module docstring."""
+    """Index of the largest trained piece (first among ties); see docs/audits.md."""
     sizes = [int(np.prod(p.shape)) for p in pieces]
     if not sizes:
         raise ValueError("nothing is trained (training.trainable selects no variable)")
@@ -142,7 +95,7 @@ def choose_piece(pieces: Sequence) -> int:
 
 def canary_rows(count: int, length: int) -> np.ndarray:
     """``count`` EMPTY rows ([PAD] only): no token to mask, loss 0, clipped gradient exactly 0, so
-    an enrolled canary unit contributes its injected vector and nothing else (module docstring)."""
+    an enrolled canary unit contributes its injected vector and nothing else (docs/audits.md)."""
     return np.zeros((int(count), int(length)), np.int32)
 
 
@@ -367,10 +320,10 @@ def _power(m: int, plan, sigma: float, beta: float, grid, delta: float, upper: f
         cannot_detect=CANNOT_DETECT)
 
 
-#: The bound ``epsilon_lower_bound`` reports (module docstring).
+#: The bound ``epsilon_lower_bound`` reports (docs/audits.md).
 ESTIMATOR = ("f-DP one-run audit (Mahloujifar, Melis & Chaudhuri 2025) of the claimed DP-SGD trade-off curve "
              "(σ, q, T): ε of the weakest rejected noise multiplier, Bonferroni over the pre-declared guesses")
-#: What the white-box audit cannot see (module docstring).
+#: What the white-box audit cannot see (docs/audits.md).
 CANNOT_DETECT = (
     "noise between the detectable factor and the claimed σ",
     "per-unit clipping of real rows and their patient grouping (canaries enter already of norm C)",
@@ -385,7 +338,7 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
                    beta: float = 0.05, canary_dims: int = DEFAULT_CANARY_DIMS, seed: Optional[int] = None,
                    candidates=None, positive_control: bool = False, hooks=(), return_arrays: bool = False,
                    report_power: bool = True, **build_kwargs) -> Dict[str, object]:
-    """Run the white-box one-run audit of the configured training (module docstring).
+    """Run the white-box one-run audit of the configured training (docs/audits.md).
 
     ``token_ids`` ``[n, L]``, ``special_token_ids``, ``vocab_size``, ``model_config``,
     ``training_config``, ``plan``, ``patient_keys``, ``example_ids``: as ``build_training`` takes

@@ -1,62 +1,17 @@
 r"""dχ-privacy (metric local differential privacy) for token embeddings, vectorized in numpy.
 
-The mechanism (Feyisetan et al. 2020; Qu et al. 2021, §3)
-==========================================================
+The mechanism (Feyisetan et al. 2020; Qu et al. 2021, §3): with φ: V → ℝᵈ a FIXED, public
+token-embedding table and η > 0, a token x is sent as ``M̃(x) = φ(x) + z``, z of density
+``∝ exp(−η‖z‖)`` (sampled as r·u, r ~ Gamma(d, 1/η), u uniform on the sphere), and text-to-text
+privatization outputs ``M(x)``, the candidate token nearest to M̃(x); the candidates are the
+vocabulary minus every bracketed special token, so a special token is never output.
 
-Let φ: V → ℝᵈ be a FIXED, public token-embedding table and η > 0 the privacy parameter.
-
-* Token-representation privatization: a token x is sent as the noisy vector
-  ``M̃(x) = φ(x) + z`` where z has density ``p(z) = c_{d,η} · exp(−η‖z‖)`` on ℝᵈ.
-* Text-to-text privatization: ``M(x) = argmin_{y ∈ C} ‖φ(y) − M̃(x)‖`` (Euclidean), the
-  vocabulary token nearest to the noisy vector; the candidates C are the vocabulary minus the
-  special tokens (``[PAD]``, ``[UNK]``, ``[CLS]``, ``[SEP]``, ``[MASK]`` and every other
-  bracketed token such as BERT's ``[unusedN]``), so a special token is never output.
-
-Sampling z. In polar coordinates z = r·u (r ≥ 0, u on the unit sphere S^{d−1}) the volume
-element is ``r^{d−1} dr dσ(u)``, so the density of (r, u) is ∝ ``r^{d−1} e^{−ηr}``: it
-factorises into a radial part, which is the Gamma(shape d, scale 1/η) density, and a uniform
-direction. Hence z = r·u with r ~ Gamma(d, 1/η) and u = g/‖g‖, g ~ N(0, I_d) (a standard
-Gaussian is rotation invariant, so its direction is uniform). Consequences used by the tests:
-E‖z‖ = d/η, sd‖z‖ = √d/η, E[u] = 0, and every coordinate of u has variance 1/d.
-
-Why this is ηd(x, x')-privacy, d(x, x') = ‖φ(x) − φ(x')‖
-----------------------------------------------------------
-For any two tokens x, x' and any output vector v,
-
-    p(v − φ(x)) / p(v − φ(x')) = exp(η (‖v − φ(x')‖ − ‖v − φ(x)‖)) ≤ exp(η ‖φ(x) − φ(x')‖)
-
-by the triangle inequality. Integrating over any measurable set S of outputs,
-``P[M̃(x) ∈ S] ≤ e^{η d(x,x')} · P[M̃(x') ∈ S]``: the noisy representation is ηd-private.
-The nearest-neighbour step is a deterministic function of M̃(x) alone (the table and the
-candidate set are fixed and public, independent of the input), so by post-processing
-``P[M(x) = y] ≤ e^{η d(x,x')} · P[M(x') = y]`` for every output token y. For a sequence of n
-tokens privatized with independent noise the bounds multiply: ``η Σᵢ d(xᵢ, x'ᵢ)``
-(sequences of equal length; the number of tokens itself is not hidden).
-
-How this differs from the central (ε, δ) guarantee of the rest of the pipeline
-------------------------------------------------------------------------------
-* Who is trusted. DP vocabulary and DP-SGD are CENTRAL: the curator holds the raw notes and
-  only the released artifacts (vocabulary, model) are private. Here the randomization happens
-  on the user's side (locally): whoever receives the privatized tokens never sees the raw ones.
-* What is protected. Central (ε, δ) bounds the effect of adding/removing one whole privacy unit
-  (a tuple) by a single ε, whatever its content, with a failure probability δ. dχ-privacy bounds
-  the distinguishability of two INPUTS by η times their embedding distance: tokens with nearby
-  embeddings (synonyms, morphological variants) are hard to tell apart, distant tokens (a rare
-  name vs "the") much less so. There is no δ. As plain ε-local-DP it is only
-  ``η · diam(φ(V))``-LDP, usually a large number; as with any metric guarantee, read it through
-  the plausible-deniability statistics and attack accuracies (``dpbert.local_privacy.deniability``).
-* Composition. Per-token losses add up over a text (η Σ d). They do not combine into the
-  accountant's (ε, δ) ledger: the two guarantees are about different neighbouring relations and
-  different adversaries. When privatized text feeds the central pipeline, the released model
-  has both: central (ε, δ) for the (privatized) tuples, and, by post-processing, dχ w.r.t. the
-  raw tokens.
-
-Implementation notes: nearest neighbours use ``‖x − y‖² = ‖x‖² − 2x·y + ‖y‖²`` (‖x‖² does not
-change the argmin) as float32 matrix products over chunks of queries, so memory stays bounded by
-``chunk_elements`` floats for the query × candidate distance block. The random generator is a
-numpy ``Generator`` seeded from OS entropy unless a seed is given (tests only); note that it is
-not a cryptographic generator and that floating-point sampling is not hardened against the
-attacks of Mironov 2012 — the same caveats as any numpy-based DP noise.
+Contract: M is ηd(x, x')-private with d(x, x') = ‖φ(x) − φ(x')‖ (a sequence privatized with
+independent noise: η Σᵢ d(xᵢ, x'ᵢ)); it is a LOCAL guarantee, with no δ, and it does not combine
+into the accountant's (ε, δ) ledger. The generator is seeded from OS entropy unless a seed is
+given (tests only); nearest neighbours are computed in chunks of ``chunk_elements`` floats. The
+sampling derivation, the proof, and how it differs from the central (ε, δ) guarantee:
+docs/local-privacy.md ("The mechanism and its proof").
 """
 from __future__ import annotations
 
@@ -128,7 +83,7 @@ def sample_noise(n: int, dim: int, eta: float, rng: np.random.Generator) -> np.n
 
 
 class DchiMechanism:
-    """dχ-privacy over one fixed embedding table (see the module docstring).
+    """dχ-privacy over one fixed embedding table (see docs/local-privacy.md).
 
     Args:
       table: ``[V, d]`` token embeddings (public, fixed).

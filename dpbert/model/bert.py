@@ -1,51 +1,19 @@
 """BERT encoder and masked-language-model head in tf_keras (Keras 2).
 
-The network is ONE flat Keras functional graph built only from layers that the fast (ghost-norm)
-per-example clipping of tensorflow-privacy 0.9.0 has registry functions for — ``Embedding``,
-``Dense``, ``EinsumDense`` (inside ``MultiHeadAttention``), ``LayerNormalization``,
-``MultiHeadAttention`` — plus parameter-free layers (``Lambda``, ``Add``, ``Dropout``). No custom
-layer subclass carries trainable weights, so ``dpbert.model.dpsgd`` can compute every example's
-gradient norm without materialising per-example gradients (see that module).
+The network is ONE flat Keras functional graph built only from layers that ghost-norm
+per-example clipping has registry functions for — ``Embedding``, ``Dense``, ``EinsumDense``
+(inside ``MultiHeadAttention``), ``LayerNormalization``, ``MultiHeadAttention`` — plus
+parameter-free layers. No custom layer subclass carries trainable weights, so
+``dpbert.model.ghost`` computes every example's gradient norm without materialising per-example
+gradients; the MLM output projection is untied from the input embedding (a variable used by two
+layers would be clipped to a wrong norm).
 
-Architecture (post-LayerNorm, as BERT):
-
-* embeddings: word ``Embedding(V, H)`` + learned position ``Embedding(L, H)`` → LayerNorm →
-  Dropout. There are no token-type (segment) embeddings: pre-training here uses single segments
-  (a public checkpoint's segment-0 vector is folded into the position table, see
-  ``init_public``). Padding (id ``pad_id``) is masked out of attention.
-* ``num_layers`` × [MultiHeadAttention → Dropout → Add → LayerNorm → Dense(I, gelu) → Dense(H) →
-  Dropout → Add → LayerNorm].
-* MLM head: gather the hidden states at the masked positions → Dense(H, gelu) → LayerNorm →
-  Dense(V). The output projection has its OWN weights, untied from the input embedding:
-  tensorflow-privacy 0.9.0's ghost norms add the squared norms of each layer's gradient
-  separately, which is wrong when one variable is used by two layers (the cross term
-  2<g_in, g_out> is missing), so a tied output layer would be clipped to a wrong norm.
-
-Two models share every layer (and so every weight):
-
-* ``BertModels.mlm``: inputs ``{"input_ids": [B, L] int32, "masked_positions": [B, M] int32}``,
-  output logits ``[B, M, V]`` at the ``M = max_predictions`` masked positions (computing the
-  vocabulary projection only where there is a label is what BERT does; it is ~L/M times cheaper).
-* ``BertModels.encoder``: input ``input_ids`` → dict with ``sequence_output`` ``[B, L, H]``,
-  ``hidden_states`` (list of ``num_layers + 1`` tensors ``[B, L, H]``, embeddings first) and
-  ``attention_probs`` (list of ``num_layers`` tensors ``[B, heads, L, L]``, before dropout).
-
-``save_bert`` / ``load_bert`` write and read Keras weights plus ``model_config.json`` (the
-``BertSpec``), which is all an evaluator needs to rebuild the encoder.
-
-LoRA (``build_bert(spec, lora=LoRASpec(rank, alpha))``, ``training.trainable: [lora]``): rank-r
-adapters in parallel with the attention query / key / value / output projections and the two FFN
-dense layers of every encoder layer, output W·x + (α/r)·B(A(x)), A initialised as in LoRA
-(uniform ±1/√fan_in), B = 0 so the adapted model starts equal to its base. The FFN adapters are two
-``Dense`` layers (``layer_i_intermediate_lora_a`` / ``_lora_b``; the base ``Dense`` then has no
-activation: Add → Activation(gelu)); the attention adapters live inside
-:class:`LoRAMultiHeadAttention` (a ``MultiHeadAttention`` whose four projections are
-:class:`LoRAProjection`\ s: base ``EinsumDense`` + adapter ``EinsumDense`` A and B, each with the
-same einsum forms as the base projections, so ``dpbert.model.ghost`` clips them exactly).
-:func:`add_lora` builds the adapted model from a plain one (base weights copied by layer name);
-:func:`merge_lora` folds the adapters into the base kernels (W + (α/r)·A·B) and returns a PLAIN
-model: ``save_bert`` always writes the merged plain BERT, so every evaluator and user loads a
-model without adapters.
+Contract: ``build_bert`` gives ``BertModels.mlm`` (logits at the masked positions) and
+``BertModels.encoder`` (hidden states and attention probabilities), sharing every weight;
+``save_bert`` / ``load_bert`` write and read Keras weights plus ``model_config.json``;
+``save_bert`` always writes a plain BERT (LoRA adapters merged by :func:`merge_lora`). The
+architecture, the two models' inputs and outputs, and the LoRA adapters: docs/training.md ("The
+BERT model").
 """
 from __future__ import annotations
 
@@ -285,7 +253,7 @@ def _gather_positions(tensors):
 
 def build_bert(spec: BertSpec, seed: Optional[int] = None, lora: Optional[LoRASpec] = None) -> BertModels:
     """Build the encoder and MLM models (shared layers). ``seed`` fixes the initialisation.
-    ``lora``: add LoRA adapters (module docstring); the base layers' initialisation does not
+    ``lora``: add LoRA adapters (docs/training.md); the base layers' initialisation does not
     depend on it (the adapters draw from their own seeds)."""
     init = _Init(spec.initializer_range, seed)
     lora_seed = None if seed is None else seed * 1000 + 500  # after the ≤ 500 base initializers

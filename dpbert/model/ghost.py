@@ -3,58 +3,18 @@
 For a flat Keras functional model whose trainable layers are ``Dense``, ``EinsumDense``,
 ``Embedding``, ``LayerNormalization`` and ``MultiHeadAttention``, ``clipped_gradient_sum``
 returns S = Σ_i mask_i · min(1, C/‖∇ℓ_i‖) · ∇ℓ_i without materialising per-example gradients of
-the whole model:
+the whole model: one forward pass exposing every trainable layer's pre-activation, ONE backward
+pass, per-layer squared norms from (X, G) alone (ghost or instantiated, whichever is cheaper:
+Bu et al. 2022's mixed rule), and book-kept clipped sums (Bu et al. 2023) instead of a second
+backward pass.
 
-1. One forward pass (tensorflow-privacy 0.9.0's ``gradient_clipping_utils.model_forward_pass``
-   graph walk), in which every trainable layer exposes its linear pre-activation Z (Dense /
-   EinsumDense: Z = X·W + b; Embedding: the table rows gathered; LayerNorm: γ, β tiled per
-   example, as in tensorflow-privacy's registry function) on the tape, with ``training=True``
-   given to every layer that takes it (dropout is on, and it is the SAME dropout for the norms
-   and for the gradient, since there is a single pass).
-2. ONE backward pass: G = ∂(Σ_i ℓ_i)/∂Z for every layer. Examples do not interact (no batch
-   statistics), so the rows of G belonging to example i are ∂ℓ_i/∂Z.
-3. Per-example squared norms per layer, from (X, G) alone: for Z = X·W with per-example
-   X_i ∈ R^{r×a}, G_i ∈ R^{r×o}, ‖X_iᵀG_i‖²_F = ⟨X_iX_iᵀ, G_iG_iᵀ⟩ ("ghost norm", cost r²(a+o))
-   or directly ‖X_iᵀG_i‖² by instantiating the [a, o] per-example gradient (cost r·a·o) —
-   whichever is cheaper for that layer's static shapes (the "mixed" rule of Bu et al. 2022:
-   ghost iff r(a+o) < a·o). Bias: ‖Σ_rows G_i‖². Embedding: tensorflow-privacy's
-   ``embedding_sqr_norm_fn`` (rows of the same token in one example are summed first), or under
-   XLA (``static_shapes``) the fixed-shape form :func:`embedding_sqr_norm_static`.
-   The model's norm is the square root of the sum over layers (variables must not be shared by
-   two layers, which ``dpsgd.check_model_supported`` enforces).
-4. Book-keeping (Bu et al. 2023): with w_i = stop_gradient(min(1, C/‖∇ℓ_i‖))·mask_i, each
-   weight's clipped gradient sum is computed from the same (X, G): ∂W = Σ_i w_i X_iᵀG_i =
-   Xᵀ(w ⊙ G), bias Σ w ⊙ G, embedding rows scattered with weights, LayerNorm Σ_i w_i g_i. This
-   replaces a second backward pass through the network.
-
-Per-GROUP norms (user-level DP-SGD, ``group_size = k``): the batch is laid out as consecutive
-groups of k rows (one patient's ≤ k tuples, padded slots masked out); each row is still its
-OWN model input (its own forward pass: no attention across a group's sequences). The clipped
-unit is the group's SUMMED gradient Σ_j ∇ℓ_j. For a linear layer its squared norm is
-‖Σ_j X_jᵀG_j‖² = ‖X_Uᵀ G_U‖² with X_U, G_U the rows of all k sequences stacked ([k·r, a] and
-[k·r, o]): ghost ⟨X_U X_Uᵀ, G_U G_Uᵀ⟩ = Σ_{t,s∈U}(a_t·a_s)(g_t·g_s) over all token pairs of
-the group (cost (k·r)²(a+o)), or the instantiated per-example [a, o] gradients summed over the
-group (cost k·r·a·o) — mixed rule ghost iff k·r(a+o) < a·o. Both are the reshape
-[b, r, ·] → [b/k, k·r, ·] of the per-example tensors. Bias, LayerNorm: per-example gradient
-vectors summed over the group. Embedding: rows of the same token anywhere in the group summed
-(the ids reshaped to [b/k, k·L]). Every row of a group gets its group's clip factor
-min(1, C/‖Σ_j ∇ℓ_j‖) (times its slot mask), so the group's clipped contribution has norm ≤ C.
-``group_size = 1`` is per-example clipping.
-
-Partial trainability (``training.trainable``, ``dpbert.model.trainable``): every registry function
-contributes only the terms of its SELECTED variables — a layer's squared norm is the sum of
-per-variable terms (kernel term, bias term; γ, β; each attention projection's kernel and bias),
-so a frozen variable's term is simply left out and it gets no gradient; a layer with no selected
-variable is called as is (not watched). Selected ROWS: the word embedding's frozen rows are zeroed
-in the per-example row gradients before the norm (rows of one token summed first, as always) and
-left out of the book-kept gradient; the output ``Dense``'s selected columns use only those columns
-of G (kernel column j's per-example gradient is X_iᵀG_i[:, j], the bias entry Σ_rows G_i[:, j]).
-LoRA adapters inside attention (``bert.LoRAProjection``: base(x) + s·B(A(x))) are two more linear
-entries of the same einsum forms; the FFN adapters are plain ``Dense`` layers. All exact.
-
-Cost ≈ forward + activation backward + per-layer weight products (what a normal backward does)
-+ the norms, so close to a non-private step. ``check_against_brute_force`` in the tests compares
-both the norms and S with per-example gradients computed one example at a time.
+Contract: the clipped unit is one example, or with ``group_size = k`` a group of k consecutive
+rows (one patient's tuples) whose SUMMED gradient is clipped, so a unit's clipped contribution
+has norm ≤ C; only the variables (and rows / columns) selected by ``training.trainable`` get
+terms and gradients; variables must not be shared by two layers. Every result is exact: the
+tests compare the norms and S with per-example gradients computed one example at a time. The
+four steps, per-group norms, partial trainability and the cost: docs/training.md ("Per-example
+clipping in one backward pass").
 """
 from __future__ import annotations
 
@@ -449,7 +409,7 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
 
     ``group_size = k > 1``: rows i = g·k … g·k + k − 1 form group g (b divisible by k) and
     S = Σ_g min(1, C/‖Σ_{i∈g} mask_i ∇ℓ_i‖)·Σ_{i∈g} mask_i ∇ℓ_i; ``norms`` is then ``[b/k]``,
-    the norm of each group's summed gradient (module docstring).
+    the norm of each group's summed gradient (docs/training.md).
 
     ``static_shapes``: only ops whose output shapes are fixed by the input shapes (the embedding
     norm by :func:`embedding_sqr_norm_static`), as an XLA-compiled step on a TPU needs.

@@ -5,118 +5,16 @@ sum AFTER the clipping and outside the sampler, and scores them at the CLAIMED �
 q is off, broken clipping of real examples, or a claim beyond the audit's reach passes it. The
 checks here run inside the training loop on the running objects (:class:`RunChecks`), each with
 positive controls (deliberately broken mechanisms, test fixtures in
-``tests/model/broken_mechanisms.py``) that the check catches. A failed check raises
-:class:`IntegrityCheckFailed` (the run fails, nothing is released) after writing the statistics
-to ``integrity_checks.json`` in the PRIVATE state directory; the messages carry no raw text and
-no exact count.
+``tests/model/broken_mechanisms.py``) that the check catches.
 
-Statistical tests and their levels (``dpbert.privacy.integrity_stats``): every p-value is exact
-or a rigorous bound; each family's tests are Bonferroni-corrected over its tests and over the
-looks (look k at level α·6/(π²k²)/tests, α = ``FALSE_ALARM`` = 1e-6), so an honest run fails a
-family with probability ≤ 1e-6 and fails any of the four statistical families (units per step,
-participation, noise, released diagnostics) with probability ≤ 4e-6. The looks are the check
-steps (the first step, every ``training.integrity_check_every`` steps) and the end of the run.
-
-1. **The sampler** (operator-only statistics: they hold exact counts).
-   ``units_per_step``: the step's realised units b_t (``stats["units"]``: rows, or patients;
-   all-reduced over workers) must be iid Binomial(n, q), n the EXACT number of units and q the
-   PLAN's rate. Three tests: Σ_t b_t ~ Binomial(n·s, q) (exact two-sided: a sampler at 4q fails
-   at once), and the dispersion D = Σ_t (b_t − nq)²/(nq(1−q)) (E D = s) in both tails by a
-   Chernoff bound on the exact pmf: a fixed-size sampler claiming Poisson has D ≈ 0, whose
-   probability is ≈ P(b = B)^s, so it fails after a few tens of steps (s = 16 at n = 64, q = ¼);
-   a sampler mixing two rates has D ≫ s. Evaluated once s·B ≥ 50 with B = q·n_planned the PUBLIC
-   expected batch (else "not enough draws": the released pass/fail does not depend on n).
-   Shuffle sampling: every step holds exactly B units.
-   ``participation`` (the units :meth:`RunChecks.sampled` reports): with Poisson sampling a unit
-   takes part in Binomial(T, q) of T steps; the unit that took part most often must not be
-   beyond Binomial(T, q) at level α_k/n (Bonferroni over the n units: only the maximum needs
-   testing, the tail is monotone). A unit in every batch has p = q^T (6e-10 at q = ¼, T = 16 vs
-   a level of 2e-9 at n = 64): it fails. Too rare a participation costs no privacy and is not
-   tested. Shuffle: at most ⌈T·B/n⌉ + 1 (a window may straddle two permutations).
-2. **Brute-force clipping** (``clipping``; deterministic, no false alarm), at the first step of
-   every run and every ``training.integrity_check_every`` steps (0 = off): one unit of the step's
-   batch chosen with secret randomness; before the step runs (same weights), its gradient b is
-   recomputed by brute force — ONE ``GradientTape`` over that unit's rows alone (a patient: the
-   sum of its ≤ k rows' gradients; with ``training.trainable`` the gradient of the trained pieces
-   only, ``Selection.gradients``), independent of ``ghost.py`` — and e = min(1, C/‖b‖)·b is what
-   the unit must add. Compared at rtol 1e-4 (float32):
-
-   (a) ``norm``: the norm the clipping path (``DPSGDTrainStep.clip``) gives that unit on the same
-       micro-batch;
-   (b) ``clipped`` / ``clipped_piece``: that path's contribution of the unit alone vs e, as a whole
-       and PER TRAINED PIECE (variable or sliced piece): piece v's error is ‖g_v − e_v‖ over
-       max(‖e_v‖, ``PIECE_FLOOR``·‖e‖) (a piece whose gradient is ~0, e.g. the attention key bias,
-       carries rounding error only). A factor r ≠ 1 on piece v alone changes the whole vector by
-       |r − 1|·‖e_v‖/‖e‖ only — 2C on the query bias of the tiny test model, 1.8e-6 of the
-       unit's norm, passes the whole-vector comparison — but piece v by |r − 1|: caught whenever
-       |r − 1| > 1e-4 and piece v carries more than 1e-4 of the unit (below that, more than
-       1e-8/|r − 1|: the 2C control at 1.8e-6 is off by 1.8e-2);
-   (c) ``summed`` / ``summed_piece`` / ``summed_norm``: the step's OWN accumulate
-       (``DPSGDTrainStep.replay_accumulate``: the function ``run_step`` calls — ``_compute``, its
-       clipping, the accumulators — whose sum the noise is then added to; not ``clip()``)
-       replayed on a round holding that unit alone, without noise or apply, its accumulators read
-       and zeroed: on a dropout-free model vs e, whole and per piece (a step that clips with
-       another factor than ``clip()``'s is caught); with dropout (its masks cannot be replayed by
-       the brute force) its norm vs min(the norm the replay used, C), which 2C breaks on any
-       clipped unit;
-   (d) ``step_norm``, on a dropout-free model: the norm the real step used for the unit
-       (``DPSGDTrainStep.last_unit_norms``).
-
-   (a) and (b) run with ``training=False`` on both sides. The check's computations, the replay
-   included, run in full float32 (TensorFloat-32 off during the call); where the step's own
-   matmuls may run in reduced precision (TF32 GPU, TPU), (c) and (d) are compared at rtol 1e-2
-   (``STEP_NORM_RTOL_REDUCED``) — unverified on such hardware here (CPU only). A ghost norm that
-   drops a layer's term or is scaled fails (a) / (d); wrong book-keeping (b); 2C on one piece
-   (b) and (c); 2C in the step only (c).
-
-3. **Noise on the real step** (``noise``): ``DPSGDTrainStep`` with a ``NoiseProbe`` keeps,
-   every step, on ``NOISE_COORDINATES_PER_VARIABLE`` random coordinates of EVERY trained
-   variable and sliced piece (secret randomness; all of a smaller one), the clean clipped sum S
-   (from the accumulators, summed over the replicas by its own all-reduce) and the gradient
-   HANDED TO THE OPTIMIZER G (after the SUM, the noise and ÷ B) — never the drawn noise tensor.
-   Honest: z = (B·G − S)/(σC) iid N(0, 1), σ the GRADIENT noise multiplier
-   (``DPSGDConfig.effective_noise_multiplier``, not the accountant's σ_eff with the diagnostics
-   folded in). Tests (V trained pieces, V + 3 tests per look): Σ z² over each piece's probe
-   ~ χ²(m_v) exactly (two-sided), so no noise on ONE LayerNorm γ, one bias, the appended tokens'
-   rows, the transform kernel (z ≡ 0: p = 0) fails at the first look whatever the other pieces
-   carry, as does noise drawn but not added; Σ z² pooled over every piece (σ/2 everywhere: ratio
-   0.5 fails at the first look); the mean Σz/√m ~ N(0, 1); and Σ z_t·z_{t+1} over DISJOINT
-   pairs of consecutive steps (independent products; Chernoff bound ``product_sum_two_sided``):
-   a stuck step counter in the noise seed repeats z and fails from the second step. Float32
-   rounding of G = (S + z)/B leaves |B·G − S − z| ≲ 2⁻²³·|S + z|, negligible against σC
-   unless |S| ≳ 10⁵·σC (a unit's share of S is ≤ C).
-
-4. **Released DP diagnostics** (``released_diagnostics``; the sums :meth:`RunChecks.released`
-   reports): each released sum minus its exact value, over the noise std it claims (the std the
-   DP event's σ_eff is derived from), is iid N(0, 1) per step: Σ_t r_t² ~ χ²(T) per part and
-   pooled over the parts (two-sided). Releasing the exact values (r ≡ 0) fails at the first look;
-   noise at σ/2 everywhere (pooled ratio 0.5) fails once 4T ≳ 80; a claimed std ≤ 0 fails.
-
-Outside the training loop, fail closed before any step (no statistics, no false alarm):
-
-5. **Patient groups** (``dpbert.model.sampling.check_patient_groups``, where the groups are built:
-   ``group_rows``): every group's rows share one patient key, no key is in two groups, every row
-   is in exactly one group — from the rows' own keys, independently of the grouping. A patient
-   split over two groups is two sampling units (sensitivity 2C): refused. The messages name no
-   key and no count.
-6. **The step log at resume** (``dpbert.model.engine.chain``): written by compare-and-swap (the
-   count never decreases); its count at each checkpoint is recorded beside it, and a resume
-   refuses a step log that counts fewer steps than the checkpoint's step or that record
-   (``StepLogBehind``: a lost update; the chain would be charged too few steps).
-
-The recorded DP event is checked against the running objects by the stage
-(``dpbert.privacy.event_check.check_event`` on :func:`observe`'s values). Given the run's checks
-(``observe(..., checks=)``), the diagnostics' noise multipliers in those values are the stds that
-check 4 TESTED the released sums against, not the configuration's: the event is derived from what
-the release was shown to carry (a release without its noise fails check 4; one at another std
-than the configuration's makes the event mismatch the record).
-
-Several worker processes (``training.strategy: multi_worker``): every worker runs the checks on
-what it holds — the units test on the step's GLOBAL unit count (all-reduced) against the global
-n, the participation test on its own units at level α_k/n each (the union over workers stays
-≤ α_k), the clipping check on one of its own units (the replay of the step's accumulate is a
-collective: a worker with no unit in the batch replays an all-padding round), the noise test on its own probe coordinates
-of the identical update — and only the chief writes ``integrity_checks.json``.
+Contract: a failed check raises :class:`IntegrityCheckFailed` (the run fails, nothing is
+released) after writing the statistics to ``integrity_checks.json`` in the PRIVATE state
+directory; the messages carry no raw text and no exact count. Every p-value is exact or a
+rigorous bound (``dpbert.privacy.integrity_stats``); an honest run fails a statistical family with
+probability ≤ 1e-6 and any of the four (units per step, participation, noise, released
+diagnostics) with probability ≤ 4e-6. The checks — the sampler, brute-force clipping, the noise
+on the real step, the released diagnostics, patient groups, the step log at resume — their
+statistics, levels and what each catches: docs/audits.md ("The run-time checks in detail").
 """
 from __future__ import annotations
 
@@ -339,7 +237,7 @@ def make_noise_probe(variables: Sequence, per_variable: int = NOISE_COORDINATES_
 
 
 class NoiseCheck:
-    """The noise the optimizer was handed, per trained variable (module docstring, 3.)."""
+    """The noise the optimizer was handed, per trained variable (docs/audits.md, 3.)."""
 
     name = "noise"
 
@@ -418,7 +316,7 @@ class NoiseCheck:
 # --------------------------------------------------------------------------- 4. released diagnostics
 class ReleaseCheck:
     """Released − exact of every released diagnostic sum, over its claimed noise std: χ² per part
-    and pooled (module docstring, 4.)."""
+    and pooled (docs/audits.md, 4.)."""
 
     name = "released_diagnostics"
 
@@ -499,7 +397,7 @@ class ClippingCheck:
     (``clip()``: the norm, the clipped contribution as a whole and per trained piece), the step's
     OWN accumulate replayed on that unit alone (the clipped sum the noise is added to: as a whole,
     per piece, and its norm against the norm the step used), and (dropout-free model) the norm the
-    real step used (module docstring, 2.)."""
+    real step used (docs/audits.md, 2.)."""
 
     name = "clipping"
     #: The comparisons, each with the tolerance it is held to (``clip``: CLIP_RTOL; ``step``: the

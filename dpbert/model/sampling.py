@@ -1,57 +1,19 @@
 """Logical-batch sampling for DP-SGD and packing into fixed-shape micro-rounds.
 
 Poisson sampling (``mode="poisson"``, what the accountant's amplification-by-sampling assumes):
-every step, each of the n examples is included independently with probability q. q is GIVEN
-(planned by the accountant as B / n_planned before any private data is read) and used exactly,
-whatever the actual n, so the batch size is Binomial(n, q) with mean q·n (= B when n = n_planned).
-The sampler draws the size from Binomial(n, q) and then a uniform subset of that size, which
-is the same distribution as n independent coin flips, in O(batch) instead of O(n).
+every step, each of the n units is included independently with probability q, GIVEN by the plan
+(B / n_planned before any private data is read) and used exactly, whatever the actual n.
+Shuffling (``mode="shuffle"``): fixed-size batches of exactly B over a stream of random
+permutations; recorded as "shuffle" for the accountant (no amplification).
 
-Shuffling (``mode="shuffle"``): fixed-size batches of exactly B from a fresh random permutation
-each epoch (wrapping into the next epoch's permutation). Recorded as "shuffle" for the accountant:
-it gives no amplification by Poisson subsampling.
-
-Variable batch sizes, fixed shapes, no dropped example
-------------------------------------------------------
-The compiled step sees fixed shapes: a ROUND is ``[P, m, L]`` (P replicas × m examples each,
-``m = B / (P·T)``). A logical batch of b examples is packed into ``R = max(1, ceil(b / (P·m)))``
-rounds; the tail of the last round is padding with ``example_mask = 0`` (padded rows have zero
-loss, hence zero gradient, and are not counted). The noise is added once after the last round
-(``dpsgd.py``). R is T on average and varies with b; the cap is on the round's shape, not on the
-batch, so NO example is ever dropped and no overflow probability has to be folded into δ. An
-empty batch still takes a step (one all-padding round: the update is pure noise), as the
-Poisson mechanism requires.
-
-Fixed-cap alternative (for a fully compiled loop with a static number of rounds, e.g. TPU
-pods): ``poisson_batch_cap(n, q, failure_probability)`` returns the smallest multiple of P·m,
-``B_max ≈ B + k√B``, with P[Binomial(n, q) > B_max] ≤ failure_probability. Derivation: by
-Bernstein's inequality, with μ = nq and Var ≤ μ, P[X ≥ μ + k√μ] ≤ exp(−k² / (2(1 + k/(3√μ)))),
-so k ≈ √(2 ln(1/p_fail)) (+ a small correction) — k ≈ 7.5 for p_fail = 1e-12; the function uses
-the exact binomial tail (scipy). If such a cap is used, ``pack_rounds(..., max_rounds=...)``
-RAISES ``PoissonOverflowError`` instead of dropping examples (dropping would make the released
-sum depend on which examples were dropped and break the add/remove sensitivity C); the run's
-privacy guarantee is then (ε, δ + steps · p_fail), the overflow being the only event where the
-truncated mechanism differs from the analysed one. ``train_mlm`` does not use a cap. On a TPU pod
-(``TPUStrategy``, a compiled loop over a static number of rounds) that cap is what a multi-host
-job would need: everything else (one seeded draw after the SUM, units sharded by id) is as below;
-untested here (no TPU).
-
-Several worker processes (``training.strategy: multi_worker``)
---------------------------------------------------------------
-Worker w of W holds the units with ``shard_of(unit id, W) == w`` (a stable 64-bit mix of the
-record id, or of the patient's own sha256-derived id — never Python's ``hash``, which is salted
-per process): a patient's tuples are all on one worker. Each worker's sampler
-(``PoissonSampler(..., shard=...)``) flips the coins of its OWN units only, with the plan's q and a
-FRESH key per process (OS entropy: a key persisted with the checkpoints would re-draw the same
-batch for a step replayed after a crash, i.e. PoissonSampled(q, Gaussian(σ/√2)) where two steps
-are charged). The coins are independent across units, so the union over workers is exactly the
-Poisson sample of the whole dataset at q, whatever W. A worker's batch is Binomial(n_w, q)
-(mean ≈ B/W); it packs it into rounds of its own P_w replicas × m, and the workers run the max
-round count (``DPSGDTrainStep.sync_step``).
-
-``prf_key`` (TESTS ONLY): coin(u, t) = PRF(key, id_u, t) < q instead of the binomial draw, so a
-unit is in step t's batch or not whichever worker holds it: the same batches in every layout
-(``tests/model/test_multi_worker.py``: 2 workers = 1 process).
+Contract: a logical batch of b units is packed into ``max(1, ceil(b / (P·m)))`` rounds of the
+fixed shape ``[P, m, L]`` with padded rows masked out, so NO unit is ever dropped and an empty
+batch still takes a step; with a cap (``poisson_batch_cap``) ``pack_rounds`` raises
+``PoissonOverflowError`` rather than drop a unit. Patients are grouped by ``group_rows`` and
+checked by ``check_patient_groups``; with several workers each flips the coins of its own units
+(``shard_of``) with a fresh key per process; ``prf_key`` is for tests only. Why the shapes are
+fixed, the cap's derivation, and the multi-worker sampler: docs/training.md ("Sampling and
+fixed-shape rounds").
 """
 from __future__ import annotations
 
@@ -138,7 +100,7 @@ class PoissonSampler:
 
     ``shard``: the indices (among the n) of the units THIS worker holds (``shard_of``); the sampler
     then flips only their coins (``sample`` returns indices among the n). ``prf_key`` with
-    ``prf_ids`` (the n units' own ids): TESTS ONLY, coins from ``prf_uniform`` (module docstring)."""
+    ``prf_ids`` (the n units' own ids): TESTS ONLY, coins from ``prf_uniform`` (docs/training.md)."""
 
     mode = "poisson"
 

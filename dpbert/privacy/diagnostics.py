@@ -2,42 +2,18 @@
 
 A DP-SGD step computes, besides the clipped gradient sum, per-step sums over the SAME Poisson
 sample: the MLM loss, the MLM accuracy, the number of clipped examples and the batch size. Released
-exactly, they leak: one canary or outlier shifts the batch-mean loss by (ℓ_u − ℓ̄)/|B_t|, and the
-exact batch sizes reveal n. Here each released sum gets its own Gaussian noise scaled to its own
-sensitivity (adding or removing one example changes it by at most):
+exactly, they leak (one canary shifts the batch-mean loss; the exact batch sizes reveal n). Here
+each released sum gets its own Gaussian noise scaled to its own sensitivity, r·σ times it
+(r = ``noise_ratio``).
 
-    part              per-example value                      sensitivity Δ_j
-    gradient          clipped gradient g_i (‖g_i‖ ≤ C)        C          noise σ·C (the DP-SGD step)
-    loss              min(max(ℓ_i, 0), L)                     L          noise r·σ·L
-    accuracy          correct_i / predictions_i ∈ [0, 1]      1          noise r·σ
-    clipped           1[‖∇ℓ_i‖ > C]                           1          noise r·σ
-    batch size        1                                       1          noise r·σ
-
-(r = ``noise_ratio``.) Derivation of the accounting: divide part j by its noise scale σ_j·Δ_j; the
-released vector is then (shift) + N(0, I) where adding one example shifts it by a vector of
-squared norm ≤ Σ_j (Δ_j / (σ_j Δ_j))² = Σ_j σ_j⁻². That is ONE Gaussian mechanism with noise
-multiplier σ_eff = (Σ_j σ_j⁻²)^(−1/2) on a unit-sensitivity query, sampled by the same Poisson
-coin flips, so a step is PoissonSampled(q, Gaussian(σ_eff)) and the trainer's DP event carries
-σ_eff instead of σ. With four diagnostic parts at r·σ each: σ_eff = σ / √(1 + 4/r²) (r = 8:
-0.970·σ). The noise of the diagnostics is drawn on the host from OS entropy (never seeded from a
-public value outside tests) once per logical step.
-
-The exact values never leave the trainer's private state directory; what the model artifact,
-TensorBoard and the dashboard show are the released (noisy) estimates (``release``): each a RATIO
-OF NOISY SUMS — noisy loss sum ÷ noisy batch size, noisy accuracy sum ÷ noisy batch size, noisy
-clipped count ÷ noisy batch size (the denominator at least 1) — clamped to its range (loss
-[0, loss_bound], accuracy and clipped fraction [0, 1]; the noisy batch size ≥ 0). Both sums of a
-ratio are already released, so the ratio and the clamp are post-processing: σ_eff, the
-accountant's charge, does not change. Dividing by the public EXPECTED batch size instead (the
-previous estimator) is unbiased for the sum but not a fraction: a Poisson batch above its
-expectation gives a "clipped fraction" above 1 (1.065 in a demo), and the noise alone a negative
-accuracy (−0.406).
-
-A released per-step value is noisy: its noise std is ≈ (noise std of its sum) ÷ B (``step_noise_stds``;
-loss: r·σ·L/B, e.g. 8 · 0.8 · 12 / 16 = 4.8 nats per step at the demo's settings). A single step,
-or the mean of a handful, can therefore lie well above or below the true value (a "final" loss
-above the initial one); readers show windowed means (``window``: the last 10 % of the steps) with
-the per-step std, labelled "DP estimate".
+Contract: the gradient and the diagnostics together are ONE Gaussian mechanism of noise
+multiplier σ_eff = (Σ_j σ_j⁻²)^(−1/2) (four parts at r·σ: σ / √(1 + 4/r²)), sampled by the same
+Poisson coin flips, so the trainer's DP event carries σ_eff instead of σ. The diagnostics' noise
+is drawn from OS entropy (never seeded from a public value outside tests) once per logical step.
+The exact values never leave the private state directory; what is shown (``release``) are ratios
+of noisy sums clamped to their range (post-processing), with their per-step noise stds
+(``step_noise_stds``) and windowed means (``window``), labelled "DP estimate". The table of parts
+and sensitivities, the derivation and the estimator: docs/privacy.md ("The DP diagnostics").
 """
 from __future__ import annotations
 
@@ -120,13 +96,13 @@ def release(sums: Dict[str, float], gradient_sigma: float, expected_batch: float
     ``ratios(noisy_sums(exact_parts(sums), ...))``.
 
     Returns ``loss``, ``accuracy``, ``clipped_fraction`` — each noisy sum ÷ the noisy batch size
-    (at least 1), clamped to its range (module docstring) — and ``batch_size`` (the noisy count,
+    (at least 1), clamped to its range (docs/privacy.md) — and ``batch_size`` (the noisy count,
     at least 0). ``expected_batch`` (the public q·n) is not used by the estimate; it is kept in
     the signature for the callers (and ``step_noise_stds``). A training loop that runs the
     release check calls the three steps itself and reports ``exact_parts`` and ``noisy_sums``
     to ``RunChecks.released`` with ``noise_stds``.
     """
-    del expected_batch  # the denominator is the released noisy batch size (module docstring)
+    del expected_batch  # the denominator is the released noisy batch size (docs/privacy.md)
     return ratios(noisy_sums(exact_parts(sums), gradient_sigma, config, rng), config)
 
 

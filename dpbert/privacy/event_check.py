@@ -18,7 +18,7 @@ trainer captures, from the running objects (``dpbert.model.integrity.observe``):
     batch_size, units                shuffle only: the sampler's fixed B and n (PRIVATE: exact n)
 
 and :func:`check_event` recomputes from them what the record must say — σ_eff (the gradient σ
-and the diagnostics composed, ``diagnostics`` docstring), q, steps, sampling, k — rebuilds the
+and the diagnostics composed: docs/privacy.md), q, steps, sampling, k — rebuilds the
 dp-accounting event from those values and compares it with the record's. A record rebuilt from
 the configuration would prove nothing: every value here comes from the object that used it.
 

@@ -3,91 +3,16 @@ r"""DP events recorded on artifacts, so that the accountant can recompute every 
 dp-accounting 0.4.3's ``DpEvent`` classes are ``attrs`` classes with ``to_named_tuple()`` /
 ``DpEvent.from_named_tuple()`` but no JSON codec (and ``from_named_tuple`` imports whatever
 module the data names). This module adds a small JSON codec restricted to the known event classes,
-and two records of our own for the pipeline's two mechanisms.
+and records of our own for the pipeline's mechanisms: the vocabulary (``histogram_event``),
+DP-SGD (``dpsgd_event``, its event from ``dpsgd_dp_event``), the DP count and a non-private stage
+(``non_private_event``, ε = ∞).
 
-JSON schema (``SCHEMA = "dpbert.privacy/1"``; all records are JSON objects)
----------------------------------------------------------------------------
-DpEvent (``dp_event_to_dict``): ``{"type": <class name>, <field>: <value>, ...}`` recursively, e.g.
-  {"type": "SelfComposedDpEvent", "count": 14063,
-   "event": {"type": "PoissonSampledDpEvent", "sampling_probability": 0.004266...,
-             "event": {"type": "GaussianDpEvent", "noise_multiplier": 1.1}}}
-  Allowed types: NoOpDpEvent, NonPrivateDpEvent, GaussianDpEvent, LaplaceDpEvent,
-  SelfComposedDpEvent, ComposedDpEvent (``events`` is a list), PoissonSampledDpEvent,
-  SampledWithReplacementDpEvent, SampledWithoutReplacementDpEvent.
-
-Vocabulary (``histogram_event``), from ``histogram.histogram_report``:
-  {"schema", "mechanism": "dp_histogram", "stage": "vocab",
-   "gaussian": <GaussianDpEvent, noise_multiplier σ/(m√N)>,
-   "sigma", "sensitivity_l2", "tuple_words", "unit", "max_contributions",
-   "threshold", "threshold_mode", "threshold_delta" (δ₂ = mN·P[Z ≥ C − m], recomputed from σ and
-   C when read), "delta" (the histogram's total δ), "epsilon" (its ε at that δ, informative: the
-   accountant recomputes it)}
-  Thresholding has no dp-accounting event: the Gaussian part composes (PLD/RDP) with the
-  training events and δ₂ is added to δ at the end (the split bound, ``histogram`` docstring).
-
-Training (``dpsgd_event``):
-  {"schema", "mechanism": "dp_sgd", "stage": "train", "event": <DpEvent>,
-   "sampling": "poisson" | "shuffle", "steps", "noise_multiplier", "sampling_probability",
-   "batch_size", "dataset_size", "unit", "max_contributions", "adjacency",
-   and for shuffle "participations" (E) and "straddling" (bool),
-   and for user-level DP-SGD "sampling_unit": "patient" (then batch_size / dataset_size count
-   patients and q is the patient sampling rate)}
-  ``event`` is rebuilt from the parameters when read and must match (a record cannot claim an
-  event its parameters do not give).
-
-Non-private stage (``non_private_event``): {"schema", "mechanism": "non_private", "stage",
-  "event": {"type": "NonPrivateDpEvent"}} — ε = ∞.
-
-Infinity: JSON has none. ``to_json`` writes non-finite floats as the strings "inf", "-inf",
-"nan" (strict JSON, ``allow_nan=False``) and ``from_json`` turns those strings back into floats
-(both are ``dpbert.schema``'s codec, the one shared by every artifact and report);
-reports also carry ``"non_private": true`` when ε is infinite because of a non-private stage.
-
-DP-SGD events (derivations; ``dpsgd_dp_event``)
------------------------------------------------
-One step releases S + N(0, σ²C²I), S = the sum of clipped per-example gradients (‖g‖ ≤ C).
-
-poisson (add/remove one example, which dp-accounting's PoissonSampledDpEvent assumes): each
-  example joins each step's batch independently with probability q = B/n →
-  SelfComposed(PoissonSampled(q, Gaussian(σ)), steps) (Abadi et al. 2016; Mironov et al. 2019).
-  Patient unit, ≤ k examples per patient: in a step the patient contributes j ~ Bin(k, q)
-  examples, a shift of norm ≤ jC ≤ kC. Write the step's output as a mixture over j ≥ 1 of
-  (1 − q_k)·N(0) + q_k·N(μ_j) with q_k = 1 − (1 − q)^k, ‖μ_j‖ ≤ kC; the hockey-stick divergence
-  is jointly convex, and each component is a post-processing (x ↦ (‖μ_j‖/kC)x + independent
-  Gaussian) of the pair with ‖μ‖ = kC, so the step is dominated by
-  PoissonSampled(q_k, Gaussian(σ/k)). Valid but loose for large k. This group-privacy bound is
-  what an example-level sampler gives a patient; the trainer does NOT use it for the patient unit:
-
-poisson, user-level (``sampling_unit: patient``, ``privacy.unit: patient``): each PATIENT joins
-  each step independently with probability q = B_patients / n_patients and brings ≤ k of its
-  tuples, chosen by its own data and secret randomness; the clipped unit is the patient's SUMMED
-  gradient (‖g_u‖ ≤ C, ``dpbert.model.dpsgd``). Adding or removing one patient is then exactly
-  adding or removing one Poisson-sampled element of sensitivity C:
-  SelfComposed(PoissonSampled(q, Gaussian(σ)), steps), the same event as per tuple, at the
-  patient rate and with no k in it (Charles et al. 2024, Chua et al. 2024).
-
-shuffle (``dpbert.model.sampling.ShuffleSampler``: consecutive windows of B over ONE stream of
-  independent uniform permutations of the n examples, keyed by a secret and continued across a
-  resume; B ≤ n). No amplification is claimed. Adjacency: ZERO-OUT — neighbouring datasets differ
-  in one unit replaced by a null record that contributes exactly 0 to every sum, keeps its slot
-  in the permutations and changes nobody else's masks or packing (masks are keyed by record id,
-  ``dpbert.model.masking``; the normaliser is the public B). A participation then moves the
-  released sum by ≤ C, so each occurrence is a Gaussian mechanism with noise multiplier σ (not
-  σ/2, which replace-one would charge: replace-one moves the sum by 2C).
-  After s steps the stream has used sB positions, so each example occurred
-  E = ceil(sB/n) times (once per permutation touched). A window of B ≤ n positions holds at
-  most 2 occurrences (consecutive permutations), and none twice if n % B == 0 (windows align
-  with permutations). Conditioned on the (data-independent) permutations, the s steps are
-  Gaussian mechanisms with shifts C·a_s, a_s occurrences in step s, Σ a_s = E; composing
-  Gaussians adds squared shifts: total C²·Σ a_s² ≤ C²·E·max a_s. So
-  SelfComposed(Gaussian(σ), E) if n % B == 0, else SelfComposed(Gaussian(σ), 2E) — the
-  mixture over permutations is no worse (joint convexity). Patient unit (k examples):
-  a_s ≤ k (aligned) or 2k, Σ a_s = kE → Gaussian(σ/k) composed E or 2E times.
-  Zero-out does NOT imply add/remove here (adding a unit changes n and every permutation), so
-  the statement names the adjacency. The vocabulary's add/remove guarantee implies its zero-out
-  guarantee (a null tuple adds no word), so a ledger of a shuffle run holds under zero-out.
-  tensorflow-privacy's "epsilon with each example occurring once per epoch" with
-  ``used_microbatching=False`` is SelfComposed(Gaussian(σ), ceil(epochs)): ours when n % B == 0.
+Contract (``SCHEMA = "dpbert.privacy/1"``): every record is a JSON object written through
+``dpbert.schema``'s codec (non-finite floats as the strings "inf", "-inf", "nan"); a DP-SGD
+record's ``event`` is rebuilt from its parameters when read and must match, so a record cannot
+claim an event its parameters do not give. The records' fields and the derivation of each DP-SGD
+event (Poisson, user-level Poisson, shuffle under zero-out adjacency): docs/privacy.md ("DP event
+records and their derivations").
 """
 from __future__ import annotations
 
@@ -213,7 +138,7 @@ def non_private_event(stage: str) -> Dict[str, Any]:
 def shuffle_participations(steps: int, sampling_probability: float):
     """(E, straddling) for shuffled fixed-size batches with q = B/n: E = ceil(s·B/n) occurrences
     of one example in s steps; straddling = a batch can span two permutations (n/B not an
-    integer). See the module docstring."""
+    integer). See docs/privacy.md."""
     steps = _checks.integer("steps", steps, 1)
     q = _checks.fraction("sampling_probability", sampling_probability)
     x = steps * q
@@ -223,14 +148,14 @@ def shuffle_participations(steps: int, sampling_probability: float):
     return int(occurrences), bool(straddling)
 
 
-#: The neighbouring relation each sampler is accounted under (module docstring).
+#: The neighbouring relation each sampler is accounted under (docs/privacy.md).
 ADJACENCY = {"poisson": "add_or_remove_one", "shuffle": "zero_out"}
 
 
 def dpsgd_dp_event(noise_multiplier: float, sampling_probability: float, steps: int,
                    sampling: str = "poisson", max_contributions: int = 1,
                    user_level: bool = False) -> dp_accounting.DpEvent:
-    """The dp-accounting event of ``steps`` DP-SGD steps (derivations in the module docstring).
+    """The dp-accounting event of ``steps`` DP-SGD steps (derivations in docs/privacy.md).
 
     ``sampling_probability`` is q = B/n (for shuffle it fixes n/B; q ≤ 1, i.e. B ≤ n).
     ``user_level``: the patients themselves are Poisson-sampled at rate q and each patient's

@@ -2,35 +2,16 @@ r"""f-DP one-run audit (Mahloujifar, Melis & Chaudhuri 2025, "Auditing f-Differe
 One Run", ICML 2025, arXiv:2410.22235): the test of a trade-off curve f from one run's guesses.
 
 Protocol: as ``dpbert.privacy.one_run_audit`` (Steinke, Nasr & Jagielski 2023): m canaries, each
-in with probability ½; the auditor makes ``n_guess`` guesses (in / out) from pre-declared ranks
-and abstains on the rest; ``n_correct`` are right. SNJ's bound uses only the (ε, δ) point of the
-claim (a binomial tail); this one uses the whole trade-off curve f, which for a Gaussian-like
-mechanism is far tighter: at the same guesses it rejects much weaker claims.
+in with probability ½; the auditor makes ``n_guess`` guesses from pre-declared ranks, ``n_correct``
+are right. This test uses the whole trade-off curve f, not only the claim's (ε, δ) point, so for a
+Gaussian-like mechanism it rejects much weaker claims at the same guesses.
 
-The test (``audit_objective``: the paper's ``audit_rh_with_cap``, as in jax_privacy
-``auditing._epsilon_one_run_fdp``). With the inverse blow-up ``b(y) = f(1 − y)`` (the least
-probability an event can have without the canary if it has probability y with it, for a symmetric
-f), start at r = β·n_correct/m, h = β·(n_guess − n_correct)/m and iterate for i = n_correct − 1
-… 0: h ← max(h, b(r)), r ← min(r + i/(n_guess − i)·Δh, 1). If r + h > n_guess/m, then
-P[≥ n_correct right] ≤ β under any f-DP mechanism: the claim "f-DP" is rejected at level β.
-Rejection is monotone in f (a pointwise larger f makes b, hence h and r, larger), so in a nested
-family of claims the rejected ones are the strongest: their boundary is the audit's estimate.
-
-Two families:
-
-* ``epsilon_one_run_fdp`` (jax_privacy's estimator): the Gaussian curve G_μ through (ε, δ)
-  (μ = ``gaussian_mu(ε, δ)``), reported as ε: the largest ε whose G_μ is rejected. A test of
-  μ-GDP, not of (ε, δ): a mechanism that is (ε, δ)-DP need not be μ(ε, δ)-GDP (a subsampled
-  Gaussian's loss has a heavier tail), so it never judges a DP-SGD claim.
-* ``dpsgd_blow_up_inverse(σ, q, T)`` (what the white-box audit tests): the curve of the claimed
-  mechanism itself, T Poisson-subsampled (q) Gaussian steps of noise σ (sensitivity 1), from its
-  privacy profile δ(ε) (``dpsgd_privacy_profile``, both neighbour orders, a proven upper bound)
-  as f = sup_ε f_{ε,δ(ε)} (Dong, Roth & Su 2022, Prop. 2.12: a valid, symmetric lower bound of
-  the true curve). More noise is post-processing, so the family is nested in σ: ``dpsgd_sigma_bound``
-  returns σ̂, the smallest σ' in its range whose claim is rejected (every larger σ' is rejected
-  too). If the run is the claimed one, σ_claimed is rejected with probability ≤ β, so
-  P[σ̂ <= σ_claimed] <= β, i.e. P[ε(σ̂) >= ε(σ_claimed)] <= β for any accountant ε(·) decreasing
-  in σ. Bonferroni over K pre-declared guess sets: each at β/K (``claim_rejected``).
+Contract: ``audit_objective`` rejects "f-DP" at level β; rejection is monotone in f.
+``epsilon_one_run_fdp`` tests the Gaussian curve through (ε, δ) (μ-GDP: never a DP-SGD verdict);
+``dpsgd_sigma_bound`` returns σ̂, the smallest σ' whose claimed DP-SGD curve (σ', q, T) is
+rejected, with P[σ̂ <= σ_claimed] <= β when the run is the claimed one; ``claim_rejected``
+applies Bonferroni over pre-declared guess sets. The test, the two families and why each is
+valid: docs/audits.md ("The f-DP one-run test").
 
 The ported objective keeps jax_privacy's Apache-2.0 notice:
 
@@ -94,7 +75,7 @@ def gaussian_blow_up_inverse(mu: float) -> BlowUpInverse:
 def audit_objective(blow_up_inverse: BlowUpInverse, m: int, n_guess: int, n_correct: int,
                     significance: float) -> float:
     """> 0 iff ``n_correct`` right of ``n_guess`` guesses among m canaries rejects the f-DP claim
-    at level ``significance`` (module docstring; jax_privacy's ``audit_objective``)."""
+    at level ``significance`` (docs/audits.md; jax_privacy's ``audit_objective``)."""
     m, n_guess, n_correct = int(m), int(n_guess), int(n_correct)
     if not 0 <= n_correct <= n_guess <= m or m < 1:
         raise ValueError(f"need 0 <= n_correct <= n_guess <= m, got {n_correct}, {n_guess}, {m}")
@@ -114,7 +95,7 @@ def epsilon_one_run_fdp(m: int, n_guess: int, n_correct: int, significance: floa
     """jax_privacy's estimator: from ``eps_lo`` (rejected), doubling to a non-rejected ε, then the
     root of the objective between them (Brent) — an ε whose Gaussian curve G_{μ(ε, δ)} is rejected
     (the objective need not be monotone in ε, so the root found depends on ``eps_lo``, as in
-    jax_privacy); ``eps_lo`` when it is not rejected. A μ-GDP test (module docstring)."""
+    jax_privacy); ``eps_lo`` when it is not rejected. A μ-GDP test (docs/audits.md)."""
     if not 0 < significance < 1 or not 0 < delta < 1:
         raise ValueError(f"need 0 < significance, delta < 1, got {significance}, {delta}")
 
@@ -278,7 +259,7 @@ def dpsgd_sigma_bound(m: int, counts: Sequence[Tuple[int, int]], beta: float, q:
                       sigma_claimed: float, lo_factor: float = 1 / 8, hi_factor: float = 16.0,
                       rtol: float = 2e-3) -> Optional[float]:
     """σ̂: the smallest noise multiplier in [σ·lo_factor, σ·hi_factor] whose DP-SGD claim (q, T) the
-    guesses reject (all larger ones are rejected too: module docstring), by bisection in log σ to
+    guesses reject (all larger ones are rejected too: docs/audits.md), by bisection in log σ to
     ``rtol``; σ·lo_factor when even that is rejected; None when none in the range is (no evidence).
     With probability >= 1 − β the audited mechanism is not better than σ̂: σ̂ > σ_true."""
     def rejected(s: float) -> bool:

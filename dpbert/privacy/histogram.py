@@ -1,85 +1,19 @@
 r"""The DP vocabulary mechanism: Gaussian noise on tuple counts, then a threshold.
 
 The mechanism (Hoory et al. 2021, §3; Google's ``GaussianPartitionSelection`` with
-``max_partitions_contributed = N``)
--------------------------------------------------------------------------------------------
-h_w(D) is the number of privacy units' tuples of D that contain word w (a tuple counts each of
-its distinct words once). For every word with h_w(D) > 0, draw Z_w ~ N(0, σ²) independently and
-release ``(w, h_w + Z_w)`` iff h_w + Z_w ≥ C. Nothing else is released (not the number of
-distinct words, not any exact count). ``noise_and_threshold`` applies it to a batch of words.
+``max_partitions_contributed = N``): h_w(D) is the number of privacy units' tuples of D that
+contain word w (a tuple counts each of its distinct words once). For every word with h_w(D) > 0,
+draw Z_w ~ N(0, σ²) independently and release ``(w, h_w + Z_w)`` iff h_w + Z_w ≥ C. Nothing else
+is released (not the number of distinct words, not any exact count). ``noise_and_threshold``
+applies it to a batch of words.
 
-Neighbouring datasets and sensitivity
--------------------------------------
-Add/remove one privacy unit: D' = D + u. With ``unit = "tuple"`` u is one N-word tuple (m = 1);
-with ``unit = "patient"`` u is a patient's at most m = k tuples (the Beam job enforces the cap).
-Let Δ_w = h_w(D') − h_w(D). Each tuple adds 1 to at most N distinct words, so
-Δ_w ∈ {0, …, m} and Σ_w Δ_w ≤ mN. Hence L∞ sensitivity m and
-L2 sensitivity √(Σ Δ_w²) ≤ √(m · Σ Δ_w) ≤ √(m · mN) = m√N   (√N = 16 for a tuple, N = 256).
-
-Privacy: the per-configuration bound (derived here; used for ``epsilon``)
--------------------------------------------------------------------------
-Split the words of u into E (h_w(D) ≥ 1: already in D) and F (h_w(D) = 0: fresh), ℓ = |F|.
-
-1. Words outside E ∪ F have the same, independent output under D and D'; an identical
-   independent component does not change the hockey-stick divergence
-   H_a(P‖Q) = sup_S P(S) − a·Q(S), a = e^ε, so they can be ignored.
-2. On E the output is a coordinate-wise post-processing of the Gaussian vector
-   (h_w + Z_w)_{w∈E}, whose means differ by Δ_E with ‖Δ_E‖₂² ≤ m·Σ_E Δ_w ≤ m(mN − ℓ) (each
-   fresh word uses ≥ 1 of the budget mN). By post-processing, H_a(P_E‖Q_E) and H_a(Q_E‖P_E)
-   are ≤ δ_G(ε; σ, Δ_ℓ), Δ_ℓ = √(m(mN − ℓ)), the exact ("analytic") Gaussian δ of Balle & Wang
-   (2018, Thm. 8):  δ_G(ε; σ, Δ) = Φ(Δ/2σ − εσ/Δ) − e^ε Φ(−Δ/2σ − εσ/Δ).
-3. On F: under D no fresh word is ever released (it has no count); under D' each is released
-   independently with probability ≤ p = P[Z ≥ C − m] (its count is ≤ m), so some fresh word is
-   released with probability ≤ p_F = 1 − (1 − p)^ℓ. Write the F-part of D' as
-   (1 − p_F)·[none released] + p_F·R. For any event S, with S∅ its slice "no fresh word":
-     Q(S) − a P(S) ≤ (1 − p_F) Q_E(S∅) + p_F − a P_E(S∅) ≤ δ_G + p_F,
-     P(S) − a Q(S) ≤ P_E(S∅) − a (1 − p_F) Q_E(S∅)
-                   = (1 − p_F)[P_E(S∅) − a Q_E(S∅)] + p_F P_E(S∅) ≤ δ_G + p_F.
-So every neighbouring pair with ℓ fresh words satisfies (ε, δ_ℓ(ε)),
-    δ_ℓ(ε) = δ_G(ε; σ, √(m(mN − ℓ))) + 1 − (1 − p)^ℓ,
-and the mechanism is (ε, δ_M(ε))-DP with δ_M(ε) = max_{ℓ = 0..mN} δ_ℓ(ε)
-(``histogram_delta``); ``histogram_epsilon`` inverts it (the max is computed over every ℓ,
-no monotonicity is assumed).
-
-The split bound (Google's DP library convention) is the corollary
-δ_M(ε) ≤ δ_G(ε; σ, m√N) + mNp: with a threshold such that mNp = δ₂ and ε = ε_G(δ₁), the
-histogram is (ε_G(δ₁), δ₁ + δ₂)-DP; the library takes δ₁ = δ₂ = δ/2.
-
-Threshold (``threshold_for``, it takes the δ₂ given to the threshold)
----------------------------------------------------------------------
-correct:  C = m + σ·Φ⁻¹(1 − δ₂/(mN)), so p = P[Z ≥ C − m] = δ₂/(mN) and the union bound over the
-          ≤ mN fresh words gives mNp = δ₂. For m = 1: C = 1 + σΦ⁻¹(1 − δ/N)
-          = 1 + σ√2·erf⁻¹(1 − 2δ/N) = 1369.39 for σ = 200, δ₂ = 1e-9, N = 256
-          (1389.11 with δ₂ = δ/2 = 5e-10, the library's value).
-paper:    the printed C = 1 + σ·erf⁻¹(1 − δ/N) = 982.5 (it drops the √2 of Φ⁻¹ = √2·erf⁻¹(2x−1)):
-          p = P[Z ≥ 981.5] = Φ̄(4.907) = 4.6e-7 and mNp = 1.2e-4, the δ it really gives
-          (``actual_threshold_delta``), 10⁵ times the claimed 1e-9.
-
-The δ split (default: ``threshold_delta_fraction = 1``, the paper's Corollary 1, repaired)
-------------------------------------------------------------------------------------------
-``histogram_report(σ, δ, N)`` treats δ as the TOTAL δ of the released histogram, and gives
-δ₂ = f·δ to the threshold (f = ``threshold_delta_fraction``). The reported ``epsilon`` is the
-smallest ε with δ_M(ε) ≤ δ (per-configuration bound). With f = 1 the ℓ = mN term is
-1 − (1 − p)^{mN} < mNp = δ, and for σ = 200, N = 256, δ = 1e-9 the max is attained at ℓ = 0:
-ε = ε_G(1e-9; 200, 16) = 0.4242 at C = 1369.4, with total δ = 1e-9 (not 2e-9). This default is
-chosen because (i) it is what the configuration documents and the CLI promises
-(C = 1 + σΦ⁻¹(1 − δ/N) = 1369.4), (ii) it dominates the library's split at the same total δ
-(0.424 < 0.434, and a lower threshold releases more words), and (iii) ``delta`` stays the true
-total δ. f = 0.5 reproduces the library: C = 1389.1 and ``epsilon_split`` = ε_G(δ/2) = 0.434
-(checked against ``pydp`` in the tests; ``epsilon`` is then still the per-configuration 0.424).
-The split bound is what the ledger uses to compose the vocabulary with DP-SGD
-(``dpbert.accounting.accountant``): Gaussian event σ/(m√N) in one PLD with the training events,
-plus the threshold's δ₂ = mNp.
-
-Classic bound, for comparison
------------------------------
-ε_classic = Δ/σ·√(2 ln(1.25/δ)) (Dwork & Roth 2014, Thm. A.1, valid only for ε < 1):
-16/200·√(2 ln 1.25e9) = 0.518 — the paper's number; ≥ the exact ε.
-
-Caveats: the noise is numpy's floating-point normal sampler, not a "secure" discrete sampler
-(Mironov 2012's floating-point attack applies in principle to any such implementation);
-``pydp``'s ``GaussianPartitionSelectionStrategy.noised_value_if_should_keep`` is a drop-in
-alternative if that matters.
+Contract: a unit (a tuple, or a patient's at most m = k tuples) changes at most mN counts by at
+most m each (L2 sensitivity m√N). ``histogram_delta`` / ``histogram_epsilon`` give the exact
+per-configuration (ε, δ) (the max over the number of fresh words, no monotonicity assumed);
+``threshold_for`` the threshold C for the δ₂ given to it (``correct``, or the paper's printed
+``paper`` value, whose real δ is ``actual_threshold_delta``); ``histogram_report`` the release's
+figures with δ the TOTAL δ of the histogram. The derivation, the δ split, the threshold and the
+classic bound for comparison: docs/privacy.md ("The DP vocabulary's derivation").
 """
 from __future__ import annotations
 
@@ -108,7 +42,7 @@ def _max_contributions(value) -> int:
 
 
 def sensitivity_l2(tuple_words: int, max_contributions: int = 1) -> float:
-    """L2 sensitivity m√N of the count vector (derivation in the module docstring)."""
+    """L2 sensitivity m√N of the count vector (derivation in docs/privacy.md)."""
     return _max_contributions(max_contributions) * math.sqrt(_tuple_words(tuple_words))
 
 
@@ -228,7 +162,7 @@ def _invert(delta_of_epsilon, delta: float) -> float:
 
 def histogram_delta(epsilon: float, sigma: float, threshold: float, tuple_words: int,
                     max_contributions: int = 1) -> float:
-    """δ_M(ε) = max over ℓ = 0..mN of δ_G(ε; σ, √(m(mN − ℓ))) + 1 − (1 − p)^ℓ (module docstring)."""
+    """δ_M(ε) = max over ℓ = 0..mN of δ_G(ε; σ, √(m(mN − ℓ))) + 1 − (1 − p)^ℓ (docs/privacy.md)."""
     epsilon = _checks.non_negative("epsilon", epsilon)
     sigma = _checks.positive("sigma", sigma)
     n = _tuple_words(tuple_words)
@@ -274,7 +208,7 @@ def histogram_report(sigma: float, delta: float, tuple_words: int, threshold_mod
       max_contributions: m = 1 for a tuple, k for a patient with ≤ k tuples.
       threshold_delta_fraction: f ∈ (0, 1]: the threshold is computed from δ₂ = f·δ. Default 1
         (the paper's Corollary 1, C = 1369.4 for 200/1e-9/256); 0.5 is Google's DP library
-        split (C = 1389.1). See the module docstring for why the default is 1.
+        split (C = 1389.1). See docs/privacy.md for why the default is 1.
       unit: ``tuple`` or ``patient``; default ``tuple`` if m = 1 else ``patient``.
 
     Returns a dict:
@@ -287,7 +221,7 @@ def histogram_report(sigma: float, delta: float, tuple_words: int, threshold_mod
       threshold_tail_per_word — p = P[N(0,σ²) ≥ C − m] (C − 1 for a tuple),
       delta_gaussian — δ_G(epsilon; σ, m√N), the Gaussian part's δ alone at ``epsilon``. The two
         parts are not added: a neighbouring pair pays for each of its words either the Gaussian
-        (word already present) or the threshold (fresh word); see the module docstring,
+        (word already present) or the threshold (fresh word); see docs/privacy.md,
       epsilon_split, delta_gaussian_split — the split bound ε_G(δ − δ₂) at δ₁ = δ − δ₂ (Google's
         convention; inf when f = 1 leaves nothing to the Gaussian),
       epsilon_classic (at ``delta``, the paper's formula) and epsilon_classic_valid (< 1),

@@ -7,24 +7,10 @@ its exposure, ``dpbert.evaluate.canary``); the auditor guesses "in" for the ``k+
 scores, "out" for the ``k-`` lowest and abstains on the rest. ``r = k+ + k-`` guesses, ``v`` of
 them correct.
 
-The bound (the paper's main theorem, Theorem 3.1, which covers δ >= 0; the same p-value as the
-authors' reference code — the appendix's ``p_value_DP_audit`` and jax_privacy's one-run auditor —
-against which the formula below was cross-checked): if training is (ε, δ)-DP with respect to the
-canaries then, with ``q = e^ε / (1 + e^ε)`` and ``f(v) = P[Binomial(r, q) >= v]``,
-
-    P[W >= v]  <=  f(v) + 2 m δ · max_{i = 1..m} (f(v - i) - f(v)) / i              (★)
-
-(for ``i >= v`` the ratio is ``(1 - f(v)) / i``, largest at ``i = v``, so the max runs over
-``i = 1..v``). With δ = 0 this is the pure-DP statement ``P[W >= v] <= P[Binomial(r, q) >= v]``.
-The right-hand side is the p-value :func:`p_value` of the hypothesis "training is (ε, δ)-DP".
-
-:func:`epsilon_lower_bound` reports ``ε̂ = inf{ε >= 0 : p_value(ε) > β}``, the smallest ε the
-data cannot reject at level β. For δ = 0 the p-value increases with ε (binomial tails are
-stochastically ordered in q) and this is the usual ``sup{ε : f_ε(v) <= β}``; for δ > 0 the
-δ term can decrease in ε, so taking the FIRST ε that is not rejected (found by a grid scan,
-then bisection) rather than the largest rejected one is the conservative reading: ε̂ > ε* (the
-true ε) implies that ε* itself was rejected, which has probability <= β. Hence
-``P[ε̂ > ε*] <= β``.
+Contract: :func:`p_value` is the p-value of "training is (ε, δ)-DP" by the paper's Theorem 3.1
+(δ >= 0; cross-checked against the authors' reference code); :func:`epsilon_lower_bound` reports
+the smallest ε the data cannot reject at level β, so ``P[ε̂ > ε*] <= β``. The derivation:
+docs/audits.md ("The one-run bound").
 
 Choosing k: the bound is valid for ``k+``/``k-`` fixed before the scores are seen. Trying
 several and reporting the best inflates the bound; :func:`audit_best_of` evaluates each of
@@ -95,7 +81,7 @@ def p_value(epsilon: float, r: int, v: int, delta: float = 0.0, m: Optional[int]
 def epsilon_lower_bound(r: int, v: int, beta: float = 0.05, delta: float = 0.0,
                         m: Optional[int] = None, *, epsilon_max: float = 100.0,
                         grid_points: int = 400) -> float:
-    """``inf{ε >= 0 : p_value(ε; r, v, δ, m) > β}`` (module docstring): with probability at least
+    """``inf{ε >= 0 : p_value(ε; r, v, δ, m) > β}`` (docs/audits.md): with probability at least
     ``1 - β`` the true ε of an (ε, δ)-DP training run is at least this. ``m`` (number of
     canaries) is required when ``delta > 0``. 0 when even ε = 0 is not rejected (e.g.
     ``v <= r / 2``)."""
@@ -215,7 +201,7 @@ def assert_audit_consistent(lower, upper: float, tol: float = 1e-9) -> None:
     """Raise :class:`AuditInconsistencyError` if the empirical lower bound exceeds the
     accountant's upper bound (beyond ``tol``), or either is NaN. ``lower``: a float or an audit
     dict (its ``"epsilon_lower_bound"``). Both must be for the same δ and neighbouring relation
-    (module docstring)."""
+    (docs/audits.md)."""
     if isinstance(lower, dict):
         lower = lower["epsilon_lower_bound"]
     lower, upper = float(lower), float(upper)

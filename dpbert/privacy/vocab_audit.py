@@ -1,65 +1,18 @@
 r"""Distinguishing test of the DP vocabulary: an empirical (ε, δ) LOWER bound.
 
-What runs
----------
-The production mechanism, ``dpbert.privacy.histogram.noise_and_threshold`` (the function the
-Beam job ``dpbert/vocab/beam_histogram.py`` calls on every shard), with the configured σ and the
-configured threshold C (``histogram.histogram_report``: ``threshold_for`` in the configured
-``threshold_mode``), on two neighbouring histograms, ``trials`` times each:
+It runs the production mechanism, ``dpbert.privacy.histogram.noise_and_threshold`` (the function
+the Beam job ``dpbert/vocab/beam_histogram.py`` calls on every shard), with the configured σ and
+threshold C, on two neighbouring histograms ``trials`` times each: D, and D′ = D + one tuple u of
+N words (ℓ of them fresh). Clopper–Pearson intervals on the events "the privacy loss of the
+CLAIMED mechanism exceeds λ" (and "a fresh word is released", probability exactly 0 under D)
+bound δ(ε) from below for every ε at once.
 
-* D: a few background words (counts around C; identical in D and D′, so irrelevant to the
-  statistic but released sometimes, as in a real run) and the ``N − ℓ`` words of the added tuple
-  that D already contains (count ``existing_count``);
-* D′ = D + one tuple u of N words: those N − ℓ counts + 1, and ℓ FRESH words (count 1).
-
-Trials are vectorised: one call gets every (trial, word) pair as its own word (labels
-``0 … trials·W − 1``; one independent draw each, exactly as the function draws one per word),
-in chunks of ``chunk_words``.
-
-Statistic and events
---------------------
-For an output o let L(o) = log p_D′(o)/p_D(o) be the privacy loss computed from the CLAIMED
-mechanism (σ, C): +∞ if o contains a fresh word; otherwise the sum over the existing words w of
-u of (2(y_w − h_w) − 1)/(2σ²) if w was released with noisy count y_w and
-log Φ((C − h_w − 1)/σ) − log Φ((C − h_w)/σ) if not (background words cancel). For a
-pre-declared grid of levels λ (from the claimed mechanism only) the events S_λ = {L > λ} give,
-for EVERY ε, the definition of (ε, δ)-DP applied to S_λ:
-
-    δ(ε) ≥ P_D′[S_λ] − e^ε P_D[S_λ].
-
-P_D′[S_λ] is bounded below and P_D[S_λ] above by one-sided Clopper–Pearson intervals
-(``scipy.stats.beta``); with the λ = ∞ event (a fresh word released) that is 2K + 1 intervals,
-each at β/(2K + 1) (Bonferroni), so with probability ≥ 1 − β all of them hold at once and
-
-    δ(ε) ≥ δ_lo(ε) = max( p_F,lo , max_λ [lo′_λ − e^ε hi_λ] )        for every ε at once,
-
-where p_F,lo is the lower bound on P_D′[some fresh word released]: under D that event has
-probability EXACTLY 0 — D does not contain the fresh words and the mechanism can only release
-words it is given (checked on every output) — so it needs no estimate under D, and it bounds δ
-for every ε, including ε = ∞. Reported: ``delta_lower_bound`` = δ_lo(ε_claimed),
-``epsilon_lower_bound`` = sup{ε : δ_lo(ε) > δ_claimed} (closed form
-max_λ log((lo′_λ − δ_claimed)/hi_λ); ∞ when p_F,lo > δ_claimed, 0 when nothing exceeds it) and
-``flagged`` = δ_lo(ε_claimed) > δ_claimed (the claim (ε, δ) is refuted at confidence 1 − β).
-Under an honest mechanism ``flagged`` happens with probability ≤ β.
-
-What the test can and cannot show
----------------------------------
-* It can show a fresh-word release rate above the claimed δ: ``threshold_mode: paper`` at the
-  production σ = 200, δ = 1e-9, N = 256 releases some fresh word of a tuple with probability
-  1 − (1 − 4.6e-7)^256 = 1.18e-4; 10⁵ trials (2.6·10⁷ draws, seconds) see ≈ 12 and bound
-  δ ≥ ≈ 5e-5 ≫ 1e-9. It can show a too-small noise (the privacy-loss tail) where the claimed
-  (ε, δ) is in reach: e.g. σ/3 at σ = 4, N = 16, δ = 1e-5 (claimed ε = 4.38, real δ ≈ 0.39).
-* It cannot show anything below its resolution: an event of probability p is seen at least
-  once in ``trials`` runs with probability ½ only for p ≈ 0.69/trials (``detection_floor``;
-  7e-6 at 10⁵ trials), and one event bounds δ from below by only ≈ (β/(2K + 1))/trials
-  (``smallest_reportable_delta``). The honest threshold's δ = 1e-9 and the Gaussian part at
-  σ = 200 (ε = 0.42, δ = 1e-9) are ≈ 10⁴ times below the floor: "not flagged" means "no
-  violation above the resolution", never "(ε, δ)-DP".
-* It tests ONE neighbouring pair (the chosen D, ℓ, counts), not the supremum over all pairs
-  (``histogram.histogram_delta`` maximises over ℓ analytically; ℓ = N, the default, is the
-  worst case for the threshold). It exercises the noise + threshold function only — not the
-  Beam job's counting, sharding, per-word seeding or per-patient contribution cap — and not the
-  floating-point sampler's low-order bits (Mironov 2012).
+Contract: ``delta_lower_bound``, ``epsilon_lower_bound`` and ``flagged`` (the claim (ε, δ) is
+refuted at confidence 1 − β; an honest mechanism is flagged with probability ≤ β). The test
+cannot see below its resolution (``detection_floor``, ``smallest_reportable_delta``): "not
+flagged" means "no violation above the resolution", never "(ε, δ)-DP"; it tests one neighbouring
+pair and the noise + threshold function only. The statistic, the events and what it can and
+cannot show: docs/audits.md ("The vocabulary test in detail").
 """
 from __future__ import annotations
 
@@ -125,7 +78,7 @@ def _run(mechanism: Callable, counts: np.ndarray, trials: int, sigma: float, thr
 
 def _privacy_loss(trial, slot, value, trials: int, existing_slots: np.ndarray, counts_d: np.ndarray,
                   fresh_slots: np.ndarray, sigma: float, threshold: float) -> np.ndarray:
-    """L(o) per trial (module docstring), +inf when a fresh word was released."""
+    """L(o) per trial (docs/audits.md), +inf when a fresh word was released."""
     loss = np.zeros(trials)
     if existing_slots.size:
         h = counts_d[existing_slots].astype(np.float64)
@@ -204,7 +157,7 @@ def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, thre
                               beta: float = 0.05, levels: Optional[Sequence[float]] = None,
                               seed: Optional[int] = None, mechanism: Optional[Callable] = None,
                               chunk_words: int = CHUNK_WORDS) -> Dict[str, object]:
-    """Run the distinguishing test (module docstring) for the vocabulary configuration
+    """Run the distinguishing test (docs/audits.md) for the vocabulary configuration
     (``vocab.sigma``, ``vocab.delta``, ``privacy.tuple_words``, ``vocab.threshold_mode``,
     ``vocab.threshold_delta_fraction``; unit = one tuple).
 

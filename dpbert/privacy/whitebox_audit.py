@@ -1,54 +1,16 @@
-r"""White-box one-run audit of DP-SGD with gradient canaries: the canaries, the scores and
-the audit's power — the math. The training harness that runs real DP-SGD steps with these canaries
-is ``dpbert.evaluate.whitebox`` (module docstring there: what runs, which variable, what the audit
-can and cannot detect); the ε lower bound is ``dpbert.privacy.one_run_audit``.
+r"""White-box one-run audit of DP-SGD with gradient canaries: the canaries, the scores and the
+audit's power — the math. The training harness that runs real DP-SGD steps with these canaries is
+``dpbert.evaluate.whitebox``; the ε lower bound is the f-DP one-run test
+(``dpbert.privacy.fdp_audit``), with ``dpbert.privacy.one_run_audit``'s (ε, δ) bound next to it.
 
-Canaries (m of them; vectors, no forward/backward pass each): c_i = C/√d' · s ⊙ H[π_i], a row
-of the d' × d' Sylvester–Hadamard matrix H (entries ±1) with secret random signs s and a secret
-random choice π of m ≤ d' distinct rows (``canary_layout``, from a secret key). Each has norm
-exactly C — a valid clipped per-example gradient, so adding/removing canary i is exactly the
-add/remove-one neighbour the accountant charges — and they are mutually ORTHOGONAL and dense
-(every coordinate ±C/√d'). Any fixed set of norm-C vectors gives a valid audit (the theorem
-needs only the independent ½ inclusions); orthogonality removes the canary-to-canary cross-talk
-that random directions have (≈ √(#canaries sampled per step / d') per step: 0.12 at the demo's
-228 canaries per step and d' = 16384). Measured on the demo configuration (450 steps, m = 10⁴):
-with random directions the noise-off positive control reached 3.88 < ε = 4.97 (3952 of 4000
-guesses right: the excluded canaries' scores spread by the cross-talk); with orthogonal
-canaries it exceeds it (README, "Privacy audits"). Sums and projections are one fast
-Walsh–Hadamard transform per step (``fwht``): O(T·d' log d') instead of O(T·m·d'), nothing of
-size m·d' in memory. Canary i is included with probability ½ (``one_run_audit.draw_inclusion``)
-and, when included, is a unit of its own of the audited run's sampler (the harness enrols it), so
-it is Poisson-sampled with the run's q independently at every step, like a real unit;
-``canary_sum_t = Σ_{i included, sampled at t} c_i``.
-
-Score (white-box, the log-likelihood ratio): with y_{i,t} = ⟨g̃_t, c_i⟩/C² (≈ N(1, σ²) if canary
-i was in step t's batch, N(0, σ²) if not, up to cross-talk),
-    s_i = Σ_t log(1 − q + q·exp((y_{i,t} − ½)/σ²))          (``np.logaddexp``: stable)
-with σ = the σ the ledger CLAIMS (``noise_multiplier``). Guesses: the 12 pre-declared (k₊, k₋) of
-``whitebox_k_grid(m)``. The reported bound is the f-DP one-run test (``dpbert.privacy.fdp_audit``,
-Mahloujifar, Melis & Chaudhuri 2025) of the claimed DP-SGD trade-off curve (σ, q, T), Bonferroni
-over the 12 guess sets at confidence 1 − β (``fdp_sigma_bound``: σ̂, then ε(σ̂) by the accountant);
-Steinke, Nasr & Jagielski 2023's (ε, δ) bound (``one_run_audit.audit_best_of``) is kept next to it
-for reference. Why: SNJ's test sees only the (ε, δ) point, and a quarter of the included canaries
-never take part at q·T = 1.37, so its noise-off control stayed at 0.98 × the demo's claim; the
-f-DP test knows the claimed curve, subsampling included, and its noise-off control reaches 2.78 ×
-(docs/audits.md). The grid depends on m only: k = 2, 5, 10, 20, 40, 45 % of m, one-sided (k, 0) and symmetric (k, k).
-Its largest choice is (45 %, 45 %), not the black-box grid's (50 %, 50 %): that one can be all
-right only when exactly m/2 canaries are included (a ½-draw misses by ≈ √m/2), so a perfect
-scorer is capped below it.
-
-Power (``weakest_detected_noise_factor``): the largest factor s < 1 (steps of 0.05) such that
-the ideal audit (``simulate_scores``: no cross-talk, no real gradient) of a release with noise σ·s
-is expected to refute the claim (median of 5 simulated runs): 0.5 at the demo's (q, σ, T) with
-m = 2,000, 0.55 with m = 10⁴. A break between that factor and 1 is not expected to be seen.
-
-The harness returns next to it ``epsilon_upper_bound``, the accountant's ε of the SAME
-(σ_claimed, q, T) at δ (``accountant.dpsgd_epsilon``, PLD) — a lower bound above it means the
-implementation or the ledger is wrong (or, with probability ≤ β, bad luck;
-``one_run_audit.assert_audit_consistent``) — and ``max_reachable_lower_bound`` (here), the bound with every guess right for this m, δ, β and k-grid
-(white-box grid: ≈ 4.98 / 5.50 / 5.51 for m = 10³ / 2·10³ / 10⁴ at δ = 1e-5, 95 %; the
-black-box grid's 2.87 at m = 10²): a claimed ε above it cannot be refuted by this audit whatever
-the implementation does.
+Contract: m canaries of norm exactly C, mutually orthogonal (secret signed rows of a Hadamard
+matrix, ``canary_layout``: adding or removing one is the add/remove-one neighbour the accountant
+charges), each included with probability ½ and Poisson-sampled like a real unit; scores are the
+log-likelihood ratios at the σ the ledger CLAIMS, guessed on the pre-declared
+``whitebox_k_grid(m)``; ``weakest_detected_noise_factor`` is the audit's power and
+``max_reachable_lower_bound`` the bound with every guess right (a claimed ε above it cannot be
+refuted). The canaries' layout, the score, the guess grid and the power, with measured values:
+docs/audits.md ("The canaries, the scores and the power").
 """
 from __future__ import annotations
 
@@ -153,7 +115,7 @@ def _max_reachable(m: int, beta: float, delta: float, candidates: Tuple[Tuple[in
     return max(one_run.epsilon_lower_bound(kp + km, kp + km, per_beta, delta, m) for kp, km in candidates)
 
 
-#: The white-box audit's pre-declared guess fractions (module docstring: why 45 %, not 50 %).
+#: The white-box audit's pre-declared guess fractions (docs/audits.md: why 45 %, not 50 %).
 WHITEBOX_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.4, 0.45)
 
 
@@ -165,7 +127,7 @@ def whitebox_k_grid(m: int):
 def max_reachable_lower_bound(m: int, beta: float = 0.05, delta: float = 0.0,
                               candidates: Optional[Sequence[Tuple[int, int]]] = None) -> float:
     """The bound ``audit_best_of`` reports when every guess is right: max over the k-grid of
-    ``epsilon_lower_bound(r, r, β/K, δ, m)``, r = k₊ + k₋ (the audit's power; module docstring).
+    ``epsilon_lower_bound(r, r, β/K, δ, m)``, r = k₊ + k₋ (the audit's power; docs/audits.md).
     An idealisation: the (m/2, m/2) choice can be all right only if exactly m/2 canaries are in,
     so a real draw (±√m/2) stays a little below it even with perfect scores."""
     m = int(m)

@@ -1,46 +1,20 @@
 """PrivacyAudit's stage and ``dpbert audit``: the empirical privacy audits of a configuration.
 
 * ``audit_training``: the white-box one-run audit of the configured DP-SGD training
-  (``dpbert.evaluate.whitebox``): the trainer's own loop (``build_training``: the configured model,
-  trainable set, unit and sampler, σ, C, B, steps, P, T, δ_T, plan over the public n with the
-  holdout) with m gradient canaries enrolled as extra units of the run's sampler; optionally its
-  positive control (the same run's sums read before the noise: public rows only).
+  (``dpbert.evaluate.whitebox``): the trainer's own loop with m gradient canaries enrolled as extra
+  units of the run's sampler; optionally its positive control (the same run's sums read before the
+  noise: public rows only).
 * ``audit_vocabulary``: the distinguishing test of the vocabulary mechanism
   (``dpbert.privacy.vocab_audit``) at the configured (σ, δ, N, threshold mode), plus its positive
   control (the same test of ``threshold_mode: paper``, whose real δ is far above its claim).
 
-Which rows and which tokenizer
-------------------------------
-The audit is a statement about the MECHANISM (loop, sampler, noise placement, step count), not
-about the data: canaries are units of their own whose whole contribution is a vector of norm C,
-so any rows give a valid audit; the real rows add the interference a real run has.
-
-* The DAG component (``components/audit.py``) audits on the EMBEDDED SYNTHETIC corpus (public
-  code, public seed: ``corpus.synthetic``) tokenized with the run's DP vocabulary (released).
-  Its outputs are post-processing of public data and released values: a released artifact.
-* ``dpbert audit`` audits on the configured corpus (the embedded one when none is configured).
-  On the embedded corpus it may learn a WordPiece from the corpus's exact counts (public text).
-  On a user's corpus the audited run is DP-SGD on private rows — a DP release — so:
-
-  - its vocabulary is never one learnt from that corpus's exact counts (not DP): it is a DP
-    vocabulary already released and charged (``vocabulary_dir``: a DPVocabulary folder whose
-    ``dp_event.json`` is a DP histogram's or a public record; the vocabulary stage reserved it in
-    the dataset's ledger when it ran) or the public checkpoint's (``vocab.source: public``);
-  - its n is public (``training.dataset_size`` / ``training.dataset_patients``): the charged
-    record holds q = B/n, and a q from the exact count would reveal it;
-  - its DP-SGD record is RESERVED in the dataset's ledger (``dpbert.accounting.target``) before the first
-    step and finalized with the executed record after: over the budget nothing is trained
-    (``BudgetRefused``); a run that fails midway stays charged at its planned size. A corpus
-    without an identity (``corpus.dataset_id``) is refused;
-  - the report is operator-only (``private`` = 1, ``release`` says so) and
-    ``--positive-control`` is refused.
-
-  On the embedded corpus the same reservation is made in the synthetic corpus's ledger unless
-  ``charge=False`` (``--no-charge``), which a user's corpus refuses.
-
-Units beyond the planned n are not used (the first n, a public cut): the audited run's batches
-then have the configured expected size q·n, and the audit costs what the training costs plus the
-canary units (≈ q·m/2 empty units per step).
+Contract: the audit is a statement about the MECHANISM, not the data, so any rows give a valid
+audit. On a user's corpus the audited run is a DP release: its vocabulary is one already released
+and charged (or the public one), its n is public, its DP-SGD record is reserved in the dataset's
+ledger before the first step (``BudgetRefused`` over the budget; a corpus without
+``corpus.dataset_id`` is refused), the report is operator-only and the positive control is
+refused. Which rows and which tokenizer each path uses, and what the audit costs: docs/audits.md
+("Which rows the audit trains on").
 """
 from __future__ import annotations
 
@@ -91,10 +65,10 @@ class AuditRows:
 
 
 def audit_rows(config: Config, tokenizer=None, *, public_only: bool = False) -> AuditRows:
-    """The audit's rows (module docstring). ``public_only``: the embedded synthetic corpus whatever
+    """The audit's rows (docs/audits.md). ``public_only``: the embedded synthetic corpus whatever
     ``corpus.path`` says (the DAG component). ``tokenizer``: the run's DP vocabulary; None learns a
     WordPiece of ``vocab.size`` from the rows' exact counts — public rows only (ConfigError on a
-    user's corpus: not DP, module docstring)."""
+    user's corpus: not DP, docs/audits.md)."""
     from dpbert.data import corpus, splits, tuples
     from dpbert.vocab import wordpiece
 
@@ -117,7 +91,7 @@ def audit_rows(config: Config, tokenizer=None, *, public_only: bool = False) -> 
 
 
 def audit_vocabulary_source(config: Config, vocabulary_dir: Optional[str] = None):
-    """(tokenizer or None, what it is) for ``audit_training`` (module docstring): the DPVocabulary
+    """(tokenizer or None, what it is) for ``audit_training`` (docs/audits.md): the DPVocabulary
     folder ``vocabulary_dir`` (its record checked), else on a user's corpus the public checkpoint's
     vocabulary (``vocab.source: public``), else None (the embedded corpus's exact WordPiece: public).
     ConfigError on a user's corpus without either."""
@@ -209,7 +183,7 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
     ``vocabulary`` (what ``tokenizer`` is), ``upper_bound_of`` and ``differs``.
 
     ``charge``: reserve the run in the dataset's ledger before it trains and finalize it after
-    (module docstring); False only for public rows. ``positive_control``: also score the same run's sums before the noise — refused on a user's
+    (docs/audits.md); False only for public rows. ``positive_control``: also score the same run's sums before the noise — refused on a user's
     corpus (not private). ``progress``: the trainer's progress line (DP estimates only).
     ``epsilon_upper_bound`` is the accountant's ε of the GRADIENT release
     (σ, q, T) at δ_T: with ``training.dp_diagnostics`` the ledger's ε_T is larger, so comparing

@@ -3,43 +3,14 @@ NER entity F1 (mean ± std over ``ner.seeds`` fine-tuning seeds, Hoory et al.'s 
 rows ``random``, ``public`` (the public start, when ``model.init: minilm``), ``dp`` and
 ``non_private`` (with the baseline), and the gain kept (``dpbert.evaluate.utility``).
 
-The held-out text is freshly generated synthetic notes (a seed no training run uses): public by
-construction, in the training domain, never trained on. The NER data is public: the primary
-column (``ner.task``) is the bundled BC5CDR subset (or the user's ``ner.train_path`` /
-``ner.test_path``) or the in-domain synthetic task; the second column (``ner.synthetic_column``)
-is the in-domain synthetic task — the analogue of the paper's i2b2-2010: problem / test /
-treatment mentions in notes of FRESH synthetic patients (``dpbert.data.synthetic.ner_sentences``:
-a stream no corpus uses), a few hundred training sentences, test mentions half from held-out
-lexicon entries. The dev split of early stopping is carved from each task's TRAINING sentences
-(``ner.dev_fraction``), never from the test split.
-
-The ``public`` row is rebuilt exactly as the DP trainer builds its start
-(``dpbert.model.public_warmup.public_start_weights``: the checkpoint's first ``model.public_layers``
-layers, the run's vocabulary, ``model.public_warmup_steps`` of MLM warm-up on the shipped public
-text with ``training.seed``): it reads no private artifact. With ``model.init: random`` the public
-start IS the ``random`` row, so there is no ``public`` row and the gains are measured from
-``random`` (``utility.reference``).
-
-Measured (``benchmarks/ner_utility.py``; the installed all-MiniLM-L6-v2 with the public
-WordPiece vocabulary, no warm-up; 900 training + 100 dev sentences of the bundled BC5CDR subset,
-tested on its 300 test sentences; CPU, 2 cores shared with other jobs, TF 2.16):
-
-=======================  ==========================  =========  ===================================
-encoder                  recipe                      test F1    cost (one fine-tuning / probe)
-=======================  ==========================  =========  ===================================
-6 layers (all)           finetune, lr 2e-4, 3 epochs 0.669      ≈ 120 s per epoch
-2 layers                 finetune, lr 3e-4 (best     0.642      ≈ 56 CPU-s per epoch (≈ 30-60 s)
-                         dev epoch 4 of 6)
-2 layers                 finetune, lr 1e-4, 6 epochs 0.638
-2 layers                 probe, lr 0.01, ≤ 30 ep.,   0.478 ±    ≈ 15 s of features per model, then
-                         patience 5, 3 seeds         0.016      2-3 s per seed
-6 layers (all)           probe, same                 0.417
-=======================  ==========================  =========  ===================================
-
-(Chemical ≈ 0.69, Disease ≈ 0.60-0.63 fine-tuned.) The batches are cut to their longest window
-(35 pieces per sentence on average, 161 at most): ~3× fewer positions than padding to 128.
-A utility table is 4 rows × ``ner.seeds`` fine-tunings: with fine-tuning that is tens of minutes
-for a MiniLM on 2 cores, so the demo uses ``ner.mode: probe`` (the encoder runs once per row).
+Contract: every input of the table is public — freshly generated held-out notes (a seed no
+training run uses), public NER data (the bundled BC5CDR subset, the user's ``ner.train_path`` /
+``ner.test_path``, or the in-domain synthetic task on fresh synthetic patients), a dev split
+carved from each task's TRAINING sentences, and a ``public`` row rebuilt exactly as the DP trainer
+builds its start (``dpbert.model.public_warmup.public_start_weights``); with ``model.init:
+random`` there is no ``public`` row and the gains are measured from ``random``. The data, the
+rows and measured F1 and cost per recipe: docs/benchmarks.md ("The utility table's NER
+evaluation").
 """
 from __future__ import annotations
 
