@@ -237,7 +237,7 @@ def _tokenizer_files(directory: str, spec) -> Dict[str, bytes]:
     return files
 
 
-def _spec(model_dir: str):
+def model_spec(model_dir: str):
     """The ``BertSpec`` in a model folder's ``model_config.json``."""
     from dpbert.model import bert as bert_lib
 
@@ -291,7 +291,7 @@ def cmd_export(args) -> int:
     if why is not None and not args.allow_private:
         raise UserError(f"{why}: refused (a model that is not shown DP is operator-only; --allow-private "
                         "exports it marked private)")
-    public_table, _ = _public_table(args, source, _spec(model_dir))  # before the model is built
+    public_table, _ = _public_table(args, source, model_spec(model_dir))  # before the model is built
     models = hf_layout.load_dpbert(model_dir)
     positions = models.spec.max_seq_length if public_table is None else int(public_table.shape[0])
     privacy = {"differentially_private": False} if why is not None else {"differentially_private": True,

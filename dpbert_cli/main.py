@@ -263,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     from dpbert_cli.predict import add_predict_parser  # fill-mask on a text (dpbert.evaluate.fill_mask)
 
     add_predict_parser(sub)
+
+    from dpbert_cli.readout import add_readout_parser  # did the model learn? (dpbert.evaluate.readout)
+
+    add_readout_parser(sub)
     return parser
 
 
