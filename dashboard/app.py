@@ -45,6 +45,7 @@ from dashboard import views
 from dpbert import metadata, schema
 from dpbert.release import released_view
 from dpbert.report import build_report
+from dpbert.report_model import read_report
 
 log = logging.getLogger("dpbert.dashboard")
 
@@ -148,14 +149,14 @@ def create_app(metadata_path: Optional[str], *, allowed_hosts: Optional[Sequence
 
     def run_detail(request: Request) -> Response:
         run = find_run(request.path_params["run_id"])
-        return page(request, "run.html", views.run_page(run, build_report(run)))
+        return page(request, "run.html", views.run_page(run, read_report(run)))
 
     def plot(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in PLOTS:
             raise HTTPException(status_code=404, detail="no such plot")
         run = find_run(request.path_params["run_id"])
-        report = build_report(run)
+        report = read_report(run)
         if not views.plots_available(run, report)[name]:
             raise HTTPException(status_code=404, detail="not in this run")
         if name == "dag":
@@ -168,7 +169,7 @@ def create_app(metadata_path: Optional[str], *, allowed_hosts: Optional[Sequence
             args = (views.released_loss_curve(report), None, views.released_loss_steps(report))
         elif name == "loss_comparison":  # operator-only: with the non-private baseline's
             args = (views.loss_curves(run, report),
-                    views.number(report["pretraining"].get("non_dp_final_mlm_loss")),
+                    views.number(report.pretraining.non_dp_final_mlm_loss),
                     views.loss_steps(run, report))
         elif name == "exposure":
             args = (views.exposure_groups(report),)

@@ -18,7 +18,7 @@ import posixpath
 from typing import Any, Dict, List, Mapping, Optional
 
 from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
-from dpbert.report import DATASET_RULE_LABELS
+from dpbert.report_model import DATASET_RULE_LABELS
 
 
 class NoLedger(LookupError):

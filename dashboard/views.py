@@ -1,8 +1,8 @@
 """What the pages show, built from a ``RunInfo`` and its report: plain data, no I/O, no web code.
 
-Every function here tolerates missing artifacts and properties (the DAG grows component by
-component; older runs lack newer properties): absent data becomes ``None`` / an empty list, and
-the templates say "not in this run".
+The report is ``dpbert.report_model.RunReport`` (read once from the run's properties, older runs
+included: absent data is ``None`` / empty and the templates say "not in this run"); the
+functions here render its attributes. A report document (its ``to_json()``) is accepted too.
 
 Privacy rules applied here (the templates only escape and lay out):
 - an artifact is private when its ``private`` custom property is set, or its type is a known
@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import datetime
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from dpbert import schema
 from dpbert.metadata import ArtifactInfo, RunInfo
+from dpbert.report_model import (NER_TASK_LABELS, NerSection, RunReport, as_report, baseline_curve, ner_seeds_words,
+                                 privacy_of)
 
 # Types whose files hold raw text or secrets even if an older run did not set `private`.
 KNOWN_PRIVATE_TYPES = frozenset({schema.type_name(schema.WORD_TUPLES)})
@@ -157,28 +159,6 @@ def run_summary(run: RunInfo) -> Dict[str, Any]:
             "components": len(run.components), "states": states, "privacy": privacy_summary(run)}
 
 
-def privacy_summary(run: RunInfo) -> Optional[Dict[str, Any]]:
-    """What a run spent, from its ledger (released values): ε total (PLD) with its unit and
-    adjacency, δ, the budget and within/over (``within``: True / False / None without a budget).
-    None when the run has no (non-private) privacy report; numbers as ``*_value``, texts for the page."""
-    props = _first_props(run, schema.type_name(schema.PRIVACY_REPORT))
-    if props is None:
-        return None
-    epsilon, delta = number(props.get(schema.EPSILON_TOTAL_PLD)), number(props.get(schema.DELTA))
-    budget = number(props.get(schema.EPSILON_BUDGET))
-    within = _bool_flag(props.get(schema.WITHIN_BUDGET)) if budget is not None else None
-    if within is None and epsilon is not None and budget is not None:
-        within = epsilon <= budget
-    unit, adjacency = props.get(schema.UNIT), props.get("adjacency")
-    return {"epsilon": schema.privacy_number_text(props, schema.EPSILON_TOTAL_PLD, lambda v: fmt(epsilon)),
-            "epsilon_value": epsilon,
-            "unit": unit if isinstance(unit, str) else None,
-            "adjacency": adjacency if isinstance(adjacency, str) else None,
-            "delta": schema.privacy_number_text(props, schema.DELTA, str) if delta is not None else "—",
-            "delta_value": delta,
-            "budget": fmt(budget) if budget is not None else None, "budget_value": budget,
-            "within": within,
-            "verdict": "no budget" if budget is None else ("within budget" if within else "OVER BUDGET")}
 
 
 def dag(run: RunInfo) -> Dict[str, Any]:
@@ -229,216 +209,144 @@ def dag_layers(nodes: Sequence[str], edges: Sequence[Tuple[str, str]]) -> Dict[s
     return layer
 
 
-# --- the report's sections ------------------------------------------------------------------
 
-def _first_props(run: RunInfo, type_name: str) -> Optional[Dict[str, Any]]:
-    for artifact in run.artifacts(type_name):
-        if not is_private(artifact):
-            return artifact.properties
-    return None
+# --- the report's sections ------------------------------------------------------------------
+# Each function takes the run's ``RunReport`` (``dpbert.report_model.read_report``) or a report
+# document (``RunReport.to_json()``'s shape, read by ``as_report``) and renders its attributes.
+Report = Union[RunReport, Mapping[str, Any]]
+
+
+def privacy_summary(run: RunInfo) -> Optional[Dict[str, Any]]:
+    """What a run spent, from its ledger (released values): ε total (PLD) with its unit and
+    adjacency, δ, the budget and within/over (``within``: True / False / None without a budget).
+    None when the run has no (non-private) privacy report; numbers as ``*_value``, texts for the page."""
+    privacy = privacy_of(run)
+    if privacy is None:
+        return None
+    epsilon, delta = number(privacy.epsilon_total_pld), number(privacy.delta)
+    budget = number(privacy.epsilon_budget)
+    within = privacy.within_budget if budget is not None else None
+    if within is None and epsilon is not None and budget is not None:
+        within = epsilon <= budget
+    return {"epsilon": privacy.text(schema.EPSILON_TOTAL_PLD, lambda v: fmt(epsilon)),
+            "epsilon_value": epsilon, "unit": privacy.unit, "adjacency": privacy.adjacency,
+            "delta": privacy.text(schema.DELTA, str) if delta is not None else "—",
+            "delta_value": delta,
+            "budget": fmt(budget) if budget is not None else None, "budget_value": budget,
+            "within": within,
+            "verdict": "no budget" if budget is None else ("within budget" if within else "OVER BUDGET")}
 
 
 def ledger(run: RunInfo) -> Optional[Dict[str, Any]]:
     """The privacy ledger (``components.PrivacyReport`` properties), or None when not in the run."""
-    props = _first_props(run, schema.type_name(schema.PRIVACY_REPORT))
-    if props is None:
+    privacy = privacy_of(run)
+    if privacy is None:
         return None
-    rows = [{"key": key, "label": label,
-             "value": schema.privacy_number_text(props, key, lambda v, k=key: _fmt_key(k, v))}
-            for key, label in LEDGER_ROWS
-            if props.get(key) is not None]
-    total, budget = number(props.get(schema.EPSILON_TOTAL_PLD)), number(props.get(schema.EPSILON_BUDGET))
-    within = _bool_flag(props.get(schema.WITHIN_BUDGET))
+    rows = [{"key": key, "label": label, "value": privacy.text(key, lambda v, k=key: _fmt_key(k, v))}
+            for key, label in LEDGER_ROWS if getattr(privacy, key) is not None]
+    total, budget = number(privacy.epsilon_total_pld), number(privacy.epsilon_budget)
+    within = privacy.within_budget
     if within is None and total is not None and budget is not None:
         within = total <= budget
-    statement = props.get(schema.STATEMENT)
     return {"rows": rows, "total": fmt(total) if total is not None else None,
             "budget": fmt(budget) if budget is not None else None, "within": within,
-            "statement": statement if isinstance(statement, str) else None,
-            "chart": any(number(props.get(k)) is not None for k in (
+            "statement": privacy.statement,
+            "chart": any(number(getattr(privacy, k)) is not None for k in (
                 schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC, schema.EPSILON_TOTAL_PLD))}
 
 
 def ledger_bars(run: RunInfo) -> Optional[Dict[str, Any]]:
-    props = _first_props(run, schema.type_name(schema.PRIVACY_REPORT))
-    if props is None:
+    privacy = privacy_of(run)
+    if privacy is None:
         return None
-    bars = [(label, number(props.get(key))) for key, label in LEDGER_BARS]
+    bars = [(label, number(getattr(privacy, key))) for key, label in LEDGER_BARS]
     bars = [(label, v) for label, v in bars if v is not None]
     if not bars:
         return None
-    return {"bars": bars, "budget": number(props.get(schema.EPSILON_BUDGET))}
+    return {"bars": bars, "budget": number(privacy.epsilon_budget)}
 
 
 def _fmt_key(key: str, value: Any) -> str:
     return fmt(_bool_flag(value)) if key in BOOLEAN_KEYS else fmt(value)
 
 
-def _rows(section: Dict[str, Any], spec) -> List[Dict[str, str]]:
-    return [{"label": label, "value": _fmt_key(key, section.get(key))} for key, label in spec
-            if section.get(key) is not None]
+def _rows(section: Any, spec) -> List[Dict[str, str]]:
+    """``{label, value}`` of each of the section's attributes in ``spec`` that has a value."""
+    return [{"label": label, "value": fmt(getattr(section, key))} for key, label in spec
+            if getattr(section, key) is not None]
 
 
-def _points(curve) -> List[float]:
-    if not isinstance(curve, list):
-        return []
-    out = []
-    for p in curve:
-        v = number(p.get("loss") if isinstance(p, dict) else p)
-        out.append(v if v is not None and math.isfinite(v) else math.nan)
-    return out if any(not math.isnan(v) for v in out) else []
-
-
-def released_loss_curve(report: Dict[str, Any]) -> Dict[str, List[float]]:
+def released_loss_curve(report: Report) -> Dict[str, List[float]]:
     """``{"DP": [...]}``: the DP model's loss curve as reported (released), or ``{}``."""
-    dp = _points((report.get("pretraining") or {}).get("loss_curve"))
-    return {"DP": dp} if dp else {}
+    dp = as_report(report).pretraining.loss_points
+    return {"DP": list(dp)} if dp else {}
 
 
-def _steps(steps, values) -> Optional[List[int]]:
-    if isinstance(steps, list) and len(steps) == len(values) and \
-            all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in steps):
-        return [int(x) for x in steps]
-    return None
-
-
-def released_loss_steps(report: Dict[str, Any]) -> Dict[str, List[int]]:
+def released_loss_steps(report: Report) -> Dict[str, List[int]]:
     """``{"DP": [...]}``: the true training step of each point of ``released_loss_curve`` (the
     curve is subsampled to ~200 points and a resumed run starts at its checkpoint), or ``{}`` when
     the report does not know them (the plot then falls back to point indices)."""
-    pretraining = report.get("pretraining") or {}
-    dp = _points(pretraining.get("loss_curve"))
-    steps = _steps(pretraining.get("loss_curve_steps"), dp) if dp else None
-    return {"DP": steps} if steps else {}
+    steps = as_report(report).pretraining.loss_steps
+    return {"DP": list(steps)} if steps else {}
 
 
-def loss_steps(run: RunInfo, report: Dict[str, Any]) -> Dict[str, List[int]]:
+def loss_steps(run: RunInfo, report: Report) -> Dict[str, List[int]]:
     """The steps of every curve of ``loss_curves`` that knows them (the baseline's: its
     ``loss_curve_steps`` property, else derived as the report derives the DP model's)."""
-    from dpbert.report import loss_curve_steps
-
     out = released_loss_steps(report)
-    for artifact in run.artifacts(schema.type_name(schema.PRETRAINED_MODEL)):
-        if _bool_flag(artifact.properties.get(schema.NON_PRIVATE)):
-            values = _points(artifact.properties.get(schema.LOSS_CURVE))
-            steps = _steps(loss_curve_steps(artifact.properties), values) if values else None
-            if steps:
-                out["non-DP"] = steps
-            break
+    _, steps = baseline_curve(run)
+    if steps:
+        out["non-DP"] = list(steps)
     return out
 
 
-def loss_curves(run: RunInfo, report: Dict[str, Any]) -> Dict[str, List[float]]:
+def loss_curves(run: RunInfo, report: Report) -> Dict[str, List[float]]:
     """``{"DP": [...], "non-DP": [...]}`` with only the curves that exist (finite points kept).
     The non-DP curve is the baseline's (``private = 1``: trained without noise): operator-only."""
     curves = released_loss_curve(report)
-    for artifact in run.artifacts(schema.type_name(schema.PRETRAINED_MODEL)):
-        if _bool_flag(artifact.properties.get(schema.NON_PRIVATE)):
-            non_dp = _points(artifact.properties.get(schema.LOSS_CURVE))
-            if non_dp:
-                curves["non-DP"] = non_dp
-            break
+    points, _ = baseline_curve(run)
+    if points:
+        curves["non-DP"] = list(points)
     return curves
 
 
-def exposure_groups(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+def exposure_groups(report: Report) -> List[Dict[str, Any]]:
     """Canary groups as ``{label, occurrences, dp, non_dp}`` (exposures may be summaries)."""
-    groups = (report.get("canary") or {}).get("groups") or []
-    out = []
-    for i, g in enumerate(groups if isinstance(groups, list) else []):
-        if not isinstance(g, dict):
-            continue
-        dp = g.get("exposure_dp", g.get("exposure"))
-        non_dp = g.get("exposure_non_dp")
-        label = g.get("group", g.get("pattern", f"group {i + 1}"))
-        out.append({"label": str(label), "pattern": g.get("pattern"),
-                    "occurrences": number(g.get("occurrences")),
-                    "dp": number(dp), "non_dp": number(non_dp),
-                    "occurrences_text": fmt(g.get("occurrences")),
-                    "dp_text": fmt(number(dp)), "non_dp_text": fmt(number(non_dp))})
-    return out
+    return [{"label": g.label, "pattern": g.pattern, "occurrences": g.occurrences, "dp": g.dp, "non_dp": g.non_dp,
+             "occurrences_text": fmt(g.occurrences_value), "dp_text": fmt(g.dp), "non_dp_text": fmt(g.non_dp)}
+            for g in as_report(report).canary.exposure_groups()]
 
 
-def _curve(attack: Dict[str, Any]) -> Tuple[List[float], List[float]]:
-    roc = attack.get("roc", attack)
-    if isinstance(roc, dict):
-        fpr, tpr = roc.get("fpr"), roc.get("tpr")
-    elif isinstance(roc, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in roc):
-        fpr, tpr = [p[0] for p in roc], [p[1] for p in roc]
-    else:
-        return [], []
-    if not (isinstance(fpr, list) and isinstance(tpr, list)) or len(fpr) != len(tpr) or not fpr:
-        return [], []
-    f, t = [number(v) for v in fpr], [number(v) for v in tpr]
-    if any(v is None for v in f + t):
-        return [], []
-    return f, t
-
-
-def membership_attacks(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+def membership_attacks(report: Report) -> List[Dict[str, Any]]:
     """Membership-inference attacks as ``{name, fpr, tpr, stats: [(key, text)]}``."""
-    attacks = report.get("membership_inference_rows") or report.get("membership_inference")
-    if isinstance(attacks, dict):
-        if any(k in attacks for k in ("auc", "roc", "fpr")):
-            items = [("attack", attacks)]
-        else:
-            items = list(attacks.items())
-    elif isinstance(attacks, list):
-        items = [(None, a) for a in attacks]
-    else:
+    membership = as_report(report).membership
+    if membership is None:
         return []
-    out = []
-    for i, (key, a) in enumerate(items):
-        if not isinstance(a, dict):
-            if number(a) is not None:  # {"loss": 0.53, ...}: name → AUC
-                out.append({"name": str(key), "fpr": [], "tpr": [], "stats": [("auc", fmt(number(a)))]})
-            continue
-        name = a.get("name", a.get("attack", key if key is not None else f"attack {i + 1}"))
-        fpr, tpr = _curve(a)
-        stats = [(k, fmt(v)) for k, v in sorted(a.items())
-                 if k not in ("name", "attack", "roc", "fpr", "tpr", "thresholds")
-                 and (number(v) is not None or isinstance(v, str))]
-        out.append({"name": str(name), "fpr": fpr, "tpr": tpr, "stats": stats})
-    return out
+    return [{"name": a.name, "fpr": list(a.fpr), "tpr": list(a.tpr), "stats": [(k, fmt(v)) for k, v in a.stats]}
+            for a in membership.attacks()]
 
 
-def membership_bound_note(report: Dict[str, Any]) -> Optional[str]:
+def membership_bound_note(report: Report) -> Optional[str]:
     """Why no attack row carries an advantage bound (``dpbert.report.NO_BOUND_NOTE``), or None when
     one does or there is no attack."""
     from dpbert.report import NO_BOUND_NOTE
 
-    rows = report.get("membership_inference_rows")
-    if not isinstance(rows, list) or not rows:
+    report = as_report(report)
+    attacks = report.membership.attacks() if report.membership is not None else ()
+    if not attacks or any(a.advantage_bound is not None for a in attacks):
         return None
-    if any(isinstance(r, dict) and r.get("advantage_bound") is not None for r in rows):
-        return None
-    unit = (report.get("privacy") or {}).get(schema.UNIT)
-    return NO_BOUND_NOTE.format(unit=unit if isinstance(unit, str) else "unit")
+    return NO_BOUND_NOTE.format(unit=report.privacy.unit or "unit")
 
 
-def ner_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    ner = report.get("ner") or {}
-    f1, per_type, table = ner.get("f1"), ner.get("per_type"), ner.get("table")
-    if f1 is None and not per_type and not table:
+def ner_view(report: Report) -> Optional[Dict[str, Any]]:
+    ner = as_report(report).ner
+    if ner.f1 is None and not ner.per_type and not ner.table:
         return None
-    per_type_rows = []
-    if isinstance(per_type, dict):
-        for t, v in sorted(per_type.items()):
-            if isinstance(v, dict):
-                per_type_rows.append({"type": t, "precision": fmt(v.get("precision")),
-                                      "recall": fmt(v.get("recall")), "f1": fmt(v.get("f1")),
-                                      "support": fmt(v.get("support"))})
-            else:
-                per_type_rows.append({"type": t, "precision": "—", "recall": "—", "f1": fmt(v), "support": "—"})
-    from dpbert.report import NER_TASK_LABELS, ner_seeds_words
-
-    task, mode, seeds = ner.get("task"), ner.get("mode"), ner.get("seeds")
-    # the heading names the task and what the seeds were (issue 24): probe or fine-tuning
-    heading = ", ".join(p for p in (NER_TASK_LABELS.get(task, task) if isinstance(task, str) else None,
-                                    (f"{seeds} " if isinstance(seeds, int) else "") + ner_seeds_words(mode)
-                                    if mode else None) if p)
-    return {"f1": fmt(f1) if f1 is not None else None, "per_type": per_type_rows,
-            "table": labelled_table(generic_table(table), NER_COLUMN_LABELS, ner_column_label), "heading": heading or None}
+    per_type_rows = [{"type": s.type, "precision": fmt(s.precision), "recall": fmt(s.recall), "f1": fmt(s.f1),
+                      "support": fmt(s.support)} for s in ner.entity_scores()]
+    return {"f1": fmt(ner.f1) if ner.f1 is not None else None, "per_type": per_type_rows,
+            "table": labelled_table(generic_table(ner.table), NER_COLUMN_LABELS, ner_column_label),
+            "heading": ner.heading}
 
 
 #: The "every model" NER table's column keys (``dpbert.stages.ner``'s ``table`` property) as headings.
@@ -451,8 +359,6 @@ NER_COLUMN_LABELS = {"model": "model", "f1_mean": "NER F1 (mean)", "f1_std": "NE
 def ner_column_label(key: str) -> str:
     """A heading for a column ``NER_COLUMN_LABELS`` does not name: ``f1_<Type>`` (per entity type),
     ``<task>_f1_mean`` (another NER task), else the key with spaces."""
-    from dpbert.report import NER_TASK_LABELS
-
     if key.endswith("_f1_mean"):
         task = key[: -len("_f1_mean")]
         return f"NER F1, {NER_TASK_LABELS.get(task, task)} (mean)"
@@ -470,57 +376,45 @@ def labelled_table(table: Optional[Dict[str, Any]], labels: Dict[str, str], fall
                 columns=[labels.get(c) or (fallback(c) if c else c) for c in table["columns"]])
 
 
-#: The utility table's rows (issue 16) and which of them are released (``dpbert.release``).
+#: The utility table's rows and which of them are released (``dpbert.release``).
 UTILITY_LABELS = (("random", "random init"), ("public", "public start"), ("dp", "DP in-domain"),
                   ("non_private", "non-private in-domain"))
+_GAIN_LABELS = (("gain_kept_mlm_loss", "gain kept, held-out MLM loss"), ("gain_kept_ner_f1", "gain kept, NER F1"),
+                ("gain_kept_ner_synthetic_f1", "gain kept, NER F1 (in-domain)"))
 
 
-def utility_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def _f1(mean: Optional[float], std: Optional[float]) -> str:
+    return "—" if mean is None else f"{mean:.4f} ± {(std or 0.0):.4f}"
+
+
+def utility_view(report: Report) -> Optional[Dict[str, Any]]:
     """The report's ``utility`` section for the run page: one row per model that ran (held-out MLM
     loss and accuracy, NER F1 mean ± std of the primary task and of the in-domain synthetic task),
     each marked released or operator-only (the non-private row), and the gains kept
     (operator-only: they use the non-private row; ``n/a (<reason>)`` without a value)."""
     from dpbert.evaluate.utility import format_gain
     from dpbert.release import RELEASED_UTILITY_ROWS
-    from dpbert.report import NER_TASK_LABELS, ner_seeds_words
 
-    utility = report.get("utility")
-    if not isinstance(utility, dict) or not isinstance(utility.get("rows"), dict) or not utility["rows"]:
+    utility = as_report(report).utility
+    if utility is None or not utility.rows:
         return None
-
-    def f1(r, column):
-        mean, std = number(r.get(column + "_mean")), number(r.get(column + "_std"))
-        return "—" if mean is None else f"{mean:.4f} ± {(std or 0.0):.4f}"
-
-    synthetic = any(isinstance(r, dict) and number(r.get("ner_synthetic_f1_mean")) is not None
-                    for r in utility["rows"].values())
-    rows = []
-    for key, label in UTILITY_LABELS:
-        r = utility["rows"].get(key)
-        if not isinstance(r, dict):
-            continue
-        rows.append({"key": key, "label": label, "loss": fmt(number(r.get("heldout_mlm_loss"))),
-                     "accuracy": fmt(number(r.get("heldout_mlm_accuracy"))), "f1": f1(r, "ner_f1"),
-                     "f1_synthetic": f1(r, "ner_synthetic_f1"), "released": key in RELEASED_UTILITY_ROWS})
-    task = utility.get("ner_task")
-    primary = NER_TASK_LABELS.get(task, task) if isinstance(task, str) else None
-    gains = []
-    for key, label in (("gain_kept_mlm_loss", "gain kept, held-out MLM loss"),
-                       ("gain_kept_ner_f1", "gain kept, NER F1" + (f" ({primary})" if primary else "")),
-                       ("gain_kept_ner_synthetic_f1", "gain kept, NER F1 (in-domain)")):
-        if key in utility and (key != "gain_kept_ner_synthetic_f1" or synthetic):
-            gains.append({"label": label, "value": format_gain(number(utility.get(key)), number(utility.get(key + "_std")),
-                                                               utility.get(key + "_reason"), ".4g")})
-    reference = utility.get("reference")
-    return {"rows": rows, "gains": gains, "seeds": fmt(number(utility.get("ner_seeds"))),
-            "seeds_words": ner_seeds_words(utility.get("ner_mode")), "primary": primary or "NER",
-            "synthetic": synthetic, "reference": str(reference) if reference else "—",
-            "no_public_row": "public" not in utility["rows"],
-            "uncertainty": utility.get("uncertainty") if isinstance(utility.get("uncertainty"), str) else None}
+    synthetic = any(r.ner_synthetic_f1_mean is not None for r in utility.rows.values())
+    rows = [{"key": key, "label": label, "loss": fmt(r.heldout_mlm_loss), "accuracy": fmt(r.heldout_mlm_accuracy),
+             "f1": _f1(r.ner_f1_mean, r.ner_f1_std), "f1_synthetic": _f1(r.ner_synthetic_f1_mean, r.ner_synthetic_f1_std),
+             "released": key in RELEASED_UTILITY_ROWS}
+            for key, label in UTILITY_LABELS for r in [utility.rows.get(key)] if r is not None]
+    primary = NER_TASK_LABELS.get(utility.ner_task, utility.ner_task) if utility.ner_task else None
+    gains = [{"label": label + (f" ({primary})" if key == "gain_kept_ner_f1" and primary else ""),
+              "value": format_gain(utility.gains[key], utility.gains[key + "_std"], utility.reasons.get(key), ".4g")}
+             for key, label in _GAIN_LABELS if key != "gain_kept_ner_synthetic_f1" or synthetic]
+    return {"rows": rows, "gains": gains, "seeds": fmt(utility.ner_seeds), "seeds_words": ner_seeds_words(utility.ner_mode),
+            "primary": primary or "NER", "synthetic": synthetic, "reference": utility.reference or "—",
+            "no_public_row": "public" not in utility.rows, "uncertainty": utility.uncertainty}
 
 
 def generic_table(value: Any) -> Optional[Dict[str, Any]]:
-    """A list of dicts, a dict of dicts or a list of lists as ``{columns, rows}`` of texts."""
+    """A list of dicts, a dict of dicts or a list of lists (a stored table of any of these shapes)
+    as ``{columns, rows}`` of texts."""
     if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
         value = [dict({"": k}, **v) for k, v in value.items()]
     if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
@@ -535,45 +429,41 @@ def generic_table(value: Any) -> Optional[Dict[str, Any]]:
     return None
 
 
-def vocab_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
-    return _rows(report.get("vocab") or {}, VOCAB_ROWS)
+def vocab_rows(report: Report) -> List[Dict[str, str]]:
+    return _rows(as_report(report).vocab, VOCAB_ROWS)
 
 
-def pretraining_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
+def pretraining_rows(report: Report) -> List[Dict[str, str]]:
     """What DP-SGD trained (``training.trainable``; LoRA merged) and the DP model's released
     diagnostics: DP estimates (ratios of noisy sums, clamped; ``dpbert.privacy.diagnostics``), with
     the noise std on each released per-step SUM and the std it implies for one step's ratio at the
     expected (planned) batch size."""
-    from dpbert.report import trainable_text
-
-    section = report.get("pretraining") or {}
+    section = as_report(report).pretraining
     rows = []
-    if isinstance(section.get("trainable"), dict):
-        rows.append({"label": "trained by DP-SGD (training.trainable)", "value": trainable_text(section["trainable"])})
+    if section.trainable is not None:
+        rows.append({"label": "trained by DP-SGD (training.trainable)", "value": section.trainable.text()})
     rows += _rows(section, PRETRAINING_ROWS)
     parts = (("loss", "loss", "loss"), ("accuracy", "accuracy", "accuracy"),
              ("clipped", "clipped_fraction", "clipped fraction"))
-    sums = section.get("diagnostics_sum_noise_std")
-    if isinstance(sums, dict) and sums:
-        text = ", ".join(f"{label} {fmt(number(sums.get(key)))}" for key, _, label in parts
-                         if number(sums.get(key)) is not None)
+    sums = section.diagnostics_sum_noise_std
+    if sums:
+        text = ", ".join(f"{label} {fmt(number(sums[key]))}" for key, _, label in parts if key in sums)
         rows.append({"label": "noise std on each released per-step SUM", "value": text})
-    noise = section.get("diagnostics_step_noise_std")
-    if isinstance(noise, dict) and noise:
-        batch = number(section.get("expected_batch_size"))
-        text = ", ".join(f"{label} {fmt(number(noise.get(key)))}" for _, key, label in parts
-                         if number(noise.get(key)) is not None)
+    noise = section.diagnostics_step_noise_std
+    if noise:
+        batch = number(section.expected_batch_size)
+        text = ", ".join(f"{label} {fmt(number(noise[key]))}" for _, key, label in parts if key in noise)
         where = f"the expected batch size B = {fmt(batch)}" if batch is not None else "the expected batch size"
         rows.append({"label": f"implied noise std of one step's ratio at {where}", "value": text})
-    released = number(section.get("released_batch_size_mean"))
+    released = number(section.released_batch_size_mean)
     if released is not None:
         rows.append({"label": "released (noisy) batch size, mean per step", "value": fmt(released)})
     return rows
 
 
-def baseline_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
+def baseline_rows(report: Report) -> List[Dict[str, str]]:
     """Operator-only: the non-private baseline's values."""
-    return _rows(report.get("pretraining") or {}, BASELINE_ROWS)
+    return _rows(as_report(report).pretraining, BASELINE_ROWS)
 
 
 def marked_private(run: RunInfo, short: str) -> bool:
@@ -583,20 +473,21 @@ def marked_private(run: RunInfo, short: str) -> bool:
     return bool(artifacts) and is_private(artifacts[0])
 
 
-def vocab_operator_only(run: RunInfo, report: Dict[str, Any]) -> bool:
+def vocab_operator_only(run: RunInfo, report: Report) -> bool:
     """The vocabulary is operator-only when it is the non-private baseline (exact counts) or its
     artifact is marked private."""
-    return bool(_bool_flag((report.get("vocab") or {}).get("non_private"))) or marked_private(run, schema.DP_VOCABULARY)
+    return bool(as_report(report).vocab.non_private) or marked_private(run, schema.DP_VOCABULARY)
 
 
-def plots_available(run: RunInfo, report: Dict[str, Any]) -> Dict[str, bool]:
+def plots_available(run: RunInfo, report: Report) -> Dict[str, bool]:
+    report = as_report(report)
     groups = exposure_groups(report)
     return {
         "dag": bool(run.components),
         "budget": ledger_bars(run) is not None,
         "loss": bool(released_loss_curve(report)),
         "loss_comparison": "non-DP" in loss_curves(run, report)
-        or number((report.get("pretraining") or {}).get("non_dp_final_mlm_loss")) is not None,
+        or number(report.pretraining.non_dp_final_mlm_loss) is not None,
         "exposure": any(g["dp"] is not None or g["non_dp"] is not None for g in groups),
         "roc": any(a["fpr"] for a in membership_attacks(report)),
     }
@@ -610,61 +501,57 @@ CORPUS_ROWS = (("documents", "documents"), ("patients", "patients"), ("tuples", 
                ("corpus_bytes", "corpus bytes"), ("replaced_fraction", "replaced fraction"))
 
 
-def corpus_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
+def corpus_rows(report: Report) -> List[Dict[str, str]]:
     """Operator-only: the report's ``corpus`` section (counts, never the corpus's location)."""
-    corpus = report.get("corpus")
-    return _rows(corpus, CORPUS_ROWS) if isinstance(corpus, dict) else []
+    corpus = as_report(report).corpus
+    return _rows(corpus, CORPUS_ROWS) if corpus is not None else []
 
 
-def warnings_view(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+def warnings_view(report: Report) -> List[Dict[str, Any]]:
     """The report's warnings; the corpus ones are operator-only (computed from exact counts)."""
-    out = []
-    for w in report.get("warnings") or []:
-        if isinstance(w, dict) and isinstance(w.get("message"), str):
-            out.append({"section": str(w.get("section", "")), "message": w["message"],
-                        "operator_only": w.get("section") == "corpus"})
-    return out
+    return [{"section": w.section, "message": w.message, "operator_only": w.operator_only}
+            for w in as_report(report).warnings]
 
 
-def charged_view(report: Dict[str, Any]) -> Optional[str]:
+def charged_view(report: Report) -> Optional[str]:
     """A sentence for a run that stopped before its accountant: the ε already spent."""
     from dpbert.report import charged_sentence
 
-    charged = report.get("charged")
-    return charged_sentence(charged) if isinstance(charged, dict) else None
+    charged = as_report(report).charged
+    return charged_sentence(charged.to_json()) if charged is not None else None
 
 
-def interrupted_view(report: Dict[str, Any]) -> Optional[str]:
+def interrupted_view(report: Report) -> Optional[str]:
     """A sentence for an interrupted run (``dpbert run`` marked it cancelled), else None."""
-    interrupted = report.get("interrupted")
-    if not isinstance(interrupted, dict):
+    interrupted = as_report(report).interrupted
+    if interrupted is None:
         return None
     text = "Interrupted (SIGINT/SIGTERM)"
-    if interrupted.get("component"):
-        text += f" in {interrupted['component']}"
-    if interrupted.get("step") is not None:
-        text += f" at training step {fmt(interrupted['step'])}"
+    if interrupted.component:
+        text += f" in {interrupted.component}"
+    if interrupted.step is not None:
+        text += f" at training step {fmt(interrupted.step)}"
     return text + "; re-running the same command resumes it (from the trainer's last checkpoint)."
 
 
-def ner_released(report: Dict[str, Any]) -> bool:
+def ner_released(report: Report) -> bool:
     """Whether the NER F1 is in the released view (``dpbert.release.released_view``: one definition
     of what is released; a run that is not DP or is over its budget releases no NER value)."""
     from dpbert.release import released_view
 
-    ner = released_view(report).get("ner") or {}
-    return ner.get("f1") is not None or bool(ner.get("per_type"))
+    ner = NerSection.from_json(released_view(as_report(report).to_json()).get("ner"))
+    return ner.f1 is not None or bool(ner.per_type)
 
 
-def canary_audit_view(report: Dict[str, Any]) -> Optional[Dict[str, str]]:
+def canary_audit_view(report: Report) -> Optional[Dict[str, str]]:
     """The canary (black-box) one-run audit's line: its bound, its power (the bound with every guess
     right) and whether it could refute the ledger's ε_T at all."""
-    canary = report.get("canary") or {}
-    lower = number(canary.get("audit_epsilon_lower_bound"))
+    report = as_report(report)
+    lower = number(report.canary.audit_epsilon_lower_bound)
     if lower is None:
         return None
-    reach = number(canary.get("audit_max_reachable_lower_bound"))
-    claimed = number((report.get("privacy") or {}).get(schema.EPSILON_TRAIN))
+    reach = number(report.canary.audit_max_reachable_lower_bound)
+    claimed = number(report.privacy.epsilon_train)
     verdict = None
     if reach is not None and claimed is not None:
         verdict = (f"it could refute ε_T = {fmt(claimed)}" if reach > claimed else
@@ -672,44 +559,43 @@ def canary_audit_view(report: Dict[str, Any]) -> Optional[Dict[str, str]]:
     return {"epsilon": fmt(lower), "power": fmt(reach) if reach is not None else None, "verdict": verdict}
 
 
-def audit_view(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def audit_view(report: Report) -> Optional[Dict[str, Any]]:
     """The white-box audit next to the ledger: rows, and the verdict (consistent, and whether the
     audit had the power to refute the claimed ε at all)."""
-    audit = report.get("audit")
-    if not isinstance(audit, dict) or audit.get("epsilon_lower_bound") is None:
+    audit = as_report(report).audit
+    if audit is None or audit.epsilon_lower_bound is None:
         return None
-    rows = [("ε lower bound (audit)", audit.get("epsilon_lower_bound")),
-            ("ε upper bound (accountant, gradient release)", audit.get("epsilon_upper_bound")),
-            ("ε_T in the ledger", audit.get("epsilon_train_ledger")),
-            ("power: bound with every guess right", audit.get("max_reachable_lower_bound")),
-            ("positive control: same run, noise off", audit.get("positive_control_lower_bound")),
-            ("gradient canaries", audit.get("canaries")), ("confidence", audit.get("confidence")),
-            ("δ", audit.get("delta")), ("steps", audit.get("steps")), ("q", audit.get("q"))]
-    upper, reach = audit.get("epsilon_upper_bound"), audit.get("max_reachable_lower_bound")
+    rows = [("ε lower bound (audit)", audit.epsilon_lower_bound),
+            ("ε upper bound (accountant, gradient release)", audit.epsilon_upper_bound),
+            ("ε_T in the ledger", audit.epsilon_train_ledger),
+            ("power: bound with every guess right", audit.max_reachable_lower_bound),
+            ("positive control: same run, noise off", audit.positive_control_lower_bound),
+            ("gradient canaries", audit.canaries), ("confidence", audit.confidence),
+            ("δ", audit.delta), ("steps", audit.steps), ("q", audit.q)]
     return {"rows": [{"label": k, "value": fmt(v)} for k, v in rows if v is not None],
-            "consistent": _bool_flag(audit.get("consistent")),
-            "powerful": isinstance(upper, (int, float)) and isinstance(reach, (int, float)) and reach > upper,
-            "control_detected": _bool_flag(audit.get("positive_control_exceeds_upper_bound"))}
+            "consistent": audit.consistent, "powerful": audit.powerful,
+            "control_detected": audit.positive_control_exceeds_upper_bound}
 
 
-def dataset_summary(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def dataset_summary(report: Report) -> Optional[Dict[str, Any]]:
     """The run's dataset on its page: the dataset's composed total against its pinned budget (the
     gate's figure over every run on it, ``dpbert.report.dataset_text``) and what the dataset page
     needs (its id, its ledger's URI); None when the run names no dataset."""
     from dpbert.report import dataset_text
 
-    block = report.get("dataset")
-    if not isinstance(block, dict):
+    report = as_report(report)
+    dataset = report.dataset
+    if dataset is None:
         return None
-    spent = block.get("epsilon_spent")
-    return {"dataset_id": block.get("dataset_id"), "ledger": block.get("ledger"),
-            "text": dataset_text(report.get("privacy") or {}, block.get("dataset_id")),
-            "within": _bool_flag(block.get("within_budget")) if spent is not None else None}
+    return {"dataset_id": dataset.dataset_id, "ledger": dataset.ledger,
+            "text": dataset_text(report.privacy.to_json(), dataset.dataset_id),
+            "within": dataset.within_budget if dataset.epsilon_spent is not None else None}
 
 
-def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
+def run_page(run: RunInfo, report: Report) -> Dict[str, Any]:
     """The context of the run page."""
-    canary = report.get("canary") or {}
+    report = as_report(report)
+    audit_epsilon = report.canary.audit_epsilon_lower_bound
     return {
         "run": run_summary(run),
         "interrupted": interrupted_view(report),
@@ -731,11 +617,10 @@ def run_page(run: RunInfo, report: Dict[str, Any]) -> Dict[str, Any]:
         # releasable run (dpbert.release.released_view), the every-model table stays operator-only.
         "ner_operator_only": not ner_released(report),
         "canary_groups": exposure_groups(report),
-        "audit_epsilon": fmt(canary.get("audit_epsilon_lower_bound"))
-        if canary.get("audit_epsilon_lower_bound") is not None else None,
+        "audit_epsilon": fmt(audit_epsilon) if audit_epsilon is not None else None,
         "canary_audit": canary_audit_view(report),
         "attacks": membership_attacks(report),
         "membership_bound_note": membership_bound_note(report),
-        "membership_present": "membership_inference" in report,
+        "membership_present": report.membership is not None,
         "plots": plots_available(run, report),
     }

@@ -1,418 +1,35 @@
-"""The run report: one JSON object built from ML Metadata custom properties.
+"""The run report's text: ``dpbert report`` (a readable table), the ε summary ``dpbert run`` prints.
 
-`dpbert report --json` prints it; the dashboard's JSON API serves the same object. Only
-properties are read (never private artifact files), so the report can hold no raw text or canary
-secret. Exact counts appear in ONE section, ``corpus`` (documents, tuples, words, skipped rows,
-replaced bytes: the private WordTuples artifact's count properties), marked
-``"operator_only": true``; ``dpbert.release.released_view`` (an allow-list) never carries it, nor
-the ``warnings`` computed from it.
+The report itself is ``dpbert.report_model.RunReport``, read once from a run's ML Metadata
+properties (``read_report``); ``build_report`` is its JSON document (``dpbert report --json``, the
+dashboard's JSON API), which ``dpbert.release.released_view`` cuts down to what is released. The
+functions here format that document or its released view. Exact counts appear in ONE section,
+``corpus`` (operator-only); the released view never carries it, nor the warnings computed from it.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
 from dpbert import schema
-from dpbert.metadata import (BUDGET_REFUSED_PROPERTY, DELTA_CHARGED, EPSILON_BUDGET, EPSILON_CHARGED,
-                             INTERRUPTED_CHECKPOINT_STEP, INTERRUPTED_COMPONENT, INTERRUPTED_PROPERTY,
-                             INTERRUPTED_STEP, STEPS_CHARGED, RunInfo)
+from dpbert.metadata import RunInfo
 from dpbert.privacy.numbers import fmt_delta, fmt_epsilon
-
-#: The ledger properties the report's ``privacy`` section shows (same keys).
-LEDGER_KEYS = (schema.EPSILON_VOCAB, schema.EPSILON_TRAIN, schema.EPSILON_TOTAL_BASIC,
-               schema.EPSILON_TOTAL_PLD, schema.EPSILON_TOTAL_RDP, schema.DELTA, schema.DELTA_VOCAB,
-               schema.DELTA_TRAIN, schema.UNIT, "adjacency", schema.SAMPLING, schema.STEPS,
-               schema.EPSILON_BUDGET, schema.WITHIN_BUDGET)
-
-
-#: The dataset's figures the accountant stores on the PrivacyReport (``dpbert.stages.accountant``):
-#: the budget gate's verdict over EVERY run on the dataset, this one included. Kept in the
-#: ``privacy`` section (released with it: functions of public parameters and DP events).
-DATASET_KEYS = ("dataset_epsilon_spent", "dataset_epsilon_rdp", "dataset_epsilon_pld", "dataset_delta",
-                "dataset_epsilon_budget", "dataset_rule")
-#: What the figure the gate enforces (``Verdict.spent``) is, by the gate's rule.
-DATASET_RULE_LABELS = {"rdp_filter": "Rényi filter at the committed order(s)",
-                       "one_planned_run_pld": "one planned run (PLD)"}
+# The report's model and reader, and the names callers know from here (one definition each).
+from dpbert.report_model import (AUDIT_KEYS, CORPUS_KEYS, DATASET_KEYS, DATASET_RULE_LABELS,  # noqa: F401
+                                 LEDGER_KEYS, MODEL_LABELS, NER_MODE_WORDS, NER_TASK_LABELS, PUBLIC_SIZE_FACTOR,
+                                 RELEASED_BATCH_SIZE, SMALL_BATCH_FACTOR, TRAINABLE, UTILITY_COLUMNS, UTILITY_GAINS,
+                                 UTILITY_ROWS, RunReport, Trainable, dataset_target, loss_curve_steps,
+                                 membership_rows, ner_seeds_words, read_report, significant)
 
 
-def _props(run: RunInfo, short_type: str, key: Optional[str] = None, where=None) -> Dict[str, Any]:
-    for artifact in run.artifacts(schema.type_name(short_type), key):
-        if where is None or where(artifact.properties):
-            return artifact.properties
-    return {}
-
-
-#: The report's ``corpus`` section: (key, WordTuples property). Exact counts of the private data:
-#: OPERATOR-ONLY (never released, never logged). ``replaced_fraction`` and ``words_per_document``
-#: are derived. The corpus's location (``corpus`` property) is not shown.
-CORPUS_KEYS = (("documents", "num_documents"), ("patients", "num_patients"), ("tuples", schema.NUM_TUPLES),
-               ("words", "num_words"), ("tuple_words", schema.TUPLE_WORDS),
-               ("skipped_error_rows", "skipped_error_rows"), ("skipped_empty_documents", "skipped_empty_documents"),
-               ("replaced_bytes", "replaced_bytes"), ("corpus_bytes", "corpus_bytes"))
-
-
-def corpus_section(run: RunInfo) -> Optional[Dict[str, Any]]:
-    """The operator-only ``corpus`` section (None when the run has no WordTuples artifact)."""
-    artifacts = run.artifacts(schema.type_name(schema.WORD_TUPLES))
-    if not artifacts:
-        return None
-    props = artifacts[0].properties
-    out: Dict[str, Any] = {"operator_only": True}
-    for key, prop in CORPUS_KEYS:
-        value = props.get(prop)
-        out[key] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    replaced, size = out["replaced_bytes"], out["corpus_bytes"]
-    out["replaced_fraction"] = round(replaced / size, 6) if replaced is not None and size else None
-    words, documents = out["words"], out["documents"]
-    out["words_per_document"] = round(words / documents, 2) if words is not None and documents else None
-    return out
-
-
-#: The corpus's training units may differ from the configured public n by this factor before the
-#: report warns (``public_size_warning``).
-PUBLIC_SIZE_FACTOR = 2.0
-
-
-def public_size_warning(tuples: Dict[str, Any], model: Dict[str, Any]) -> Optional[Dict[str, str]]:
-    """OPERATOR-ONLY (the corpus's exact count): a warning when the units the trainer sampled from
-    differ from the plan's n by more than ``PUBLIC_SIZE_FACTOR``. The plan's n is the configured
-    public size (``training.dataset_size``, ``dataset_patients`` for the patient unit) after the
-    holdout, or the DP count when the run drew one instead — then the count is the corpus's size up
-    to its noise and nothing is compared. q = B/n comes from that n, so a corpus r× larger gives
-    Poisson batches r× the planned B. Never logged: only the report (and the dashboard's
-    operator-only warnings) carry it; ``released_view`` drops every warning."""
-    def num(props, key):
-        value = props.get(key)
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    planned = num(model, "planned_dataset_size")
-    if model.get("dataset_size_source") != "public" or not planned:
-        return None
-    patient = model.get("privacy_unit") == "patient"
-    units = num(tuples, "num_patients" if patient else schema.NUM_TUPLES)
-    if not units:
-        return None
-    holdout = num(model, schema.HOLDOUT_FRACTION) or 0.0
-    ratio = units * (1.0 - holdout) / planned
-    if 1.0 / PUBLIC_SIZE_FACTOR <= ratio <= PUBLIC_SIZE_FACTOR:
-        return None
-    field = "training.dataset_patients" if patient else "training.dataset_size"
-    unit = "patients" if patient else "tuples"
-    batch = num(model, "logical_batch")
-    planned_b = f" = {batch:g} {unit}" if batch is not None else ""
-    times = significant(ratio)  # 2 significant digits: 0.012×, not 0.0×
-    effect = ("more memory and time per step; the DP diagnostics, normalised by the planned B, read "
-              f"about {times}× too high (a clipped fraction above 1)" if ratio > 1 else
-              "the noise, scaled for the planned B, swamps the smaller clipped sums")
-    return {"section": "corpus", "code": "public_size_mismatch", "message": (
-        f"the corpus holds about {times}× the {unit} of the configured public size ({field}, the n of "
-        f"q = B/n): Poisson batches average about {times}× the planned B{planned_b} per step — {effect}. "
-        f"The ε is that of the configured n; set {field} to (a public bound on) your corpus's size, or null "
-        f"to plan from a DP count")}
-
-
-def significant(x: float, digits: int = 2) -> str:
-    """``x`` with ``digits`` significant digits, without an exponent for the ratios the warnings
-    print (0.012, 0.5, 20, 1300)."""
-    text = f"{x:.{digits}g}"
-    if "e" in text:
-        text = f"{float(text):f}".rstrip("0").rstrip(".")
-    return text
-
-
-#: The released mean noisy batch size may fall this far below the planned B before the report
-#: warns (``small_batches_warning``).
-SMALL_BATCH_FACTOR = 2.0
-
-
-def small_batches_warning(model: Dict[str, Any]) -> Optional[Dict[str, str]]:
-    """A warning when the RELEASED (noisy, DP) batch sizes averaged far below the planned B: the
-    Poisson batches held fewer units than planned (the corpus is smaller than the public n), so
-    each DP estimate's noise, fixed on its SUM, is a larger share of it than the std stated at the
-    expected B. From released values only (the model artifact's mean of the noisy batch sizes and
-    the public plan): released, unlike the corpus counts' warnings."""
-    def num(key):
-        value = model.get(key)
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    released, planned = num(RELEASED_BATCH_SIZE), num("logical_batch")
-    if released is None or not planned or released * SMALL_BATCH_FACTOR >= planned:
-        return None
-    unit = "patients" if model.get("privacy_unit") == "patient" else "tuples"
-    field = "training.dataset_patients" if unit == "patients" else "training.dataset_size"
-    return {"section": "pretraining", "code": "small_batches", "message": (
-        f"the released (noisy) batch size averaged about {significant(max(released, 0.0))} {unit} per step against "
-        f"the planned B = {planned:g}: the DP estimates' noise, fixed on their sums, is about "
-        f"{significant(planned / max(released, 1.0))}× the per-step std stated at the expected B, and the gradient "
-        f"noise swamps the smaller clipped sums; is {field} (the public n of q = B/n) far above your corpus?")}
-
-
-def report_warnings(run: RunInfo) -> List[Dict[str, str]]:
-    """``[{"section", "code", "message"}]``: heavy byte replacement, short documents, a tiny corpus,
-    a corpus far from the configured public size (operator-only: computed from the corpus's exact
-    counts), a tiny DP vocabulary."""
-    from dpbert.data.corpus_warnings import corpus_warnings
-
-    tuples = run.artifacts(schema.type_name(schema.WORD_TUPLES))
-    tuple_props = tuples[0].properties if tuples else {}
-    vocab = _props(run, schema.DP_VOCABULARY)
-    out = []
-    # A public vocabulary (vocab.source: public) builds no DP vocabulary: no warning about one.
-    for w in corpus_warnings(tuple_props, vocab.get(schema.WORDS_KEPT), vocab.get(schema.VOCAB_SOURCE)):
-        out.append({"section": "vocab" if w["code"] == "tiny_vocabulary" else "corpus", **w})
-    model = _props(run, schema.PRETRAINED_MODEL, where=lambda p: not p.get(schema.NON_PRIVATE))
-    for warning in (public_size_warning(tuple_props, model), small_batches_warning(model)):
-        if warning is not None:
-            out.append(warning)
-    return out
-
-
-def loss_curve_steps(model: Dict[str, Any]) -> Optional[List[int]]:
-    """The true training step of each point of the model's ``loss_curve``: its
-    ``loss_curve_steps`` property, else (older runs) derived as ``dpbert.model.loss_curve.loss_curve``
-    strides this run's steps (``resumed_from_step`` + 1 … + ``steps_this_run``); None when unknown."""
-    curve = model.get(schema.LOSS_CURVE)
-    if not isinstance(curve, list) or not curve:
-        return None
-    from dpbert.model.loss_curve import curve_steps
-
-    steps = model.get(schema.LOSS_CURVE_STEPS)
-    if isinstance(steps, list) and len(steps) == len(curve):
-        return steps
-    first = model.get("resumed_from_step") or 0
-    n = model.get("steps_this_run")
-    if not isinstance(n, int) or not isinstance(first, int):
-        return None
-    derived = curve_steps(n, first)
-    return derived if len(derived) == len(curve) else None
-
-
-#: The model artifact's property with the mean of the RELEASED (noisy) per-step batch sizes (a DP
-#: value: post-processing of the released sums). Written by the trainer stage; absent in older runs.
-RELEASED_BATCH_SIZE = "diagnostics_batch_size_mean"
-#: The model artifact's property saying what DP-SGD trained (``TrainResult.trainable``: ``sets``,
-#: ``parameters``, ``total_parameters``; public: the configuration and the model's shape).
-TRAINABLE = "trainable"
-
-
-def trainable_of(model: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """What DP-SGD trained, from the model artifact's ``trainable`` property (None when the trainer
-    did not record it): ``{"sets", "parameters", "total_parameters", "lora_merged"}``. LoRA
-    adapters are always folded into the released weights (``bert.merge_lora``), so
-    ``lora_merged`` is whether the sets have ``lora``."""
-    value = model.get(TRAINABLE)
-    if isinstance(value, str):
-        try:
-            import json
-
-            value = json.loads(value)
-        except ValueError:
-            return None
-    if not isinstance(value, dict) or not isinstance(value.get("sets"), list):
-        return None
-
-    def count(key):
-        v = value.get(key)
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    sets = [str(x) for x in value["sets"]]
-    return {"sets": sets, "parameters": count("parameters"), "total_parameters": count("total_parameters"),
-            "lora_merged": "lora" in sets}
+def build_report(run: RunInfo) -> Dict[str, Any]:
+    """The report document of ``run`` (``read_report(run).to_json()``)."""
+    return read_report(run).to_json()
 
 
 def trainable_text(trainable: Dict[str, Any]) -> str:
     """``bias, head (190,000 of 27,000,000 parameters)``, and that LoRA adapters were merged."""
-    text = ", ".join(trainable.get("sets") or [])
-    trained, total = trainable.get("parameters"), trainable.get("total_parameters")
-    if trained is not None:
-        text += f" ({trained:,}" + (f" of {total:,}" if total else "") + " parameters)"
-    if trainable.get("lora_merged"):
-        text += "; LoRA adapters merged into the released weights"
-    return text
-
-
-#: The white-box audit's fields in the report (``dpbert.stages.audit.REPORT_FIELDS`` and the
-#: ledger's ε_T it is shown next to).
-AUDIT_KEYS = ("epsilon_lower_bound", "epsilon_upper_bound", "epsilon_train_ledger", "max_reachable_lower_bound",
-              "consistent", "canaries", "confidence", "delta", "steps", "q", "positive_control_lower_bound",
-              "positive_control_exceeds_upper_bound", "seconds")
-
-
-#: The ``utility`` section (the NerReport's ``utility`` property, ``dpbert.evaluate.utility``):
-#: its rows (in this order, those that ran), their columns and the gains with their uncertainty
-#: and, when a gain has no value, its reason (``dpbert.schema.UTILITY_*``: one definition).
-UTILITY_ROWS = schema.UTILITY_ROWS
-UTILITY_COLUMNS = schema.UTILITY_COLUMNS
-UTILITY_GAINS = tuple(g + suffix for g in schema.UTILITY_GAINS for suffix in ("", "_std"))
-#: What the NER seeds are, by ``ner.mode`` (the headings name it).
-NER_MODE_WORDS = {"probe": "probe seeds (a linear head on the frozen encoder)", "finetune": "fine-tuning seeds"}
-#: The primary NER column's heading, by the table's ``ner_task``.
-NER_TASK_LABELS = {"bc5cdr": "BC5CDR", "synthetic": "in-domain", "user data": "user data"}
-
-
-def ner_seeds_words(mode) -> str:
-    """``probe seeds (…)`` / ``fine-tuning seeds`` / ``seeds`` (mode unknown: an older report)."""
-    return NER_MODE_WORDS.get(mode, "seeds")
-
-
-def utility_section(ner: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """``{"rows": {name: {column: number|None}}, "reference", "ner_seeds", "ner_mode", "ner_task",
-    gains…, "<gain>_reason"…, "uncertainty"}`` from the NerReport's properties; None when the run
-    has no utility table."""
-    def number(v):
-        if isinstance(v, str):
-            v = schema.decode(v)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    table = ner.get("utility")
-    if isinstance(table, str):
-        table = schema.decode(table)
-    if not isinstance(table, dict) or not isinstance(table.get("rows"), dict):
-        return None
-    rows = table["rows"]
-    out: Dict[str, Any] = {"rows": {name: {c: number(rows[name].get(c)) for c in UTILITY_COLUMNS}
-                                    for name in UTILITY_ROWS if isinstance(rows.get(name), dict)}}
-    out["reference"] = table.get("reference") if table.get("reference") in UTILITY_ROWS else None
-    out["ner_seeds"] = number(table.get("ner_seeds"))
-    out["ner_mode"] = table.get("ner_mode") if table.get("ner_mode") in NER_MODE_WORDS else None
-    out["ner_task"] = table.get("ner_task") if isinstance(table.get("ner_task"), str) else None
-    out.update({k: number(table.get(k)) for k in UTILITY_GAINS})
-    out.update({g + "_reason": table.get(g + "_reason") for g in schema.UTILITY_GAINS
-                if isinstance(table.get(g + "_reason"), str)})
-    out["uncertainty"] = table.get("uncertainty") if isinstance(table.get("uncertainty"), str) else None
-    return out
-
-
-def build_report(run: RunInfo) -> Dict[str, Any]:
-    ledger = _props(run, schema.PRIVACY_REPORT)
-    vocab = _props(run, schema.DP_VOCABULARY)
-    dp_model = _props(run, schema.PRETRAINED_MODEL, where=lambda p: not p.get(schema.NON_PRIVATE))
-    non_dp_model = _props(run, schema.PRETRAINED_MODEL, where=lambda p: bool(p.get(schema.NON_PRIVATE)))
-    ner = _props(run, schema.NER_REPORT)
-    canary = _props(run, schema.CANARY_REPORT)
-    mia = _props(run, schema.MEMBERSHIP_REPORT)
-    audit = _props(run, schema.AUDIT_REPORT)
-    report: Dict[str, Any] = {
-        "run_id": run.run_id,
-        "pipeline": run.pipeline,
-        "status": run.status,
-        "duration_s": round(run.duration_s, 1),
-        "components": [{"id": c.node_id, "state": c.state, "duration_s": round(c.duration_s, 1)}
-                       for c in run.components],
-        "privacy": {**{k: ledger.get(k) for k in LEDGER_KEYS}, **schema.approx_flags(ledger, LEDGER_KEYS),
-                    **{k: ledger.get(k) for k in DATASET_KEYS if ledger.get(k) is not None}},
-        "vocab": {"size": vocab.get(schema.VOCAB_SIZE), "words_kept": vocab.get(schema.WORDS_KEPT),
-                  "sigma": vocab.get(schema.SIGMA), "threshold": vocab.get(schema.THRESHOLD),
-                  "epsilon": vocab.get(schema.EPSILON), "non_private": vocab.get(schema.NON_PRIVATE)},
-        "pretraining": {"steps": dp_model.get(schema.STEPS_TAKEN_TOTAL),
-                        # worker processes of the trainer (training.workers; absent before it existed)
-                        "workers": dp_model.get("workers"),
-                        "final_mlm_loss": dp_model.get(schema.FINAL_MLM_LOSS),
-                        "initial_mlm_loss": dp_model.get(schema.INITIAL_MLM_LOSS),
-                        "loss_curve": dp_model.get(schema.LOSS_CURVE),
-                        "loss_curve_steps": loss_curve_steps(dp_model),
-                        "final_mlm_accuracy": dp_model.get("final_mlm_accuracy"),
-                        "clipped_fraction": dp_model.get("clipped_fraction"),
-                        "diagnostics": dp_model.get("diagnostics"),
-                        # DP estimates (ratios of noisy sums, dpbert.privacy.diagnostics): the noise
-                        # std of one step's value and the window of the initial / final means.
-                        "diagnostics_step_noise_std": dp_model.get("diagnostics_step_noise_std"),
-                        "diagnostics_window": dp_model.get("diagnostics_window"),
-                        # public: the noise std on each released per-step SUM, the planned B it is
-                        # divided by, and the steps the window's fraction is of
-                        "diagnostics_sum_noise_std": dp_model.get("diagnostics_noise_std"),
-                        "expected_batch_size": dp_model.get("logical_batch"),
-                        "steps_this_run": dp_model.get("steps_this_run"),
-                        # released (DP): the mean of the noisy per-step batch sizes
-                        "released_batch_size_mean": dp_model.get(RELEASED_BATCH_SIZE),
-                        "trainable": trainable_of(dp_model),
-                        "non_dp_final_mlm_loss": non_dp_model.get(schema.FINAL_MLM_LOSS)},
-        "ner": {"f1": ner.get(schema.F1), "per_type": ner.get(schema.PER_TYPE), "table": ner.get(schema.TABLE),
-                "mode": ner.get("mode"), "task": ner.get("task"), "seeds": ner.get("seeds")},
-        "canary": {"groups": canary.get(schema.GROUPS, []),
-                   "audit_epsilon_lower_bound": canary.get(schema.AUDIT_EPSILON_LOWER_BOUND),
-                   "audit_max_reachable_lower_bound": canary.get("audit_max_reachable_lower_bound"),
-                   # the non-private baseline audited with the same canaries (operator-only)
-                   "baseline_audit_epsilon_lower_bound": canary.get("baseline_audit_epsilon_lower_bound")},
-        # OPERATOR-ONLY: exact counts of the private corpus (never in released_view or a bundle).
-        "corpus": corpus_section(run),
-        "warnings": report_warnings(run),
-    }
-    dataset = dataset_section(run, ledger)
-    if dataset is not None:
-        report["dataset"] = dataset
-    utility = utility_section(ner)
-    if utility is not None:
-        # Issue 16: random / public / dp / non_private rows and the gain kept (released_view keeps
-        # the public and DP rows only: the non-private row and the gains use the private baseline).
-        report["utility"] = utility
-    if audit:
-        # The white-box one-run audit (dpbert.stages.audit): released next to the ledger's ε.
-        report["audit"] = {k: audit.get(k) for k in AUDIT_KEYS}
-    if run.properties.get(EPSILON_CHARGED) is not None:
-        # The run stopped before its accountant (interrupted, failed, or refused by the trainer over
-        # the budget): the ε its training chain has already spent (dpbert.stages.pretrain.chain_charged).
-        report["charged"] = {"epsilon_charged": run.properties.get(EPSILON_CHARGED),
-                             "delta": run.properties.get(DELTA_CHARGED),
-                             "steps_charged": run.properties.get(STEPS_CHARGED),
-                             "budget_refused": bool(run.properties.get(BUDGET_REFUSED_PROPERTY)),
-                             "epsilon_budget": run.properties.get(EPSILON_BUDGET)}
-    if run.properties.get(INTERRUPTED_PROPERTY):
-        report["interrupted"] = {"component": run.properties.get(INTERRUPTED_COMPONENT),
-                                 "step": run.properties.get(INTERRUPTED_STEP),
-                                 "checkpoint_step": run.properties.get(INTERRUPTED_CHECKPOINT_STEP)}
-    if mia:
-        # The contract: {"dp"|"non_dp": {attack: {"advantage", "auc"}}}; rows (with ROC curves and
-        # the advantage bound) for tables and the dashboard.
-        attacks_by_model = mia.get(schema.ATTACKS)
-        report["membership_inference"] = {
-            model: {name: {"advantage": m.get("advantage"), "auc": m.get("auc")}
-                    for name, m in attacks.items() if isinstance(m, dict)}
-            for model, attacks in attacks_by_model.items() if isinstance(attacks, dict)
-        } if isinstance(attacks_by_model, dict) else attacks_by_model
-        report["membership_inference_rows"] = membership_rows(mia.get(schema.ATTACKS),
-                                                              mia.get(schema.ROC_CURVES), ledger)
-    return report
-
-
-def dataset_target(run: RunInfo):
-    """The run's dataset (``dpbert.accounting.target.LedgerTarget``) from a component's
-    ``ledger_target`` parameter (``dpbert.metadata.EXECUTION_PROPERTIES``), or None."""
-    from dpbert.accounting.target import LedgerTarget
-
-    for component in run.components:
-        try:
-            target = LedgerTarget.from_json(component.properties.get("ledger_target") or "")
-        except (ValueError, TypeError):
-            continue
-        if target is not None:
-            return target
-    return None
-
-
-def dataset_section(run: RunInfo, ledger: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The ``dataset`` block: the dataset's id and ledger URI (the accountant stage's record of where
-    it read the verdict; for older runs resolved here as the stage resolved it), the gate's composed
-    total over every run on it (``epsilon_spent`` under ``rule``), the pinned budget, and this
-    run's own ε beside them. None when the run names no dataset and stored no dataset figures."""
-    target = dataset_target(run)
-    figures = {k: ledger.get(k) for k in DATASET_KEYS}
-    if target is None and all(v is None for v in figures.values()):
-        return None
-    uri = ledger.get("dataset_ledger")  # where the accountant stage read its verdict (runs since it records it)
-    if uri is None and target is not None:
-        try:
-            uri = target.uri()
-        except Exception:  # noqa: BLE001 -- a folder this reader cannot resolve: shown as unknown
-            uri = None
-    rule = figures["dataset_rule"]
-    spent = figures["dataset_epsilon_spent"]
-    dataset_id = ledger.get("dataset_id") or (None if target is None else target.dataset_id)
-    return {"dataset_id": dataset_id, "ledger": uri,
-            "epsilon_spent": spent, "epsilon_rdp": figures["dataset_epsilon_rdp"],
-            "epsilon_pld": figures["dataset_epsilon_pld"], "delta": figures["dataset_delta"],
-            "epsilon_budget": figures["dataset_epsilon_budget"], "rule": rule,
-            "rule_label": DATASET_RULE_LABELS.get(rule), "within_budget": ledger.get(schema.WITHIN_BUDGET)
-            if spent is not None else None, "run_epsilon": ledger.get(schema.EPSILON_TOTAL_PLD)}
+    parsed = Trainable.from_json(trainable)
+    return "" if parsed is None else parsed.text()
 
 
 def dataset_text(privacy: Dict[str, Any], dataset_id: Optional[str] = None) -> Optional[str]:
@@ -460,43 +77,6 @@ def charged_sentence(charged: Dict[str, Any]) -> str:
         return (f"REFUSED over privacy.epsilon_budget = {num(charged.get('epsilon_budget'), '.4g')}: {spent}; "
                 f"no further step was run and no model was published")
     return f"stopped before the accountant: {spent} (vocabulary and DP count included)"
-
-
-MODEL_LABELS = {"dp": "DP", "non_dp": "non-DP"}
-
-
-def membership_rows(attacks, roc_curves=None, ledger: Optional[Dict[str, Any]] = None):
-    """``MembershipReport.attacks`` (``{"dp"|"non_dp": {attack: {"advantage", "auc"}}}``) as one
-    row per (model, attack): ``{"name": "S-BBA (DP)", "advantage", "auc", "fpr", "tpr"}``, the
-    ROC from ``roc_curves`` (same shape, ``{"fpr", "tpr"}``). On the DP model's sample-level
-    attacks, ``advantage_bound``: the most any attack can reach against the run's (ε, δ) at the
-    tuple level, (e^ε − 1 + 2δ)/(e^ε + 1) (group-level attacks: see
-    ``dpbert.evaluate.membership.group_privacy``). Any other shape is returned unchanged."""
-    if not isinstance(attacks, dict) or not all(isinstance(v, dict) for v in attacks.values()) \
-            or not set(attacks) <= set(MODEL_LABELS):
-        return attacks
-    from dpbert.evaluate.membership import ATTACKS, advantage_bound
-
-    ledger = ledger or {}
-    bound = None
-    eps, delta = ledger.get(schema.EPSILON_TOTAL_PLD), ledger.get(schema.DELTA)
-    if isinstance(eps, (int, float)) and isinstance(delta, (int, float)) and ledger.get(schema.UNIT) == "tuple":
-        bound = advantage_bound(float(eps), float(delta))
-    rows = []
-    for label in [m for m in MODEL_LABELS if m in attacks]:
-        by_attack = attacks[label]
-        order = [a for a in ATTACKS if a in by_attack] + sorted(a for a in by_attack if a not in ATTACKS)
-        for name in order:
-            metrics = by_attack[name]
-            if not isinstance(metrics, dict):
-                continue
-            curve = ((roc_curves or {}).get(label) or {}).get(name) or {}
-            row = {"name": f"{name} ({MODEL_LABELS[label]})", "advantage": metrics.get("advantage"),
-                   "auc": metrics.get("auc"), "fpr": curve.get("fpr", []), "tpr": curve.get("tpr", [])}
-            if label == "dp" and name.startswith("S-") and bound is not None:
-                row["advantage_bound"] = bound
-            rows.append(row)
-    return rows
 
 
 def format_report(report: Dict[str, Any]) -> str:
@@ -806,9 +386,9 @@ def epsilon_summary(report: Dict[str, Any]) -> List[str]:
 def run_summary(run: RunInfo):
     """What ``dpbert run`` prints when the run ends: (stdout lines, warning messages). The lines:
     ``epsilon_summary`` and, when TFX's cache re-used components, ``cached: N components reused``."""
-    built = build_report(run)
-    lines = epsilon_summary(built)
+    report = read_report(run)
+    lines = epsilon_summary(report.to_json())
     cached = [c.node_id for c in run.components if c.state == "CACHED"]
     if cached:
         lines.append(f"cached: {len(cached)} components reused ({', '.join(cached)})")
-    return lines, [w["message"] for w in built.get("warnings") or []]
+    return lines, [w.message for w in report.warnings]

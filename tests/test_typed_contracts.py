@@ -33,7 +33,6 @@ ALLOWLIST: Dict[Tuple[str, str], str] = {
     ("dpbert/model/engine/build.py", "jit_compile"): _REWRITTEN,
     ("dpbert/model/engine/build.py", "stats_every"): _REWRITTEN,
     ("dpbert/model/engine/build.py", "trainable"): _REWRITTEN,
-    ("dpbert/model/engine/workers.py", "workers"): _REWRITTEN,
     # argparse namespaces
     ("dpbert/model/noise_check.py", "seed"): _ARGS,
     ("dpbert/model/noise_check.py", "noise_mode"): _ARGS,
@@ -51,6 +50,8 @@ ALLOWLIST: Dict[Tuple[str, str], str] = {
     ("dpbert_cli/commands.py", "check_corpus"): _ARGS,
     ("dpbert_cli/dashboard.py", "ledger"): _ARGS,
     ("dpbert_cli/privatize.py", "json"): _ARGS,
+    ("dpbert_cli/export.py", "public_checkpoint"): _ARGS,
+    ("dpbert_cli/export.py", "no_public_positions"): _ARGS,
     # the DP-SGD stepper (or a test's stand-in): its worker layout exists only once built
     ("dpbert/model/engine/loop.py", "workers"): "the stepper or a test's stand-in; one worker without a layout",
     ("dpbert/model/integrity.py", "workers"): "the stepper or a test's stand-in; one worker without a layout",
@@ -64,6 +65,8 @@ ALLOWLIST: Dict[Tuple[str, str], str] = {
     ("dpbert/model/dpsgd.py", "cluster_resolver"): "tf.distribute strategies without a cluster have none",
     ("dpbert/model/dpsgd.py", "noise"): "a staged round's noise, absent when the noise is drawn in the step",
     ("dpbert/model/dpsgd.py", "_sync_fn"): "a lazily built tf.function cached on the stepper",
+    ("dpbert/mechanism/clipping.py", "_expects_training_arg"): "Keras layer internals (not every layer sets it)",
+    ("dpbert/mechanism/replicas.py", "cluster_resolver"): "tf.distribute strategies without a cluster have none",
     ("dpbert/model/engine/progress.py", "isatty"): "any file-like stream",
     ("dpbert/model/engine/loop.py", "needs_read"): "a hook protocol method hooks may leave out",
     ("dpbert/model/ghost.py", "bias"): "Keras layers with or without a bias",
@@ -195,3 +198,120 @@ def test_the_diagnostics_defaults_are_the_training_configs():
         assert shown.group(1) == (str(default).lower() if isinstance(default, bool) else repr(default))
     for path in sorted((ROOT / "dpbert/configs").glob("*.yaml")):
         assert "diagnostics" not in path.read_text(encoding="utf-8"), f"{path.name}: a second copy of a default"
+
+
+# ------------------------------------------------------------------ the run report
+#: A report document with every section (``RunReport.to_json``'s shape, key order included).
+FULL_REPORT = {
+    "run_id": "r1", "pipeline": "dpbert-demo", "status": "COMPLETE", "duration_s": 12.5,
+    "components": [{"id": "MLMPretrainer", "state": "COMPLETE", "duration_s": 3.0}],
+    "privacy": {"epsilon_vocab": 1.2, "epsilon_train": 6.5, "epsilon_total_basic": 7.7, "epsilon_total_pld": 7.1,
+                "epsilon_total_rdp": 7.4, "delta": 2.000001e-06, "delta_vocab": 1e-09, "delta_train": 2e-06,
+                "unit": "patient", "adjacency": "add_or_remove_one", "sampling": "poisson", "steps": 40,
+                "epsilon_budget": 8.0, "within_budget": 1, "epsilon_vocab_approx": True,
+                "dataset_epsilon_spent": 7.3, "dataset_rule": "rdp_filter"},
+    "vocab": {"size": 900, "words_kept": 120, "sigma": 2.0, "threshold": 12.5, "epsilon": 1.2, "non_private": 0},
+    "pretraining": {"steps": 40, "workers": 2, "final_mlm_loss": 6.9, "initial_mlm_loss": 8.9,
+                    "loss_curve": [8.9, None, float("inf"), 6.9], "loss_curve_steps": [1, 2, 3, 40],
+                    "final_mlm_accuracy": 0.1, "clipped_fraction": 0.9, "diagnostics": "dp",
+                    "diagnostics_step_noise_std": {"loss": 4.8}, "diagnostics_window": 4,
+                    "diagnostics_sum_noise_std": {"loss": 76.8}, "expected_batch_size": 16, "steps_this_run": 40,
+                    "released_batch_size_mean": 15.2,
+                    "trainable": {"sets": ["bias", "lora"], "parameters": 10, "total_parameters": 100,
+                                  "lora_merged": True},
+                    "non_dp_final_mlm_loss": 4.8},
+    "ner": {"f1": 0.71, "per_type": {"Chemical": {"f1": 0.8, "support": 3}}, "table": [["model", "f1"], ["dp", 0.7]],
+            "mode": "probe", "task": "bc5cdr", "seeds": 3},
+    "canary": {"groups": [{"group": "x1", "occurrences": 1, "exposure_dp": {"n": 2, "mean": 1.5}}],
+               "audit_epsilon_lower_bound": 0.3, "audit_max_reachable_lower_bound": 2.9,
+               "baseline_audit_epsilon_lower_bound": None},
+    "corpus": {"operator_only": True, "documents": 10, "patients": 4, "tuples": 480, "words": 5000, "tuple_words": 8,
+               "skipped_error_rows": 0, "skipped_empty_documents": 1, "replaced_bytes": 5, "corpus_bytes": 1000,
+               "replaced_fraction": 0.005, "words_per_document": 500.0},
+    "warnings": [{"section": "corpus", "code": "tiny_corpus", "message": "the corpus holds few words"}],
+    "dataset": {"dataset_id": "ds", "ledger": "/l/ds.json", "epsilon_spent": 7.3, "epsilon_rdp": 7.3,
+                "epsilon_pld": 7.1, "delta": 2e-06, "epsilon_budget": 8.0, "rule": "rdp_filter",
+                "rule_label": "Rényi filter at the committed order(s)", "within_budget": 1, "run_epsilon": 7.1},
+    "utility": {"rows": {"dp": {"heldout_mlm_loss": 6.0, "heldout_mlm_accuracy": 0.2, "ner_f1_mean": 0.7,
+                                "ner_f1_std": 0.01, "ner_synthetic_f1_mean": None, "ner_synthetic_f1_std": None}},
+                "reference": "dp", "ner_seeds": 3.0, "ner_mode": "probe", "ner_task": "bc5cdr",
+                "gain_kept_mlm_loss": None, "gain_kept_mlm_loss_std": None, "gain_kept_ner_f1": 0.5,
+                "gain_kept_ner_f1_std": 0.1, "gain_kept_ner_synthetic_f1": None, "gain_kept_ner_synthetic_f1_std": None,
+                "gain_kept_mlm_loss_reason": "no public row", "uncertainty": "std over seeds"},
+    "audit": {"epsilon_lower_bound": 0.3, "epsilon_upper_bound": 5.0, "epsilon_train_ledger": 6.5,
+              "max_reachable_lower_bound": 5.5, "consistent": 1, "canaries": 1000, "confidence": 0.95,
+              "delta": 2e-06, "steps": 40, "q": 0.1, "positive_control_lower_bound": 5.5,
+              "positive_control_exceeds_upper_bound": 1, "seconds": 12.0},
+    "charged": {"epsilon_charged": 3.0, "delta": 1e-06, "steps_charged": 20, "budget_refused": True,
+                "epsilon_budget": 8.0},
+    "interrupted": {"component": "MLMPretrainer", "step": 21, "checkpoint_step": 20},
+    "membership_inference": {"dp": {"S-BBA": {"advantage": 0.02, "auc": 0.51}}},
+    "membership_inference_rows": [{"name": "S-BBA (DP)", "advantage": 0.02, "auc": 0.51, "fpr": [0, 1],
+                                   "tpr": [0, 1]}],
+}
+
+
+def test_the_report_document_is_the_typed_reports_json_every_section_and_key_order():
+    from dpbert import schema
+    from dpbert.report_model import RunReport
+
+    report = RunReport.from_json(FULL_REPORT)
+    assert schema.dumps(report.to_json()) == schema.dumps(FULL_REPORT)  # the same document, key order included
+    assert report.privacy.within_budget is True and report.privacy.approximate == {"epsilon_vocab"}
+    assert report.pretraining.trainable.lora_merged and report.membership.attacks()[0].fpr == (0.0, 1.0)
+    assert report.dataset.rule_label == FULL_REPORT["dataset"]["rule_label"] and report.audit.powerful
+    # typed: a value of the wrong type is not carried (a string where a number belongs reads None)
+    odd = RunReport.from_json(dict(FULL_REPORT, privacy={"epsilon_total_pld": "abc", "unit": 3}))
+    assert odd.privacy.epsilon_total_pld is None and odd.privacy.unit is None
+    assert RunReport.from_json({}).to_json()["corpus"] is None  # a partial document: absent sections
+
+
+def test_the_reader_reads_a_legacy_run_with_its_older_properties(tmp_path):
+    """tests/dashboard/data/tiny_run.sqlite was written before the exact strings, loss_curve_steps,
+    workers, trainable and the dataset's ledger: each field falls back as report_model says."""
+    import shutil
+
+    from dpbert import metadata
+    from dpbert.report_model import RunReport, read_report
+
+    shutil.copy(ROOT / "tests/dashboard/data/tiny_run.sqlite", tmp_path / "metadata.sqlite")
+    run = metadata.get_run(metadata.open_store(str(tmp_path / "metadata.sqlite")))
+    report = read_report(run)
+    model = next(a.properties for a in run.artifacts("components.PretrainedModel"))
+    assert "loss_curve_steps" not in model and "workers" not in model
+    first, n = model.get("resumed_from_step") or 0, model["steps_this_run"]
+    assert report.pretraining.loss_curve_steps[-1] == first + n  # derived from the run's steps
+    assert {"epsilon_total_pld", "delta"} <= report.privacy.approximate  # rounded doubles, flagged
+    assert report.pretraining.workers is None and report.pretraining.trainable is None and report.dataset is None
+    assert report.corpus.tuples == next(a.properties for a in run.artifacts("components.WordTuples"))["num_tuples"]
+    doc = report.to_json()
+    assert RunReport.from_json(doc).to_json() == doc
+
+
+def report_lookups(source: str) -> List[int]:
+    """Lines where ``source`` reads a report as a dict: ``report.get(…)``, ``report[…]``, or the
+    same on one of its sections (``report.pretraining.get(…)``)."""
+    def on_report(node) -> bool:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id == "report"
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and on_report(node.func.value):
+            out.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and on_report(node.value):
+            out.append(node.lineno)
+    return out
+
+
+def test_the_dashboard_renders_the_typed_report_by_attribute():
+    for path in ("dashboard/views.py", "dashboard/app.py"):
+        assert report_lookups((ROOT / path).read_text(encoding="utf-8")) == [], path
+
+
+def test_the_lookup_scan_flags_a_report_read_as_a_dict():
+    assert report_lookups("def f(report):\n    return report.get('privacy')\n") == [2]
+    assert report_lookups("def f(report):\n    return report.pretraining['steps']\n") == [2]
+    assert report_lookups("def f(report):\n    return report.pretraining.steps\n") == []
