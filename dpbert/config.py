@@ -39,10 +39,15 @@ class SyntheticCorpusConfig:
     notes_per_admission: int = 2
     seed: int = 1234
     with_labels: bool = False
+    #: fixed (admissions_per_patient × notes_per_admission notes per patient) | hospital (notes per
+    #: patient drawn heavy-tailed over 1-5 admissions and four note types; the two counts above are
+    #: then unused): ``dpbert.data.synthetic``, docs/data.md.
+    shape: str = "fixed"
 
     def validate(self, prefix: str):
         for name in ("patients", "admissions_per_patient", "notes_per_admission"):
             _check(getattr(self, name) >= 1, f"{prefix}.{name}", "must be >= 1", getattr(self, name))
+        _check(self.shape in ("fixed", "hospital"), f"{prefix}.shape", "must be fixed or hospital", self.shape)
 
 
 #: ``corpus.dataset_id``: a ledger object's name on any storage (``dpbert.ledger``), normalised.

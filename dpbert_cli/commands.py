@@ -329,6 +329,8 @@ def cmd_budget(args) -> int:
     # No public n configured (n only from --examples): the trainer plans from a DP count of its
     # units and charges it, so the planned ledger charges it too.
     dp_count = guard.public_dataset_size(config) is None and not config.training.non_private
+    if args.compute is not None or args.min_steps is not None:
+        return _plan_shape(config, plan, dp_count, args)
     if args.target_epsilon is not None:
         return _target_noise_multiplier(config, n, dp_count, args.target_epsilon, args.json,
                                         getattr(args, "target", "whole") or "whole")
@@ -473,7 +475,7 @@ def training_time_estimate(config, plan) -> Optional[dict]:
         a @ a
     rate = 10 * 2 * 512 ** 3 / max(time.perf_counter() - start, 1e-9)
     seconds = (plan.steps * flops + warmup) / rate
-    return {"seconds": seconds, "steps": plan.steps, "matmul_gflops": rate / 1e9,
+    return {"seconds": seconds, "steps": plan.steps, "matmul_gflops": rate / 1e9, "step_seconds": flops / rate,
             "how": f"{plan.steps} steps × ≈ {flops / 1e9:.3g} GFLOP each at this machine's measured "
                    f"{rate / 1e9:.0f} GFLOP/s matmul rate; ±3×"}
 
@@ -546,3 +548,108 @@ def _target_noise_multiplier(config, n: int, dp_count: bool, target_epsilon: flo
               f"{fmt_delta(planned['delta'])}" + ("" if budget is None else
                                           f"; budget {budget:g}: {'within' if planned['within_budget'] else 'OVER BUDGET'}"))
     return exit_codes.OK if planned["within_budget"] else exit_codes.OVER_BUDGET
+
+
+_DURATION = {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600}
+
+
+def _compute_budget(text: str, tuples_per_second: Optional[float]) -> int:
+    """``--compute``: tuple-steps (an integer), or a duration (``2h``, ``90min``, ``600s``) times
+    the tuples per second."""
+    import re
+
+    from dpbert.accounting.shape import budget_tuple_steps
+
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(s|sec|min|m|h)\s*", str(text))
+    try:
+        if found:
+            return budget_tuple_steps(seconds=float(found.group(1)) * _DURATION[found.group(2)],
+                                      tuples_per_second=tuples_per_second)
+        value = float(text)
+        if value != int(value):
+            raise ValueError
+        return budget_tuple_steps(compute=int(value))
+    except ValueError:
+        raise UserError(f"--compute {text}: give tuple-steps (an integer >= 1, B·T·k) or a time such as 2h, "
+                        f"90min or 600s") from None
+
+
+def _shape_rate(config, plan, args) -> tuple:
+    """(tuples per second, how it was found): ``--tuples-per-second``, else this machine's ESTIMATE
+    for the configured model (``training_time_estimate``: ±3×)."""
+    if args.tuples_per_second is not None:
+        if not args.tuples_per_second > 0:
+            raise UserError(f"--tuples-per-second must be > 0, got {args.tuples_per_second}")
+        return args.tuples_per_second, "--tuples-per-second"
+    estimate = training_time_estimate(config, plan)
+    if estimate is None:
+        return None, None
+    k = plan.max_contributions if config.privacy.unit == "patient" else 1
+    return plan.batch_size * k / estimate["step_seconds"], "an ESTIMATE for this machine (±3×)"
+
+
+def _plan_shape(config, plan, dp_count: bool, args) -> int:
+    """``dpbert budget --target-epsilon E --compute N [--min-steps T]``: the batch, steps and σ with
+    the smallest σ/B for ε_T = E (``dpbert.accounting.shape``), the alternatives weighed, and the
+    planned ledger of the chosen shape (exit 3 when that whole run is over the budget)."""
+    import dataclasses
+
+    from dpbert.accounting import shape
+    from dpbert.accounting.accountant import planned_ledger
+    from dpbert.accounting.sigma import accounted_sigma
+    from pipeline import guard
+
+    if args.target_epsilon is None or args.compute is None:
+        raise UserError("--compute and --min-steps go with --target-epsilon E and --compute N (tuple-steps or a time)")
+    if config.training.non_private or dp_count:
+        raise UserError("--compute plans DP-SGD at a PUBLIC n: " + (
+            "training.non_private is set" if config.training.non_private else
+            "set training.dataset_patients (privacy.unit = patient) or training.dataset_size"))
+    if args.check_corpus:
+        sizes = corpus_sizes(config, args.check_corpus)  # operator-only, as budget --corpus
+        if sizes["match"] is False:
+            raise UserError(f"corpus: {sizes['message']}")
+    rate, how = _shape_rate(config, plan, args)
+    tc, k = config.training, plan.max_contributions if config.privacy.unit == "patient" else 1
+    chosen = shape.plan_shape(plan.dataset_size, args.target_epsilon, tc.delta, _compute_budget(args.compute, rate),
+                              args.min_steps or shape.DEFAULT_MIN_STEPS, k, multiple=tc.replicas * tc.accumulation_steps,
+                              sigma_scale=accounted_sigma(1.0, tc), tuples_per_second=rate)
+    best = chosen.chosen
+    configured = dataclasses.replace(config, training=dataclasses.replace(
+        tc, batch_size=best.batch_size, steps=best.steps, epochs=None, noise_multiplier=best.noise_multiplier))
+    planned = planned_ledger(configured, guard.public_dataset_size(config, args.examples))
+    out = {**chosen.to_dict(), "unit": config.privacy.unit, "rate_source": how,
+           "epsilon_train": planned["epsilon_train"], "epsilon_total_pld": planned["epsilon_total_pld"],
+           "delta_total": planned["delta"], "epsilon_budget": planned["epsilon_budget"],
+           "within_budget": planned["within_budget"]}
+    if args.json:
+        print_json(out)
+    else:
+        print("\n".join(_shape_lines(chosen, out, config.privacy.unit)))
+    return exit_codes.OK if planned["within_budget"] else exit_codes.OVER_BUDGET
+
+
+def _shape_lines(plan, out: dict, unit: str) -> list:
+    units = "patients" if unit == "patient" else "tuples"
+    lines = [f"shapes for ε_T ≤ {plan.target_epsilon:g} (DP-SGD, PLD at δ_T = {fmt_delta(plan.delta)}) over n = "
+             f"{plan.dataset_size:,} {units}, compute ≤ {plan.budget:,} tuple-steps (B·T·k), T ≥ {plan.min_steps}; "
+             f"chosen: the smallest σ/B",
+             f"  {'B':>7} {'T':>6} {'k':>3} {'σ':>8} {'σ_eff':>8} {'σ/B':>10} {'σ/(B√T)':>10} {'ε_T':>7} "
+             f"{'B·T·k':>12} {'time':>8}"]
+    for s in plan.alternatives:
+        mark = "→" if s == plan.chosen else " "
+        time = "-" if s.seconds is None else _duration(s.seconds)
+        lines.append(f"{mark} {s.batch_size:>7} {s.steps:>6} {s.k:>3} {s.noise_multiplier:>8.4f} "
+                     f"{s.sigma_accounted:>8.4f} {s.noise_batch_ratio:>10.3e} {s.noise_over_steps:>10.3e} "
+                     f"{s.epsilon:>7.4f} {s.tuple_steps:>12,} {time:>8}")
+    c = plan.chosen
+    lines.append(f"chosen: --set training.batch_size={c.batch_size} --set training.steps={c.steps} "
+                 f"--set training.noise_multiplier={c.noise_multiplier:.4f}")
+    if out["rate_source"]:
+        lines.append(f"time: at {c.tuple_steps / c.seconds:,.0f} tuples/s ({out['rate_source']})")
+    budget = out["epsilon_budget"]
+    lines.append(f"planned ledger of the chosen shape: ε_T = {out['epsilon_train']:.4g}, whole run (vocabulary "
+                 f"included) ε = {out['epsilon_total_pld']:.4g} (PLD) at δ = {fmt_delta(out['delta_total'])}"
+                 + ("" if budget is None else f"; budget {budget:g}: "
+                    f"{'within' if out['within_budget'] else 'OVER BUDGET'}"))
+    return lines

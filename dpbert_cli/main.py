@@ -233,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", dest="check_corpus", metavar="PATH",
                    help="also count this corpus (exactly: operator-only) and say whether the declared public "
                         "sizes match it; without it budget reads no corpus")
+    p.add_argument("--compute", metavar="N", help="with --target-epsilon: choose the batch, steps and σ for it "
+                                                  "within N tuple-steps (B·T·k), or a time (e.g. 2h, 90min, 600s) "
+                                                  "at --tuples-per-second (docs/training.md)")
+    p.add_argument("--min-steps", type=int, help="with --compute: the fewest steps a shape may take (default 100)")
+    p.add_argument("--tuples-per-second", type=float, help="with --compute: the measured training rate (default: "
+                                                           "this machine's estimate for the configured model)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.cmd_budget)
 

@@ -2,9 +2,11 @@
 
 If it exceeds ``privacy.epsilon_budget`` the run stops (exit 3) and nothing is written: the
 guard runs in the CLI process before the DAG is built, and reads the corpus only to check every
-record (``preflight_corpus``; it counts nothing it prints). n (which fixes q = B/n and the steps) is the PUBLIC ``training.dataset_size`` (required
-with a budget, ``dpbert.config``) or ``dpbert budget --examples N``: the guard never counts the
-private corpus (an exact count is a data-dependent choice and would reach the terminal). Without
+record (``preflight_corpus``: under ``privacy.unit: patient``, patients more than 2× off the
+declared number refuse the run, exit 2, naming the ratio, never the count). n (which fixes q = B/n
+and the steps) is the PUBLIC ``training.dataset_size`` (required with a budget, ``dpbert.config``)
+or ``dpbert budget --examples N``: the guard never plans from a count of the private corpus (an
+exact count is a data-dependent choice and would reach the terminal). Without
 a budget and without a public n there is nothing to check before the run: the trainer plans from
 a DP count and the accountant charges it.
 
@@ -30,7 +32,31 @@ def preflight_corpus(config: Config):
     directory or ML Metadata exist."""
     from dpbert.data.validate import validate_corpus
 
-    validate_corpus(config.corpus, config.privacy.unit)
+    summary = validate_corpus(config.corpus, config.privacy.unit)
+    problem = patients_mismatch(config, summary.patients)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def patients_mismatch(config: Config, patients: int) -> Optional[str]:
+    """Why the pre-pass's ``patients`` refuse the run (``privacy.unit: patient`` and a declared
+    ``training.dataset_patients``), or None: more than ``dpbert.report.PUBLIC_SIZE_FACTOR`` (2×)
+    either way, the test ``dpbert budget --corpus`` and the report apply after the run — q = B/n
+    is planned on the declared n, so a corpus r× the size draws batches r× the planned B. The
+    message gives the ratio to 2 significant digits, never the count: operator-only (the
+    terminal of who holds the corpus), like ``--corpus``'s exact count; nothing is written."""
+    from dpbert.report import PUBLIC_SIZE_FACTOR, significant
+
+    declared = config.training.dataset_patients
+    if config.privacy.unit != "patient" or not declared or not patients:
+        return None
+    ratio = patients / declared
+    if 1 / PUBLIC_SIZE_FACTOR <= ratio <= PUBLIC_SIZE_FACTOR:
+        return None
+    return (f"the corpus holds about {significant(ratio)}× the patients declared by training.dataset_patients = "
+            f"{declared:,} (more than {PUBLIC_SIZE_FACTOR:g}× off): q = B/n would be planned on the wrong n, "
+            f"Poisson batches about {significant(ratio)}× the planned B. Set training.dataset_patients to "
+            f"(a public bound on) your corpus's number of patients; dpbert budget --corpus PATH checks it")
 
 
 def vocabulary_threshold(config: Config) -> Optional[dict]:

@@ -14,6 +14,8 @@ def corpus_description(config: CorpusConfig) -> str:
     """A log-safe description of the corpus (its location, never its content)."""
     if config.path is None:
         s = config.synthetic
+        if s.shape == "hospital":
+            return f"embedded synthetic corpus (hospital shape, patients={s.patients}, seed={s.seed})"
         return (f"embedded synthetic corpus (patients={s.patients}, admissions/patient="
                 f"{s.admissions_per_patient}, notes/admission={s.notes_per_admission}, seed={s.seed})")
     return f"{config.path} (format {config.format or readers.detect_format(config.path)})"
@@ -22,9 +24,7 @@ def corpus_description(config: CorpusConfig) -> str:
 def iter_documents(config: CorpusConfig, stats: Optional[DecodeStats] = None) -> Iterator[Document]:
     """Stream the configured corpus; raises ``CorpusError`` (naming the path) if it is empty."""
     if config.path is None:
-        s = config.synthetic
-        docs = synthetic.generate_notes(s.patients, s.admissions_per_patient, s.notes_per_admission, s.seed)
-        return readers.require_nonempty(docs, "<synthetic corpus>")
+        return readers.require_nonempty(synthetic.corpus_notes(config.synthetic), "<synthetic corpus>")
     documents = readers.read_corpus(config.path, config.format, stats, config.glob, config.encoding)
     return readers.require_nonempty(documents, config.path)
 

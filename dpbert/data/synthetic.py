@@ -10,6 +10,14 @@ The generator streams (one note at a time) and is deterministic: the same seed a
 byte-identical notes. With ``with_labels`` it also yields word-level BIO tags for the
 problem / test / treatment mentions, aligned with ``dpbert.data.words.split_words``.
 
+Shapes (``corpus.synthetic.shape``). ``fixed`` (default): every patient has
+``admissions_per_patient`` × ``notes_per_admission`` notes (the demo: 1 × 1, one note per patient).
+``hospital``: notes per patient drawn heavy-tailed (:func:`hospital_note_count`: median 2–3, mean
+≈ 6, cap :data:`HOSPITAL_MAX_NOTES`) over 1–5 admissions, of four types (discharge summary,
+progress, nursing, radiology), the patient's name, MRN, birth date, chronic problems and drugs the
+same in all of them; any patient's notes come on demand (:func:`hospital_patient_notes`) and the
+corpus streams patient by patient. docs/data.md gives the measured rate and the distribution.
+
 Seeds. A corpus's notes come from one RNG per patient keyed ``"{seed}:{patient}"`` (any integer
 seed: ``corpus.synthetic.seed``, default 1234; the NER stage's held-out MLM text uses 987654321, the
 canary carriers their own). The in-domain NER task (:func:`ner_sentences`, ``ner.task:
@@ -33,6 +41,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -245,6 +254,189 @@ def _generate(patients, admissions_per_patient, notes_per_admission, seed):
                 yield note, Document(doc_id=note_id, text=note.text(), patient_id=patient.patient_id,
                                      admission_id=admission_id, note_id=note_id)
             admit = discharge + dt.timedelta(days=rng.randint(30, 400))
+
+
+# ------------------------------------------------------------------------------------------
+# The hospital shape (``corpus.synthetic.shape: hospital``)
+# ------------------------------------------------------------------------------------------
+
+#: ``corpus.synthetic.shape`` values (module docstring).
+SHAPES = ("fixed", "hospital")
+#: Notes per patient of the hospital shape: round(exp(μ + s·Z)), Z ~ N(0, 1), clipped to
+#: [1, HOSPITAL_MAX_NOTES]. The log-normal has median e^μ = 2.5 and mean e^(μ + s²/2) ≈ 6.2 before
+#: rounding and the cap; P[exp(μ + s·Z) > 300] ≈ 2e-4 (a few patients per 10,000 at the cap).
+#: MIMIC-III is heavier still (≈ 2.08M notes over ≈ 46.5k patients, mean ≈ 45, nursing and ECG
+#: notes included): the shape keeps a real corpus's skew at a size two cores generate.
+HOSPITAL_LOG_MEDIAN = math.log(2.5)
+HOSPITAL_LOG_SPREAD = 1.3
+HOSPITAL_MAX_NOTES = 300
+HOSPITAL_NOTE_TYPES = ("discharge summary", "progress note", "nursing note", "radiology report")
+#: The admissions of a patient (at most its notes): MIMIC-III has ≈ 58.9k admissions over ≈ 46.5k
+#: patients (1.27 each); these weights give a mean of 1.32.
+_ADMISSIONS = ((1, 80), (2, 12), (3, 5), (4, 2), (5, 1))
+#: The types of a patient's notes other than each admission's discharge summary.
+_OTHER_NOTES = (("progress note", 30), ("nursing note", 45), ("radiology report", 25))
+_IMAGING = ("chest x-ray", "chest radiograph", "ct scan of the abdomen", "ct scan of the head", "mri of the brain",
+            "echocardiogram", "transthoracic echocardiogram")
+_FINDINGS = ("no acute cardiopulmonary process", "mild cardiomegaly", "small left pleural effusion",
+             "bibasilar atelectasis", "no acute intracranial hemorrhage", "stable postoperative changes",
+             "patchy right lower lobe opacity", "no free air", "moderate pulmonary edema")
+
+
+def _hospital_rng(seed, patient: int) -> random.Random:
+    """The patient's RNG: the corpus key ``"{seed}:{patient}"`` (module docstring)."""
+    return random.Random(f"{seed}:{patient}")
+
+
+def _draw_note_count(rng: random.Random) -> int:
+    x = math.exp(HOSPITAL_LOG_MEDIAN + HOSPITAL_LOG_SPREAD * rng.gauss(0.0, 1.0))
+    return max(1, min(HOSPITAL_MAX_NOTES, int(math.floor(x + 0.5))))
+
+
+def hospital_note_count(patient: int, seed: int = 1234) -> int:
+    """The number of notes patient ``patient`` has in the hospital-shaped corpus of ``seed`` (the
+    first draw of its RNG: cheap, nothing is rendered)."""
+    return _draw_note_count(_hospital_rng(seed, patient))
+
+
+def _header(note: _Note, patient: _Patient, title: str, day: dt.date):
+    name = f"{patient.first.capitalize()} {patient.last.capitalize()}"
+    note.add(f"{title.upper()}\nName: {name}   MRN: {patient.mrn}   DOB: {patient.birth:%m/%d/%Y}\n"
+             f"Date: {day:%m/%d/%Y}   Age: {(day - patient.birth).days // 365}   Sex: {patient.sex}\n\n")
+
+
+def _render_progress(rng: random.Random, patient: _Patient, day: dt.date) -> _Note:
+    note = _Note()
+    _header(note, patient, "progress note", day)
+    note.add("S: ")
+    _entity(note, patient.problems[0], "problem")
+    note.add(f" {rng.choice(['improving', 'unchanged', 'worse overnight'])}; "
+             f"{rng.choice(['no new complaints', 'slept poorly', 'tolerating diet'])}.\n")
+    note.add(f"O: T {rng.uniform(36.0, 39.0):.1f} HR {rng.randint(55, 120)} BP {rng.randint(95, 170)}/"
+             f"{rng.randint(55, 95)} SpO2 {rng.randint(90, 100)}%. ")
+    _entity(note, rng.choice(lexicon("tests")), "test")
+    note.add(f" {rng.choice(_RESULTS)}.\nA/P:\n")
+    for i, problem in enumerate(patient.problems[:rng.randint(2, 4)], start=1):
+        note.add(f"{i}. ")
+        _entity(note, problem, "problem")
+        note.add(": continue ")
+        _entity(note, rng.choice(patient.treatments), "treatment")
+        note.add(f" {rng.choice(_DOSES)} {rng.choice(_ROUTES)} {rng.choice(_FREQ)}.\n")
+    note.add(f"Dr. {rng.choice(lexicon('surnames')).capitalize()}\n")
+    return note
+
+
+def _render_nursing(rng: random.Random, patient: _Patient, day: dt.date) -> _Note:
+    note = _Note()
+    _header(note, patient, "nursing note", day)
+    note.add(f"{rng.choice(['Day', 'Night'])} shift. Pt {patient.last.capitalize()} "
+             f"{rng.choice(['alert and oriented x3', 'resting comfortably', 'anxious, reassured'])}. "
+             f"Pain {rng.randint(0, 10)}/10. HR {rng.randint(55, 120)}, RR {rng.randint(12, 26)}, "
+             f"SpO2 {rng.randint(90, 100)}% on {rng.choice(['ra', '2l nc'])}. "
+             f"I/O {rng.randint(400, 2500)}/{rng.randint(300, 2200)} ml.\nGiven: ")
+    _entity(note, rng.choice(patient.treatments), "treatment")
+    note.add(" as ordered. Monitoring for ")
+    _entity(note, rng.choice(patient.problems), "problem")
+    note.add(f". {rng.choice(['Call light in reach.', 'Family at bedside.', 'Will continue to monitor.'])} "
+             f"RN {rng.choice(lexicon('given_names')).capitalize()}\n")
+    return note
+
+
+def _render_radiology(rng: random.Random, patient: _Patient, day: dt.date) -> _Note:
+    note = _Note()
+    _header(note, patient, "radiology report", day)
+    note.add("EXAM: ")
+    _entity(note, rng.choice(_IMAGING), "test")
+    note.add("\nINDICATION: ")
+    _entity(note, rng.choice(patient.problems), "problem")
+    note.add(f"\nFINDINGS: {rng.choice(_FINDINGS).capitalize()}. {rng.choice(_FINDINGS).capitalize()}.\n"
+             f"IMPRESSION: {rng.choice(_FINDINGS).capitalize()}.\nRead by Dr. "
+             f"{rng.choice(lexicon('surnames')).capitalize()}\n")
+    return note
+
+
+def _admission_plan(rng: random.Random, count: int) -> List[List[str]]:
+    """The note types of each admission: one discharge summary closes each admission, the rest
+    are spread over the admissions at random (types by :data:`_OTHER_NOTES`)."""
+    admissions = min(count, rng.choices([a for a, _ in _ADMISSIONS], [w for _, w in _ADMISSIONS])[0])
+    plan: List[List[str]] = [[] for _ in range(admissions)]
+    kinds, weights = [t for t, _ in _OTHER_NOTES], [w for _, w in _OTHER_NOTES]
+    for _ in range(count - admissions):
+        plan[rng.randrange(admissions)].append(rng.choices(kinds, weights)[0])
+    return [notes + ["discharge summary"] for notes in plan]
+
+
+def _hospital_patient(index: int, seed) -> Iterator[Tuple[_Note, Document]]:
+    """The notes of patient ``index`` of the hospital shape, in date order (a function of
+    (seed, index) alone)."""
+    rng = _hospital_rng(seed, index)
+    count = _draw_note_count(rng)
+    patient = _Patient(rng, index)
+    admit = patient.birth + dt.timedelta(days=365 * rng.randint(25, 85) + rng.randrange(0, 365))
+    renderers = {"progress note": _render_progress, "nursing note": _render_nursing,
+                 "radiology report": _render_radiology}
+    for a, types in enumerate(_admission_plan(rng, count)):
+        stay = max(rng.randint(1, 12), len(types) // 8)
+        discharge = admit + dt.timedelta(days=stay)
+        admission_id = f"{patient.patient_id}-A{a}"
+        days = sorted(rng.randint(0, stay) for _ in types[:-1])
+        for n, kind in enumerate(types):
+            if kind == "discharge summary":
+                note = _render_note(rng, patient, admit, discharge, kind)
+            else:
+                note = renderers[kind](rng, patient, admit + dt.timedelta(days=days[n]))
+            note_id = f"{admission_id}-N{n}"
+            yield note, Document(doc_id=note_id, text=note.text(), patient_id=patient.patient_id,
+                                 admission_id=admission_id, note_id=note_id)
+        admit = discharge + dt.timedelta(days=rng.randint(30, 400))
+
+
+def hospital_patient_facts(patient: int, seed: int = 1234) -> dict:
+    """What every note of patient ``patient`` (hospital shape) agrees on: ``patient_id``, ``name``,
+    ``mrn``, ``birth`` (date), ``sex``, ``problems`` and ``treatments`` (4 each: its chronic
+    problems and drugs), ``notes`` (their number)."""
+    rng = _hospital_rng(seed, patient)
+    count = _draw_note_count(rng)
+    p = _Patient(rng, patient)
+    return {"patient_id": p.patient_id, "name": f"{p.first.capitalize()} {p.last.capitalize()}", "mrn": p.mrn,
+            "birth": p.birth, "sex": p.sex, "problems": tuple(p.problems), "treatments": tuple(p.treatments),
+            "notes": count}
+
+
+def hospital_patient_notes(patient: int, seed: int = 1234) -> List[Document]:
+    """Patient ``patient``'s notes in the hospital-shaped corpus of ``seed``, generated on demand
+    (≤ :data:`HOSPITAL_MAX_NOTES`; no other patient is generated)."""
+    if not isinstance(patient, int) or patient < 0:
+        raise ValueError(f"patient must be an integer >= 0, got {patient!r}")
+    return [document for _, document in _hospital_patient(patient, seed)]
+
+
+def generate_hospital_notes(patients: int = 40, seed: int = 1234, start: int = 0) -> Iterator[Document]:
+    """Stream the hospital-shaped corpus: patients ``start`` … ``start + patients − 1``, one patient's
+    notes at a time (memory: one patient's ≤ :data:`HOSPITAL_MAX_NOTES` notes)."""
+    if not isinstance(patients, int) or patients < 1:
+        raise ValueError(f"patients must be an integer >= 1, got {patients!r}")
+    for p in range(start, start + patients):
+        for _, document in _hospital_patient(p, seed):
+            yield document
+
+
+def generate_hospital_labeled_notes(patients: int = 40, seed: int = 1234) -> Iterator[LabeledNote]:
+    """The hospital-shaped corpus with word-level BIO tags (as :func:`generate_labeled_notes`)."""
+    for p in range(patients):
+        for note, document in _hospital_patient(p, seed):
+            words, tags = note.words_and_tags()
+            yield LabeledNote(document=document, words=tuple(words), tags=tuple(tags))
+
+
+def corpus_notes(synthetic_config) -> Iterator[Document]:
+    """The embedded corpus a ``dpbert.config.SyntheticCorpusConfig`` describes (its ``shape``)."""
+    s = synthetic_config
+    if s.shape == "hospital":
+        return generate_hospital_notes(s.patients, s.seed)
+    if s.shape != "fixed":
+        raise ValueError(f"corpus.synthetic.shape must be one of {SHAPES}, got {s.shape!r}")
+    return generate_notes(s.patients, s.admissions_per_patient, s.notes_per_admission, s.seed)
 
 
 # ------------------------------------------------------------------------------------------

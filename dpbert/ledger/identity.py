@@ -45,8 +45,11 @@ SYNTHETIC_PREFIX = "synthetic-"
 def synthetic_dataset_id(corpus: CorpusConfig) -> str:
     """``synthetic-<hash>`` of the generator parameters (patients, admissions, notes, seed)."""
     s = corpus.synthetic
-    material = json.dumps({"patients": s.patients, "admissions_per_patient": s.admissions_per_patient,
-                           "notes_per_admission": s.notes_per_admission, "seed": s.seed}, sort_keys=True)
+    params = {"patients": s.patients, "admissions_per_patient": s.admissions_per_patient,
+              "notes_per_admission": s.notes_per_admission, "seed": s.seed}
+    if s.shape != "fixed":  # another corpus, another ledger (fixed ids unchanged)
+        params["shape"] = s.shape
+    material = json.dumps(params, sort_keys=True)
     return SYNTHETIC_PREFIX + hashlib.sha256(material.encode("utf-8")).hexdigest()[:12]
 
 

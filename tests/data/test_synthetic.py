@@ -1,3 +1,5 @@
+import dataclasses
+
 from dpbert.data.synthetic import ENTITY_TYPES, generate_labeled_notes, generate_notes, lexicon
 from dpbert.data.words import split_words
 
@@ -38,7 +40,7 @@ def test_bio_labels_align_with_the_word_definition_and_cover_all_types():
     assert types == set(ENTITY_TYPES)
 
 
-# --- the in-domain NER task (ner.task: synthetic, issue 23 item 2) ---------------------------
+# --- the in-domain NER task (ner.task: synthetic) ----------------------------------------------
 
 def _spans(words, tags):
     from dpbert.evaluate.ner import extract_entities
@@ -107,3 +109,143 @@ def test_ner_patients_are_fresh_no_corpus_seed_reaches_their_stream():
     assert a != random.Random(f"{synthetic.NER_SEED}:0").random()
     assert synthetic.ner_sentences("test", 30) == synthetic.ner_sentences("test", 30)  # deterministic
     assert synthetic.ner_sentences("test", 30) != synthetic.ner_sentences("train", 30)
+
+
+# --- the hospital shape (corpus.synthetic.shape: hospital) ------------------------------------
+
+def test_hospital_notes_per_patient_are_heavy_tailed_with_the_stated_summary():
+    """Counts alone (nothing rendered): median 2-3, mean 5-8, capped; MIMIC-like skew."""
+    import statistics
+
+    from dpbert.data.synthetic import HOSPITAL_MAX_NOTES, hospital_note_count
+
+    counts = [hospital_note_count(p, seed=1234) for p in range(5_000)]
+    assert 2 <= statistics.median(counts) <= 3
+    assert 5.0 <= statistics.mean(counts) <= 8.0  # 5.9 (5,000 patients; 5.88 over 100,000)
+    assert statistics.mean(counts) > 2 * statistics.median(counts)  # skewed
+    assert min(counts) == 1 and max(counts) <= HOSPITAL_MAX_NOTES
+    assert sum(c >= 50 for c in counts) > 25  # a heavy tail: P[≥ 50 notes] ≈ 1 %
+
+
+def test_hospital_note_count_is_capped(monkeypatch):
+    """Positive control of the cap: a draw far in the tail gives HOSPITAL_MAX_NOTES, not more."""
+    import random
+
+    from dpbert.data import synthetic
+
+    class Tail(random.Random):
+        def gauss(self, mu=0.0, sigma=1.0):
+            return 50.0
+
+    assert synthetic._draw_note_count(Tail(0)) == synthetic.HOSPITAL_MAX_NOTES
+    assert synthetic._draw_note_count(random.Random(0)) < synthetic.HOSPITAL_MAX_NOTES
+
+
+def _patients_with(min_notes, count, seed=1234):
+    from dpbert.data.synthetic import hospital_note_count
+
+    return [p for p in range(400) if hospital_note_count(p, seed) >= min_notes][:count]
+
+
+def _inconsistencies(facts, notes, other_mrns):
+    """What in ``notes`` disagrees with the patient's ``facts`` (empty when consistent)."""
+    out = []
+    dob = f"DOB: {facts['birth']:%m/%d/%Y}"
+    for d in notes:
+        kind = d.text.split("\n", 1)[0].lower()
+        if d.patient_id != facts["patient_id"] or not all(
+                x in d.text for x in (f"Name: {facts['name']}", f"MRN: {facts['mrn']}", dob)):
+            out.append(f"{d.doc_id}: header")
+        if not any(problem in d.text for problem in facts["problems"]):
+            out.append(f"{d.doc_id}: no chronic problem")
+        if kind != "radiology report" and not any(drug in d.text for drug in facts["treatments"]):
+            out.append(f"{d.doc_id}: no home drug")
+        if any(mrn in d.text for mrn in other_mrns):
+            out.append(f"{d.doc_id}: another patient's MRN")
+    admissions = {}
+    for d in notes:
+        admissions.setdefault(d.admission_id, []).append(d.text.split("\n", 1)[0].lower())
+    if not all(k[-1] == "discharge summary" and k.count("discharge summary") == 1 for k in admissions.values()):
+        out.append("an admission not closed by one discharge summary")
+    return out
+
+
+def test_hospital_facts_are_the_same_in_every_note_of_a_patient():
+    from dpbert.data.synthetic import HOSPITAL_NOTE_TYPES, hospital_patient_facts, hospital_patient_notes
+
+    patients = _patients_with(6, 4)
+    assert len(patients) == 4
+    types = set()
+    for p in patients:
+        facts, notes = hospital_patient_facts(p), hospital_patient_notes(p)
+        assert len(notes) == facts["notes"] >= 6
+        others = {hospital_patient_facts(q)["mrn"] for q in range(20) if q != p} - {facts["mrn"]}
+        assert _inconsistencies(facts, notes, others) == []
+        types |= {d.text.split("\n", 1)[0].lower() for d in notes}
+    assert types == set(HOSPITAL_NOTE_TYPES)
+    # Positive control: one note of another patient among p's notes (relabelled as p's) is caught.
+    p, q = patients[:2]
+    stranger = dataclasses.replace(hospital_patient_notes(q)[0], patient_id=hospital_patient_facts(p)["patient_id"])
+    facts = hospital_patient_facts(p)
+    assert _inconsistencies(facts, hospital_patient_notes(p)[:-1] + [stranger], {hospital_patient_facts(q)["mrn"]})
+
+
+def test_hospital_patient_notes_are_a_function_of_the_seed_and_the_patient():
+    from dpbert.data.synthetic import generate_hospital_notes, hospital_patient_notes
+
+    streamed = list(generate_hospital_notes(patients=6, seed=7))
+    p = 4
+    on_demand = hospital_patient_notes(p, seed=7)
+    assert on_demand == [d for d in streamed if d.patient_id == "P000004"]
+    assert on_demand == hospital_patient_notes(p, seed=7)  # again: the same
+    assert [d.text for d in on_demand] != [d.text for d in hospital_patient_notes(p, seed=8)]
+    assert list(generate_hospital_notes(patients=3, seed=7, start=3)) == [d for d in streamed if d.patient_id >= "P000003"]
+    assert len({d.doc_id for d in streamed}) == len(streamed)
+
+
+def test_hospital_corpus_streams_without_materialising_it():
+    import inspect
+    import itertools
+
+    from dpbert.data.synthetic import generate_hospital_notes
+
+    stream = generate_hospital_notes(patients=10 ** 9, seed=3)  # a list of it could not exist
+    assert inspect.isgenerator(stream)
+    first = list(itertools.islice(stream, 12))
+    assert len(first) == 12 and first[0].patient_id == "P000000"
+
+
+def test_corpus_notes_follows_the_configured_shape():
+    import itertools
+
+    import pytest
+
+    from dpbert.config import ConfigError, SyntheticCorpusConfig, load_config
+    from dpbert.data.synthetic import corpus_notes, generate_hospital_notes
+
+    fixed = SyntheticCorpusConfig(patients=3, admissions_per_patient=1, notes_per_admission=1, seed=5)
+    assert SyntheticCorpusConfig().shape == "fixed"
+    assert list(corpus_notes(fixed)) == list(generate_notes(3, 1, 1, 5))  # the default is unchanged
+    hospital = SyntheticCorpusConfig(patients=3, seed=5, shape="hospital")
+    assert list(itertools.islice(corpus_notes(hospital), 5)) == list(itertools.islice(generate_hospital_notes(3, 5), 5))
+    with pytest.raises(ConfigError, match="corpus.synthetic.shape"):
+        load_config(None, ["corpus.synthetic.shape=ward"], preset="demo")
+    assert load_config(None, ["corpus.synthetic.shape=hospital"], preset="demo").corpus.synthetic.shape == "hospital"
+
+
+def test_the_hospital_shape_is_another_dataset_with_its_own_ledger():
+    """The synthetic corpus's dataset id names its generator's parameters: the hospital shape is
+    another corpus (another ledger); the fixed shape's id is the one it always had."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from dpbert.config import CorpusConfig, SyntheticCorpusConfig
+    from dpbert.ledger.identity import synthetic_dataset_id
+
+    s = SyntheticCorpusConfig(patients=100, seed=9)
+    fixed = synthetic_dataset_id(CorpusConfig(synthetic=s))
+    material = json.dumps({"patients": 100, "admissions_per_patient": 2, "notes_per_admission": 2, "seed": 9},
+                          sort_keys=True)
+    assert fixed == "synthetic-" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:12]
+    assert synthetic_dataset_id(CorpusConfig(synthetic=dataclasses.replace(s, shape="hospital"))) != fixed
