@@ -224,8 +224,8 @@ def _lines(out) -> list:
     divisor = (f"the declared count {e['divisor']:g} (public)" if e["divisor_source"] == "declared"
                else f"a DP count {e['divisor']:.1f} (noise std {r['released']['count_std']:.4g})")
     return lines + [
-        f"  DP estimate over {who}: mean of ({r['start']} loss − model loss) = {e['estimate']:+.4f} nats, "
-        f"{e['level']:.0%} interval [{e['low']:+.4f}, {e['high']:+.4f}]: {e['verdict']}",
+        f"  DP estimate over {who}: mean of (start's loss − model's loss) = {e['estimate']:+.4f} nats, "
+        f"{e['level']:.0%} interval [{e['low']:+.4f}, {e['high']:+.4f}]: {e['verdict']} (start: {r['start']})",
         f"  released: the sum of differences clipped to ±{r['clip']:g}, {r['released']['sum']:+.4f} (noise std "
         f"{r['released']['sum_std']:.4g}), divided by {divisor}",
         f"  charged: ε = {fmt_epsilon(r['epsilon'])} at δ = {fmt_delta(r['delta'])} (one Gaussian, noise multiplier "
