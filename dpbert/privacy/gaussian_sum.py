@@ -55,7 +55,9 @@ def split(noise_multiplier: float, with_count: bool) -> Tuple[float, Optional[fl
 
 def combined(z_sum: float, z_count: Optional[float]) -> float:
     """1/μ: the one Gaussian noise multiplier equivalent to the pair (module docstring)."""
-    mu2 = _checks.positive("z_sum", z_sum) ** -2 + (0.0 if z_count is None else _checks.positive("z_count", z_count) ** -2)
+    mu2 = _checks.positive("z_sum", z_sum) ** -2
+    if z_count is not None:
+        mu2 += _checks.positive("z_count", z_count) ** -2
     return mu2 ** -0.5
 
 

@@ -20,7 +20,8 @@ DRAWS = 4000
 
 
 def std_within_chi_square(samples, claimed_std, tail=1e-4) -> bool:
-    """(n − 1)·s²/σ² ~ χ²(n − 1) when the noise is N(0, σ²): False outside its [tail, 1 − tail] quantiles."""
+    """(n − 1)·s²/σ² ~ χ²(n − 1) when the noise is N(0, σ²): False outside its [tail, 1 − tail]
+    quantiles."""
     n = len(samples)
     statistic = (n - 1) * np.var(samples, ddof=1) / claimed_std ** 2
     return bool(chi2.ppf(tail, n - 1) <= statistic <= chi2.ppf(1 - tail, n - 1))
@@ -117,7 +118,8 @@ def test_b_adding_a_patient_changes_no_other_units_rows_or_masks(tmp_path):
 def test_c_the_interval_and_the_verdict():
     declared = readout.estimate({"sum": 10.0, "sum_std": 2.0, "count": None, "count_std": None}, 20)
     assert declared["estimate"] == 0.5 and declared["divisor_source"] == "declared"
-    assert declared["low"] == pytest.approx((10 - 1.959964 * 2) / 20, abs=1e-6) and declared["verdict"].startswith("learned")
+    assert declared["low"] == pytest.approx((10 - 1.959964 * 2) / 20, abs=1e-6)
+    assert declared["verdict"].startswith("learned")
     unsure = readout.estimate({"sum": 1.0, "sum_std": 2.0, "count": None, "count_std": None}, 20)
     assert unsure["low"] < 0 < unsure["high"] and unsure["verdict"].startswith("cannot tell")
     worse = readout.estimate({"sum": -10.0, "sum_std": 2.0, "count": None, "count_std": None}, 20)
