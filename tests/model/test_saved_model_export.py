@@ -1,5 +1,4 @@
-"""Longer checks (``-m slow``): SavedModel export. (The two-replica noise-check CLI runs once, in
-tests/model/test_noise_check_cli.py.)"""
+"""The exported SavedModel gives the Keras model's outputs (slow tier: ``-m slow``)."""
 from pathlib import Path
 
 import numpy as np
