@@ -121,3 +121,22 @@ def test_the_run_form_finds_the_runs_dp_model_tuples_vocabulary_and_split(tmp_pa
     assert parts.tokenizer_dir == storage.join(files["model"], "tokenizer")
     assert (parts.tuples_dir, parts.vocabulary_dir) == (files["tuples"], files["vocabulary"])
     assert (parts.fraction, parts.key_id, parts.dataset_id, parts.folder) == (0.0, None, None, str(tmp_path))
+
+
+def test_after_a_public_start_the_start_is_rebuilt_from_the_configuration(run_folders, tmp_path_factory, capsys):
+    from tests.cli.test_export import public_start as build_public_start
+
+    artifact, models, checkpoint, _ = build_public_start.__wrapped__(tmp_path_factory)
+    sets, args = _overrides(run_folders, "model.init=minilm", f"model.init_dir={checkpoint}", "model.public_layers=2",
+                            "model.max_seq_length=32")
+    assert main(["readout", str(artifact), "--tuples", str(run_folders / "tuples"), *args, "--json"]) == exit_codes.OK
+    out = json.loads(capsys.readouterr().out)
+    assert out["readout"]["start"] == "public start" and _ledger(sets)["entries"]
+    # the start is the checkpoint's (with its random head), not the uniform guess, and not the trained model
+    signal = out["public_signal"]
+    assert signal["start"] != pytest.approx(math.log(len(VOCAB))) and signal["start"] != pytest.approx(signal["model"])
+    # a configuration whose public start has another shape is refused before anything is charged
+    sets, args = _overrides(run_folders, "model.init=minilm", f"model.init_dir={checkpoint}", "model.public_layers=3",
+                            "model.max_seq_length=32")
+    assert main(["readout", str(artifact), "--tuples", str(run_folders / "tuples"), *args]) == exit_codes.BAD_INPUT
+    assert "its public start is" in capsys.readouterr().err
