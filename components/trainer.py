@@ -18,7 +18,7 @@ from tfx.dsl.component.experimental.decorators import component
 from components.artifacts import CanaryList, DPVocabulary, PretrainedModel, WordTuples
 from components.common import get_property, pipeline_root_of, set_properties
 from dpbert import schema
-from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig, section_from_json
+from dpbert.config import TrainingConfig, section_from_json
 
 
 @component
@@ -43,44 +43,35 @@ def MLMPretrainer(
     own settings do not re-train the model. ``non_private``: 1 for the non-private baseline.
     ``ledger_target``: the dataset ledger (``dpbert.ledger.LedgerTarget`` JSON; empty: none).
     ``pipeline_root``: the pipeline root the DAG was built with (the trainer state lives under it).
-    ``training.workers`` W > 1: W worker processes of the same stage (``dpbert.trainer_workers``),
-    started here on loopback, or, with ``custom_job`` (the CustomJob template a compiled Vertex AI
-    spec carries, ``kubeflow.custom_job``), as the replicas of a Vertex AI custom job this step
-    submits and waits for. Either way the chief's result becomes this artifact's.
+    The stage runs as a ``dpbert.launch`` job (``dpbert.trainer_workers``): in this process with
+    one worker; with ``training.workers`` W > 1, W worker processes started here on loopback, or,
+    with ``custom_job`` (the CustomJob template a compiled Vertex AI spec carries,
+    ``kubeflow.custom_job``), the replicas of a Vertex AI custom job this step submits and waits
+    for. Either way the chief's result becomes this artifact's.
     """
+    from dpbert.trainer_workers import invocation, train
+
     tc = section_from_json(TrainingConfig, training_config)
     root = received_root(pipeline_root, model.uri)
-    if tc.workers > 1 or custom_job:
-        from dpbert.trainer_workers import invocation, run_local_workers
+    inv = invocation(tuples.uri, vocabulary.uri, model.uri, model_config, training_config, privacy_config,
+                     membership_config, pipeline_root=root, canaries_dir=None if canaries is None else canaries.uri,
+                     non_private=bool(non_private),
+                     # The vocabulary's DP record: the trainer refuses any step the budget does not cover.
+                     vocab_event=get_property(vocabulary, schema.DP_EVENT),
+                     # The dataset's privacy ledger: the run's charge is reserved before the data is read.
+                     ledger_target=ledger_target)
+    result = train(inv, choose_launcher(tc.workers, custom_job))
+    set_properties(model, {**result["properties"], "workers": result["workers"], "code_version": code_version})
 
-        inv = invocation(tuples.uri, vocabulary.uri, model.uri, model_config, training_config, privacy_config,
-                         membership_config, pipeline_root=root,
-                         canaries_dir=None if canaries is None else canaries.uri, non_private=bool(non_private),
-                         vocab_event=get_property(vocabulary, schema.DP_EVENT), ledger_target=ledger_target)
-        if custom_job:  # the compiled Vertex AI step: the replicas of a custom job it submits and polls
-            from kubeflow.custom_job import run_custom_job
 
-            result = run_custom_job(custom_job, inv)
-        else:
-            result = run_local_workers(inv)
-        set_properties(model, {**result["properties"], "workers": result["workers"], "code_version": code_version})
-        return
-    from dpbert.stages.pretrain import pretrain
+def choose_launcher(workers: int, custom_job: str = ""):
+    """Where the trainer's processes run: the replicas of the compiled Vertex AI custom job
+    (``custom_job``: its template), W > 1 local worker processes on loopback, or this process."""
+    from dpbert.launch import InProcessLauncher, LocalWorkersLauncher, VertexCustomJobLauncher
 
-    result = pretrain(
-        tuples.uri, vocabulary.uri, model.uri,
-        model_config=section_from_json(ModelConfig, model_config),
-        training_config=tc,
-        privacy_config=section_from_json(PrivacyConfig, privacy_config),
-        membership_config=section_from_json(MembershipConfig, membership_config),
-        pipeline_root=root,
-        canaries_dir=None if canaries is None else canaries.uri,
-        non_private=bool(non_private),
-        # The vocabulary's DP record: the trainer refuses any step the budget does not cover.
-        vocab_event=get_property(vocabulary, schema.DP_EVENT),
-        # The dataset's privacy ledger: the run's charge is reserved before the data is read.
-        ledger_target=ledger_target)
-    set_properties(model, {**result.properties, "workers": 1, "code_version": code_version})
+    if custom_job:
+        return VertexCustomJobLauncher(custom_job)
+    return LocalWorkersLauncher() if workers > 1 else InProcessLauncher()
 
 
 def received_root(pipeline_root: str, model_uri: str) -> str:

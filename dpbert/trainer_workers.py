@@ -1,20 +1,21 @@
-"""The trainer stage on ``training.workers`` = W worker processes.
+"""The trainer stage as a launched job: one process, or ``training.workers`` = W worker processes.
 
 Every process runs the SAME stage code on the same artifact URIs, so the sharding by unit, the
 plan and the state directory are derived identically in each; ``TF_CONFIG`` gives its rank (the
-chief is rank 0). The chief runs ``dpbert.stages.pretrain.pretrain`` itself — lock, plan, DP count,
-training, the model artifact — and writes the artifact's properties to ``Invocation.result_uri``.
-A worker of rank > 0 must neither lock nor write the state directory: it runs
-``dpbert.stages.pretrain.pretrain_worker`` — the same rows, after the chief's records of this
-chain (its resume key, and its DP count when there is no public n), trained in the chief's state
-directory with ``train_mlm`` (non-chief: no lock, no writes; checkpoints restored from the chief's).
+chief is rank 0; a single process without one is the chief). The chief runs
+``dpbert.stages.pretrain.pretrain`` itself — lock, plan, DP count, training, the model artifact —
+and writes the artifact's properties to ``Invocation.result_uri``. A worker of rank > 0 must
+neither lock nor write the state directory: it runs ``dpbert.stages.pretrain.pretrain_worker`` —
+the same rows, after the chief's records of this chain (its resume key, and its DP count when
+there is no public n), trained in the chief's state directory with ``train_mlm`` (non-chief: no
+lock, no writes; checkpoints restored from the chief's).
 
     python -m dpbert.trainer_workers '<Invocation JSON>'      (one process; TF_CONFIG set)
 
-``run_local_workers`` (``dpbert run``) starts the W processes on loopback and supervises them
-(``dpbert.model.engine.workers.supervise``): the first to exit non-zero stops the others and the
-stage fails with one line naming it and the last step the chief's step log charged. A compiled
-Vertex AI spec runs the same command in every replica of a custom job (``kubeflow.custom_job``).
+``train(inv, launcher)`` runs the invocation with a ``dpbert.launch`` launcher — in this process,
+W local processes on loopback (``dpbert run``: the first to exit non-zero stops the others and
+the stage fails with one line naming it and the last step the chief's step log charged), or the
+replicas of a Vertex AI custom job — and returns the chief's result, or raises what it failed with.
 """
 from __future__ import annotations
 
@@ -151,10 +152,14 @@ def _run_other(inv: Invocation):
 
 def run_worker(inv: Invocation) -> None:
     """One process of the cluster in ``$TF_CONFIG``: the strategy before TensorFlow runs any op
-    (the stage reads its tuples with TensorFlow), then the chief's or another worker's part."""
-    from dpbert.model.engine.workers import tf_config_rank
+    (the stage reads its tuples with TensorFlow), then the chief's or another worker's part. A
+    one-worker invocation without ``TF_CONFIG`` is the chief alone (no cluster)."""
+    from dpbert.launch.cluster import tf_config_rank
 
     if not os.environ.get("TF_CONFIG"):
+        if inv.workers == 1:
+            _run_chief(inv)
+            return
         raise ValueError("a trainer worker process needs its TF_CONFIG (the cluster and its rank)")
     from dpbert.model.engine.devices import multi_worker_strategy
 
@@ -232,34 +237,44 @@ def release_dead_lease(state: str, pid: int) -> bool:
     return True
 
 
-def worker_command(inv: Invocation):
-    """``python -m dpbert.trainer_workers INVOCATION`` from any working directory (``sys.path[0]`` is
-    the folder holding this checkout's packages, not the current one)."""
-    from dpbert.model.noise_check import module_command
+def trainer_job(inv: Invocation):
+    """The ``dpbert.launch.Job`` of ``inv``: this module in each of its workers (in process:
+    :func:`run_in_process`), labelled by its result's name."""
+    from dpbert.launch import Job
 
-    return module_command(MODULE, inv.to_json())
+    return Job(MODULE, (inv.to_json(),), inv.workers, entry="run_in_process",
+               name=os.path.basename(inv.result_uri).split(".")[0][:12])
 
 
-def run_local_workers(inv: Invocation, timeout: Optional[float] = None) -> dict:
-    """Start the W processes on loopback, supervise them, return the chief's result
-    (``{"properties", "workers", "state_dir"}``). Raises what the chief raised, else
-    :class:`TrainerWorkerLost` naming the first worker that failed."""
-    from dpbert.model.engine.workers import WorkerFailed, loopback_tf_configs, supervise, worker_envs
+def train(inv: Invocation, launcher) -> dict:
+    """Run ``inv`` with ``launcher`` (``dpbert.launch``), return the chief's result (``{"properties",
+    "workers", "state_dir"}``). Raises what the chief raised (in process: itself; elsewhere when it
+    recorded it), else :class:`TrainerWorkerLost` naming the first local worker that failed, or
+    the launcher's failure (a custom job's error)."""
+    from dpbert.launch import LaunchFailed, WorkerFailed
 
-    configs = loopback_tf_configs(inv.workers)
-    command = worker_command(inv)
     try:
-        supervise([command] * inv.workers, worker_envs(dict(os.environ), configs), timeout=timeout)
+        launcher.launch(trainer_job(inv))
     except WorkerFailed as err:
-        release_dead_lease(stage_state_dir(inv), err.pids[0])
-        if err.rank is not None:
-            raise_recorded(storage.read_json(error_uri(inv, err.rank), default=None))
-        if err.stderr_tail:
-            log.error("trainer worker %s's last output:\n%s", err.rank, err.stderr_tail)
-        raise TrainerWorkerLost(lost_message(inv, err)) from None
+        _local_worker_lost(inv, err)
+    except LaunchFailed:
+        for rank in range(inv.workers):
+            raise_recorded(storage.read_json(error_uri(inv, rank), default=None))
+        raise
     result = storage.read_json(inv.result_uri)
     raise_recorded(result)
     return result
+
+
+def _local_worker_lost(inv: Invocation, err):
+    """A supervised local worker failed (the others stopped): release the stopped chief's lease,
+    raise what the failed worker recorded, else :class:`TrainerWorkerLost`."""
+    release_dead_lease(stage_state_dir(inv), err.pids[0])
+    if err.rank is not None:
+        raise_recorded(storage.read_json(error_uri(inv, err.rank), default=None))
+    if err.stderr_tail:
+        log.error("trainer worker %s's last output:\n%s", err.rank, err.stderr_tail)
+    raise TrainerWorkerLost(lost_message(inv, err)) from None
 
 
 def result_uri_for(pipeline_root: str) -> str:
@@ -283,6 +298,13 @@ def invocation(tuples_dir: str, vocabulary_dir: str, model_dir: str, model_confi
     return Invocation(tuples_dir, vocabulary_dir, model_dir, model_config, training_config, privacy_config,
                       membership_config, pipeline_root, result_uri_for(pipeline_root), canaries_dir,
                       bool(non_private), vocab_event, ledger_target)
+
+
+def run_in_process(argv) -> int:
+    """The in-process launcher's entry (``dpbert.launch.InProcessLauncher``): the invocation in
+    ``argv[0]`` in this process, whose logging stays as it is."""
+    run_worker(Invocation.from_json(argv[0]))
+    return 0
 
 
 def main(argv=None) -> int:

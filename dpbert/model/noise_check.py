@@ -34,9 +34,10 @@ CLI (its own process, so P logical CPUs can be configured before TensorFlow star
 
 ``run_noise_check_cli(args)`` serves ``dpbert privacy noise-check`` (P > 1 in a subprocess).
 
-Across worker processes (``--workers W``, ``training.strategy: multi_worker``): ``launch_workers``
-starts W processes of this module on loopback (free ports, one ``TF_CONFIG`` each, their own
-sessions, all killed when one fails or the time limit passes), each builds
+Across worker processes (``--workers W``, ``training.strategy: multi_worker``):
+``multi_worker_noise_check`` starts W processes of this module on loopback with
+``dpbert.launch.LocalWorkersLauncher`` (the one supervisor: free ports, one ``TF_CONFIG`` each,
+their own sessions, all stopped when one fails or the time limit passes), each builds
 ``MultiWorkerMirroredStrategy`` (R = W replicas) and runs the same loop on its shard of the units.
 The expected std is still σC/B (one draw per logical batch: ``dpbert.model.dpsgd``), not σC√W/B
 or WσC/B; ``replicas_in_sync`` then compares a digest of every worker's parameters after the steps.
@@ -44,27 +45,17 @@ Positive controls: the broken placements are test fixtures (``tests/model/broken
 that the test worker script ``tests/model/multi_worker_worker.py`` applies around
 :func:`noise_check` in its own worker processes; they must FAIL the check.
 
-Child processes (``--replicas P`` and ``--workers W``) are started by :func:`module_command`:
-``sys.executable -c`` with a bootstrap that puts the folder holding THIS ``dpbert`` package first
-on ``sys.path`` before it imports anything, never ``python -m`` (which puts the current folder
-first: run from the folder that holds the clone, ``./dpbert`` — the clone, no ``__init__.py`` —
-was imported as a namespace package instead of the installed one, and the workers failed).
+Child processes (``--replicas P`` and ``--workers W``) run this checkout's module from any folder
+(``dpbert.launch.cluster.module_command``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import os
-import random
 import secrets
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -252,141 +243,18 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
 WORKER_TIMEOUT_S = 300.0
 
 
-def _ephemeral_range() -> Tuple[int, int]:
-    """The kernel's range for port 0 binds and outgoing connections (Linux; else IANA's)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as handle:
-            low, high = (int(x) for x in handle.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 49152, 65535
-
-
-def free_ports(count: int) -> List[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 for a loopback cluster, drawn at random BELOW
-    the ephemeral range and checked by binding them together (then released). A port 0 bind
-    would come from the ephemeral range, which every process's outgoing connections and port-0
-    servers draw from: in the seconds before the worker binds it (its TensorFlow import),
-    another process could take it first."""
-    low, _ = _ephemeral_range()
-    lo, hi = max(10000, low - 16384), max(10000, low - 1)
-    rng = random.SystemRandom()
-    socks: List[socket.socket] = []
-    try:
-        for _ in range(100 * count):
-            if len(socks) == count:
-                break
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                sock.bind(("127.0.0.1", rng.randint(lo, hi) if hi > lo else 0))
-            except OSError:
-                sock.close()
-                continue
-            socks.append(sock)
-        while len(socks) < count:  # nothing free below the range: the kernel's choice
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def tf_config(ports: Sequence[int], index: int) -> str:
-    """The ``TF_CONFIG`` of worker ``index`` of a loopback cluster (worker 0 is the chief)."""
-    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
-                       "task": {"type": "worker", "index": int(index)}})
-
-
-def module_command(module: str, *args: str) -> List[str]:
-    """The command line that runs ``module`` as ``__main__`` (like ``python -m``) in a child
-    process whose ``sys.path[0]`` is the folder holding the ``dpbert`` package THIS process
-    imported, whatever the current folder holds (module docstring)."""
-    import dpbert
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(dpbert.__file__)))
-    bootstrap = ("import runpy, sys; sys.path[0] = sys.argv[1]; sys.argv = [sys.argv[2]] + sys.argv[3:]; "
-                 "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
-    return [sys.executable, "-c", bootstrap, root, module, *map(str, args)]
-
-
-def die_with_parent():
-    """A ``preexec_fn`` (Linux; None elsewhere): the child gets SIGKILL when the supervisor dies. A
-    supervisor killed outright (SIGKILL, an OOM kill) runs no ``finally``, and workers in their own
-    sessions would otherwise live on, waiting in a collective for the dead peer. ctypes is loaded
-    here, in the parent: the forked child only makes the call (no import after fork)."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm():
-        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the supervisor died before the call
-            os._exit(1)
-
-    return arm
-
-
 def launch_workers(command: Sequence[str], workers: int, timeout: float = WORKER_TIMEOUT_S,
                    env: Optional[Dict[str, str]] = None) -> List[str]:
     """Run ``command`` as ``workers`` processes of one loopback ``MultiWorkerMirroredStrategy``
-    cluster (free ports; ``TF_CONFIG`` per process) and return each one's stdout, in rank order.
+    cluster and return each one's stdout, in rank order (``dpbert.launch.LocalWorkersLauncher``:
+    every process in its own session, all stopped when one exits non-zero or after ``timeout``
+    seconds). Raises ``dpbert.launch.WorkerFailed`` (a RuntimeError, with the failing worker's
+    stderr tail)."""
+    from dpbert.launch import LocalWorkersLauncher
 
-    Bounded: every process runs in its own session; when one exits non-zero the others (which
-    would wait in a collective forever) are killed, and so is every process still running after
-    ``timeout`` seconds. Raises ``RuntimeError`` (with the failing worker's stderr tail) or
-    ``TimeoutError``."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    ports = free_ports(workers)
-    base = dict(os.environ if env is None else env, TF_USE_LEGACY_KERAS="1")
-    arm = die_with_parent()
-    tmp = tempfile.mkdtemp(prefix="dpbert-workers-")
-    procs, outs, errs = [], [], []
-    try:
-        for i in range(workers):
-            outs.append(open(os.path.join(tmp, f"{i}.out"), "w+"))
-            errs.append(open(os.path.join(tmp, f"{i}.err"), "w+"))
-            procs.append(subprocess.Popen(list(command), stdout=outs[i], stderr=errs[i], start_new_session=True,
-                                          env=dict(base, TF_CONFIG=tf_config(ports, i)), preexec_fn=arm))
-        deadline = time.monotonic() + float(timeout)
-        failed = None
-        while any(p.poll() is None for p in procs):
-            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if failed is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        if failed is None:
-            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-        timed_out = failed is None and any(p.poll() is None for p in procs)
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        texts = []
-        for f in outs + errs:
-            f.seek(0)
-            texts.append(f.read())
-        if timed_out:
-            raise TimeoutError(f"{workers} worker processes did not finish within {timeout:g} s (killed)")
-        if failed is not None:
-            raise RuntimeError(f"worker {failed} of {workers} exited with {procs[failed].returncode}:\n"
-                               f"{texts[workers + failed][-3000:]}")
-        return texts[:workers]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        for f in outs + errs:
-            f.close()
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
+    return LocalWorkersLauncher(timeout=timeout, capture_stdout=True, env=env).run(command, workers)
 
 
 def multi_worker_noise_check(workers: int, accumulations: Sequence[int], noise_multiplier: float, clip: float,
@@ -394,11 +262,14 @@ def multi_worker_noise_check(workers: int, accumulations: Sequence[int], noise_m
                              timeout: float = WORKER_TIMEOUT_S) -> List[Dict]:
     """The noise check on ``workers`` loopback worker processes (module docstring). Returns one
     result per T."""
-    cmd = module_command("dpbert.model.noise_check", "--as-worker", "--replicas", workers,
-                         "--accumulation", *accumulations, "--noise-multiplier", noise_multiplier,
-                         "--clip", clip, "--batch-size", batch_size, "--steps", steps,
-                         "--noise-mode", noise_mode, "--json", *(["--seed", seed] if seed is not None else []))
-    outputs = [json.loads(out.strip().splitlines()[-1]) for out in launch_workers(cmd, workers, timeout)]
+    from dpbert.launch import Job, LocalWorkersLauncher
+
+    args = ("--as-worker", "--replicas", workers, "--accumulation", *accumulations, "--noise-multiplier",
+            noise_multiplier, "--clip", clip, "--batch-size", batch_size, "--steps", steps, "--noise-mode", noise_mode,
+            "--json", *(["--seed", seed] if seed is not None else []))
+    launcher = LocalWorkersLauncher(timeout=timeout, capture_stdout=True)
+    stdout = launcher.launch(Job("dpbert.model.noise_check", tuple(map(str, args)), workers))
+    outputs = [json.loads(out.strip().splitlines()[-1]) for out in stdout]
     return [combine_workers([out[t_index] for out in outputs]) for t_index in range(len(accumulations))]
 
 
@@ -468,16 +339,19 @@ def run_noise_check_cli(args) -> int:
             results = multi_worker_noise_check(workers, accumulations, args.noise_multiplier, args.clip,
                                                args.batch_size, args.steps, seed, mode,
                                                timeout=float(getattr(args, "timeout", None) or WORKER_TIMEOUT_S))
-        except (RuntimeError, TimeoutError) as err:
+        except RuntimeError as err:  # dpbert.launch.WorkerFailed: a worker failed, or the time limit passed
             sys.stderr.write(f"noise-check --workers {workers}: {err}\n")
             return exit_codes.ENVIRONMENT
     elif args.replicas > 1:
+        from dpbert.launch.cluster import module_command
+        from dpbert.launch.supervisor import dying_with_parent
+
         cmd = module_command("dpbert.model.noise_check", "--replicas", args.replicas, "--accumulation",
                              *accumulations, "--noise-multiplier", args.noise_multiplier, "--clip", args.clip,
                              "--batch-size", args.batch_size, "--steps", args.steps, "--noise-mode", mode,
                              "--json", *(["--seed", seed] if seed is not None else []))
         env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        proc = subprocess.run(dying_with_parent(cmd, env), capture_output=True, text=True, env=env)
         if not proc.stdout.strip():
             sys.stderr.write(proc.stderr[-4000:])
             return 2
@@ -504,9 +378,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--noise-mode", default="once", choices=["once", "paper"])
     parser.add_argument("--json", action="store_true", help="JSON output (default: one line per check)")
-    parser.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)  # launch_workers only
+    parser.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)  # multi_worker_noise_check only
     args = parser.parse_args(argv)
-    if args.as_worker:  # one process of a loopback cluster (TF_CONFIG set by launch_workers)
+    if args.as_worker:  # one process of a loopback cluster (TF_CONFIG set by its launcher)
         print(json.dumps(_as_worker(args)))
         return 0
     results = _run(args.replicas, args.accumulation, args.noise_multiplier, args.clip, args.batch_size,

@@ -1,7 +1,7 @@
 """The trainer step as a Vertex AI custom job (kubeflow/custom_job.py), offline: the compiled
 template parses as an ``aiplatform_v1`` CustomJob with the pools [chief × 1, worker × (W − 1)];
-submission and polling run against a fake JobServiceClient; the replicas' environments are the
-ones Vertex AI sets (workerpool0 is the chief)."""
+the rehearsal runs its replicas here. Submission and polling at run time (dpbert.launch):
+tests/launch/test_launcher.py and tests/model/test_worker_supervisor.py."""
 import json
 
 import pytest
@@ -71,114 +71,6 @@ def test_check_custom_job_refuses_a_broken_template():
     swapped["jobSpec"]["workerPoolSpecs"].reverse()
     with pytest.raises(ValueError, match="chief × 1"):
         check_custom_job(swapped)
-
-
-# --------------------------------------------------------------------------- submission and polling
-class FakeJobService:
-    """The two JobServiceClient calls the step makes; ``states`` is what successive gets return."""
-
-    def __init__(self, states, error="", fail_gets=0):
-        self.states, self.error, self.fail_gets = list(states), error, fail_gets
-        self.created, self.gets = [], 0
-
-    def create_custom_job(self, parent, custom_job):
-        from google.cloud.aiplatform_v1.types import CustomJob
-
-        self.created.append((parent, custom_job))
-        return CustomJob(name=f"{parent}/customJobs/123", display_name=custom_job.display_name)
-
-    def get_custom_job(self, name):
-        from google.cloud.aiplatform_v1.types import CustomJob, JobState
-
-        self.gets += 1
-        if self.fail_gets:
-            self.fail_gets -= 1
-            raise ConnectionError("reset by peer")
-        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
-        return CustomJob(name=name, state=getattr(JobState, f"JOB_STATE_{state}"),
-                         error={"message": self.error} if self.error else None)
-
-
-def _invocation(tmp_path):
-    from dpbert.trainer_workers import Invocation
-
-    return Invocation("gs://b/t", "gs://b/v", "gs://b/m", "{}", json.dumps({"workers": 4}), "{}", "{}", "gs://b",
-                      str(tmp_path / "result.json"))
-
-
-def _template():
-    from dpbert.config import load_config
-    from kubeflow.custom_job import build_custom_job
-
-    return json.dumps(build_custom_job(load_config(None, WORKERS), IMAGE))
-
-
-def test_the_step_submits_polls_and_returns_the_chiefs_result(tmp_path):
-    from google.cloud.aiplatform_v1.types import CustomJob
-
-    from dpbert import storage
-    from kubeflow.custom_job import run_custom_job
-
-    inv = _invocation(tmp_path)
-    storage.write_json(inv.result_uri, {"properties": {"epsilon_train": 1.5}, "workers": 4})
-    fake, sleeps = FakeJobService(["QUEUED", "RUNNING", "RUNNING", "SUCCEEDED"]), []
-    result = run_custom_job(_template(), inv, client=fake, sleep=sleeps.append, poll_s=7)
-    assert result == {"properties": {"epsilon_train": 1.5}, "workers": 4}
-    (parent, job), = fake.created
-    assert parent == "projects/my-project/locations/europe-west4"
-    submitted = json.loads(CustomJob.to_json(job))
-    assert all(p["containerSpec"]["args"] == [inv.to_json()] for p in submitted["jobSpec"]["workerPoolSpecs"])
-    assert sleeps == [7, 7, 7] and fake.gets == 4
-
-
-def test_a_failed_job_fails_the_step_with_the_jobs_error(tmp_path):
-    from kubeflow.custom_job import CustomJobFailed, run_custom_job
-
-    fake = FakeJobService(["RUNNING", "FAILED"], error="The replica workerpool1-0 exited with a non-zero status of 137.")
-    with pytest.raises(CustomJobFailed, match="ended JOB_STATE_FAILED: The replica workerpool1-0 exited"):
-        run_custom_job(_template(), _invocation(tmp_path), client=fake, sleep=lambda s: None)
-
-
-def test_a_failed_job_raises_what_the_chief_recorded(tmp_path):
-    from dpbert import storage
-    from kubeflow.custom_job import run_custom_job
-
-    inv = _invocation(tmp_path)
-    storage.write_json(inv.result_uri, {"error": {"type": "builtins.ValueError", "message": "no training tuple left"}})
-    with pytest.raises(ValueError, match="no training tuple left"):
-        run_custom_job(_template(), inv, client=FakeJobService(["FAILED"], error="x"), sleep=lambda s: None)
-
-
-def test_polling_survives_connection_errors_and_gives_up_after_the_limit(tmp_path):
-    from dpbert import storage
-    from kubeflow import custom_job
-
-    inv = _invocation(tmp_path)
-    storage.write_json(inv.result_uri, {"properties": {}, "workers": 4})
-    fake = FakeJobService(["RUNNING", "SUCCEEDED"], fail_gets=2)
-    made = []
-    factory = lambda region: made.append(region) or fake  # noqa: E731
-    job = custom_job.job_for(json.loads(_template()), inv.to_json(), "x")
-    custom_job.submit_and_wait(json.loads(_template()), job, client=fake, client_factory=factory, sleep=lambda s: None)
-    assert made == ["europe-west4", "europe-west4"]
-    stuck = FakeJobService(["RUNNING"], fail_gets=custom_job.CONNECTION_RETRIES + 1)
-    with pytest.raises(ConnectionError):
-        custom_job.submit_and_wait(json.loads(_template()), job, client=stuck, client_factory=lambda r: stuck,
-                                   sleep=lambda s: None)
-
-
-def test_the_replicas_get_vertex_ais_cluster_spec_and_tf_config():
-    from dpbert.model.engine.workers import tf_config_rank
-    from kubeflow.custom_job import vertex_environments
-
-    pools = [{"replicaCount": "1"}, {"replicaCount": "2"}]
-    envs = vertex_environments(pools, [7001, 7002, 7003])
-    specs, configs = [json.loads(s) for s, _ in envs], [json.loads(c) for _, c in envs]
-    assert [s["task"] for s in specs] == [{"type": "workerpool0", "index": 0}, {"type": "workerpool1", "index": 0},
-                                          {"type": "workerpool1", "index": 1}]
-    assert specs[0]["cluster"] == {"workerpool0": ["localhost:7001"], "workerpool1": ["localhost:7002", "localhost:7003"]}
-    assert configs[0]["cluster"] == {"chief": ["localhost:7001"], "worker": ["localhost:7002", "localhost:7003"]}
-    assert [tf_config_rank(c) for _, c in envs] == [0, 1, 2]
 
 
 # --------------------------------------------------------------------------- the rehearsal

@@ -1,99 +1,16 @@
-"""The local supervisor of a multi-worker trainer (dpbert/model/engine/workers.py, dpbert/trainer_workers.py),
-without TensorFlow: the first worker to exit non-zero stops the others at once; the layout every
-process trains with; ranks from TF_CONFIG; a stopped chief's lease released only when it is that
-chief's; the worker command runs this checkout's module from any folder."""
+"""The trainer stage as a launched job (dpbert/trainer_workers.py, dpbert/model/engine/workers.py),
+without TensorFlow: the layout every process trains with; the chief's result returned, or what
+it failed with raised, whichever launcher ran it (in process, a Vertex AI custom job against a
+fake client); a stopped chief's lease released only when it is that chief's. The supervisor
+itself: tests/launch/."""
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
-
-
-def _env():
-    return [dict(os.environ)] * 3
-
-
-def test_the_first_failure_stops_the_others_at_once():
-    from dpbert.model.engine.workers import WorkerFailed, supervise
-
-    fail = [sys.executable, "-c", "import sys, time; time.sleep(0.5); print('boom', file=sys.stderr); sys.exit(3)"]
-    started = time.monotonic()
-    with pytest.raises(WorkerFailed, match="worker 1 of 3 exit 3") as caught:
-        supervise([SLEEP, fail, SLEEP], _env(), grace_s=1.0)
-    assert time.monotonic() - started < 10  # not the sleepers' 60 s
-    assert caught.value.rank == 1 and caught.value.returncode == 3 and "boom" in caught.value.stderr_tail
-    for pid in caught.value.pids:  # every worker ended and reaped
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-
-
-def test_a_killed_worker_is_named_by_its_signal_and_success_returns():
-    from dpbert.model.engine.workers import WorkerFailed, supervise
-
-    suicide = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
-    with pytest.raises(WorkerFailed, match="worker 2 of 3 killed by SIGKILL"):
-        supervise([SLEEP, SLEEP, suicide], _env(), grace_s=0.5)
-    ok = [sys.executable, "-c", "pass"]
-    assert supervise([ok, ok, ok], _env()) is None
-
-
-def test_workers_die_with_a_supervisor_killed_outright(tmp_path):
-    """A supervisor SIGKILLed runs no ``finally``: its workers (their own sessions) get SIGKILL from
-    the kernel (PR_SET_PDEATHSIG) instead of living on in a collective with a dead peer."""
-    pids = tmp_path / "pids"
-    record = [sys.executable, "-c", f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
-              "time.sleep(60)"]
-    script = ("import json, os, sys; from dpbert.model.engine.workers import supervise; "
-              f"supervise([{record!r}] * 2, [dict(os.environ)] * 2)")
-    supervisor = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while len(pids.read_text().split()) < 2 if pids.exists() else True:
-            assert time.monotonic() < deadline and supervisor.poll() is None
-            time.sleep(0.05)
-        workers = [int(p) for p in pids.read_text().split()]
-        os.kill(supervisor.pid, signal.SIGKILL)
-        supervisor.wait()
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in workers):
-            assert time.monotonic() < deadline, "a worker outlived its supervisor"
-            time.sleep(0.05)
-    finally:
-        if supervisor.poll() is None:
-            supervisor.kill()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie is dead (its parent, init here, has not reaped it yet)
-
-
-def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace():
-    from dpbert.model.engine.workers import WorkerFailed, supervise
-
-    stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                      "time.sleep(60)"]
-    fail = [sys.executable, "-c", "import sys, time; time.sleep(1); sys.exit(1)"]
-    started = time.monotonic()
-    with pytest.raises(WorkerFailed):
-        supervise([stubborn, fail], _env()[:2], grace_s=1.0)
-    assert time.monotonic() - started < 10
-
-
-def test_the_last_resort_timeout_stops_everything():
-    from dpbert.model.engine.workers import WorkerFailed, supervise
-
-    with pytest.raises(WorkerFailed, match="did not finish within 1 s") as caught:
-        supervise([SLEEP, SLEEP], _env()[:2], timeout=1, grace_s=0.5)
-    assert caught.value.rank is None
+from tests.launch.test_launcher import FakeJobService
 
 
 def test_every_process_trains_one_cluster_of_w_times_p_replicas():
@@ -112,14 +29,76 @@ def test_every_process_trains_one_cluster_of_w_times_p_replicas():
         TrainingConfig(steps=1, batch_size=8, workers=2, strategy="multi_worker").validate("training")
 
 
-def test_ranks_from_tf_config():
-    from dpbert.model.engine.workers import loopback_tf_configs, tf_config_rank
+def _invocation(tmp_path, workers=1):
+    from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig
+    from dpbert.trainer_workers import Invocation
 
-    assert [tf_config_rank(c) for c in loopback_tf_configs(3)] == [0, 1, 2]
-    vertex = {"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "task": {"type": "worker", "index": 1}}
-    assert tf_config_rank(json.dumps(vertex)) == 2
-    with pytest.raises(ValueError, match="ps"):
-        tf_config_rank(json.dumps({"cluster": {}, "task": {"type": "ps", "index": 0}}))
+    sections = [json.dumps(c.__dict__) for c in (ModelConfig(), TrainingConfig(steps=2, batch_size=8, workers=workers),
+                                                 PrivacyConfig(), MembershipConfig())]
+    return Invocation(str(tmp_path / "t"), str(tmp_path / "v"), str(tmp_path / "m"), *sections,
+                      pipeline_root=str(tmp_path / "root"), result_uri=str(tmp_path / "result.json"))
+
+
+def test_in_process_the_chief_runs_the_stage_and_its_failure_is_raised_unchanged(tmp_path, monkeypatch):
+    """One worker, this process: the stage's properties come back through the result; what the
+    stage raised propagates as itself (the run's exit code depends on its type)."""
+    from dpbert.launch import InProcessLauncher
+    from dpbert.stages import pretrain as stage
+    from dpbert.trainer_workers import stage_state_dir, train
+
+    inv = _invocation(tmp_path)
+    seen = {}
+
+    def fake_pretrain(tuples_dir, vocabulary_dir, model_dir, **kw):
+        seen.update(kw, model_dir=model_dir)
+        return type("R", (), {"properties": {"final_mlm_loss": 1.5}, "state_dir": stage_state_dir(inv),
+                              "train": type("T", (), {"workers": 1})})()
+
+    monkeypatch.setattr(stage, "pretrain", fake_pretrain)
+    result = train(inv, InProcessLauncher())
+    assert result["properties"] == {"final_mlm_loss": 1.5} and result["workers"] == 1
+    assert seen["model_dir"] == inv.model_dir and seen["training_config"].strategy == "default"
+
+    failure = RefusedHere("over the budget")
+
+    def refused(*args, **kw):
+        raise failure
+
+    monkeypatch.setattr(stage, "pretrain", refused)
+    with pytest.raises(RefusedHere) as caught:
+        train(inv, InProcessLauncher())
+    assert caught.value is failure
+
+
+class RefusedHere(Exception):
+    """A stage failure whose type the caller maps to an exit code."""
+
+
+TEMPLATE = {"project": "my-project", "region": "europe-west4", "customJob": {
+    "displayName": "dpbert-trainer", "jobSpec": {"workerPoolSpecs": [
+        {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": str(n),
+         "containerSpec": {"imageUri": "img", "command": ["python", "-m", "dpbert.trainer_workers"]}}
+        for n in (1, 3)]}}}
+
+
+def test_a_custom_job_returns_the_chiefs_result_or_raises_what_it_recorded(tmp_path):
+    from dpbert import storage
+    from dpbert.launch import CustomJobFailed, VertexCustomJobLauncher
+    from dpbert.trainer_workers import train
+
+    def launcher(states, error=""):
+        return VertexCustomJobLauncher(json.dumps(TEMPLATE), client=FakeJobService(states, error),
+                                       sleep=lambda s: None)
+
+    inv = _invocation(tmp_path, workers=4)
+    storage.write_json(inv.result_uri, {"properties": {"epsilon_train": 1.5}, "workers": 4})
+    assert train(inv, launcher(["RUNNING", "SUCCEEDED"])) == {"properties": {"epsilon_train": 1.5}, "workers": 4}
+    storage.write_json(inv.result_uri, {"error": {"type": "builtins.ValueError", "message": "no training tuple left"}})
+    with pytest.raises(ValueError, match="no training tuple left"):
+        train(inv, launcher(["FAILED"], "x"))
+    storage.storage_for(inv.result_uri).delete(inv.result_uri)
+    with pytest.raises(CustomJobFailed, match="ended JOB_STATE_FAILED: replica 2 exited"):
+        train(inv, launcher(["FAILED"], "replica 2 exited"))
 
 
 HOLD = """
@@ -148,34 +127,3 @@ def test_only_the_stopped_chiefs_lease_is_released(tmp_path):
     assert release_dead_lease(state, holder.pid)
     assert not storage.storage_for(lock).exists(lock)
     assert not release_dead_lease(state, holder.pid)  # nothing left to release
-
-
-def test_the_worker_command_runs_this_checkout_from_a_folder_that_shadows_it(tmp_path):
-    from dpbert.trainer_workers import MODULE
-    from dpbert.model.noise_check import module_command
-
-    (tmp_path / "pipeline").mkdir()
-    (tmp_path / "pipeline" / "__init__.py").write_text("")
-    (tmp_path / "pipeline" / "workers.py").write_text("print('the shadow ran')\n")
-    # and a folder named like the package, with no __init__.py (the clone, seen from its parent):
-    # ``python -m`` imported it as a namespace package and the noise check's workers failed
-    (tmp_path / "dpbert").mkdir()
-    (tmp_path / "dpbert" / "README.md").write_text("not the package\n")
-    result = subprocess.run(module_command(MODULE), cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert "the shadow ran" not in result.stdout
-    assert result.returncode == 2 and "usage: python -m dpbert.trainer_workers" in result.stderr
-
-
-def test_cluster_ports_are_free_distinct_and_below_the_ephemeral_range():
-    """Not from the range port-0 binds and outgoing connections draw from (another process could
-    take such a port before the worker binds it, and the cluster would hang)."""
-    import socket
-
-    from dpbert.model.noise_check import _ephemeral_range, free_ports
-
-    low, _ = _ephemeral_range()
-    ports = free_ports(4)
-    assert len(set(ports)) == 4 and all(10000 <= p < low for p in ports)
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", port))
