@@ -3,7 +3,8 @@
 If it exceeds ``privacy.epsilon_budget`` the run stops (exit 3) and nothing is written: the
 guard runs in the CLI process before the DAG is built, and reads the corpus only to check every
 record (``preflight_corpus``: under ``privacy.unit: patient``, patients more than 2× off the
-declared number refuse the run, exit 2, naming the ratio, never the count). n (which fixes q = B/n
+declared number are WARNED about on the operator's terminal before anything trains; never a
+refusal, which would make whether a model exists a function of the exact count). n (which fixes q = B/n
 and the steps) is the PUBLIC ``training.dataset_size`` (required with a budget, ``dpbert.config``)
 or ``dpbert budget --examples N``: the guard never plans from a count of the private corpus (an
 exact count is a data-dependent choice and would reach the terminal). Without
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Optional
 
 from dpbert.config import Config, ConfigError
@@ -34,12 +36,12 @@ def preflight_corpus(config: Config):
 
     summary = validate_corpus(config.corpus, config.privacy.unit)
     problem = patients_mismatch(config, summary.patients)
-    if problem is not None:
-        raise ConfigError(problem)
+    if problem is not None:  # a warning, not a refusal: the run's existence must not depend on the count
+        print(f"dpbert run: warning (operator-only, not released): {problem}", file=sys.stderr)
 
 
 def patients_mismatch(config: Config, patients: int) -> Optional[str]:
-    """Why the pre-pass's ``patients`` refuse the run (``privacy.unit: patient`` and a declared
+    """Why the pre-pass's ``patients`` are worth a warning (``privacy.unit: patient`` and a declared
     ``training.dataset_patients``), or None: more than ``dpbert.report.PUBLIC_SIZE_FACTOR`` (2×)
     either way, the test ``dpbert budget --corpus`` and the report apply after the run — q = B/n
     is planned on the declared n, so a corpus r× the size draws batches r× the planned B. The
