@@ -134,12 +134,11 @@ def interleaved(model_config, vocab: int, batch: int, accumulation: int, steps: 
             for step in range(3):
                 loop.source.rounds(step, step, 1)
             out[mode]["host_batch_seconds"] = (time.perf_counter() - start) / 3
-            stepper = loop.stepper
-            if getattr(stepper, "_noise_buffers", None) is not None:
-                if stepper._ahead is not None:  # pylint: disable=protected-access
-                    stepper._ahead.result()  # pylint: disable=protected-access
+            executor = loop.stepper.executor
+            if getattr(executor, "_noise_buffers", None) is not None:
+                executor.wait_ahead()
                 start = time.perf_counter()
-                stepper._draw_ahead_fn()  # pylint: disable=protected-access
+                executor._draw_ahead_fn()  # pylint: disable=protected-access
                 out[mode]["noise_draw_seconds"] = time.perf_counter() - start
             for hook in loop.hooks:
                 hook.close(loop)

@@ -46,16 +46,18 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 def _stepper(spec, group_size: int, rows: int):
     import tf_keras
 
+    from dpbert.mechanism.gaussian import DPSGDConfig
+    from dpbert.mechanism.step import DPSGDTrainStep
     from dpbert.model import bert as bert_lib
-    from dpbert.model import dpsgd
+    from dpbert.model.engine.build import GHOST
     from dpbert.model.train import make_mlm_functions
 
     models = bert_lib.build_bert(spec, seed=0)
-    config = dpsgd.DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(rows // group_size),
-                               group_size=group_size)
+    config = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(rows // group_size),
+                         group_size=group_size)
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, [0, 1, 2, 3, 4], 4, 0.15)
-    stepper = dpsgd.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
-                                   loss_fn=loss_fn, metrics_fn=metrics_fn)
+    stepper = DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
+                             loss_fn=loss_fn, metrics_fn=metrics_fn, clipping=GHOST)
     return stepper, mask_fn
 
 

@@ -38,7 +38,8 @@ def main(argv=None):
     from dpbert.data.synthetic import generate_notes
     from dpbert.data.tuples import corpus_tuples
     from dpbert.evaluate.mlm_loss import heldout_mlm_loss
-    from dpbert.model import dpsgd, init_public, public_warmup
+    from dpbert.mechanism import step as step_lib
+    from dpbert.model import init_public, public_warmup
     from dpbert.model.train import train_mlm
     from dpbert.stages.ner import HELDOUT_PATIENTS, HELDOUT_SEED
     from dpbert.vocab import public
@@ -55,7 +56,7 @@ def main(argv=None):
                       "tuples": len(tuples)}), flush=True)
 
     timings = []
-    real = dpsgd.DPSGDTrainStep.run_step
+    real = step_lib.DPSGDTrainStep.run_step
 
     def timed(self, *a, **k):
         t0 = time.perf_counter()
@@ -63,7 +64,7 @@ def main(argv=None):
         timings.append(time.perf_counter() - t0)
         return out
 
-    dpsgd.DPSGDTrainStep.run_step = timed
+    step_lib.DPSGDTrainStep.run_step = timed
     for layers in args.layers:
         for length in args.lengths:
             ids = tokenize_tuples(tokenizer, (t.words for t in tuples), length)

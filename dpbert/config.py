@@ -285,7 +285,7 @@ class TrainingConfig:
     integrity_check_every: int = 50
     #: XLA-compile the DP step (per-replica accumulate and release) at fixed shapes, as a TPU needs;
     #: collectives and the noise draw stay outside the compiled functions, so the step releases
-    #: the same S + z as the uncompiled one (``dpbert.model.dpsgd``).
+    #: the same S + z as the uncompiled one (``dpbert.mechanism.replicas``).
     jit_compile: bool = False
     #: Read the steps' statistics (loss, counts, the noise probe) from the device every this many
     #: steps, in one transfer (1: every step). On an accelerator a larger value (e.g. 20) lets

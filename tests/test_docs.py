@@ -1,6 +1,6 @@
 """README.md and docs/*.md stay true to the repository.
 
-* Every repository path they name — in inline code (`dpbert/model/dpsgd.py`, also inside a
+* Every repository path they name — in inline code (`dpbert/mechanism/gaussian.py`, also inside a
   command such as `python benchmarks/vocab_bench.py`) or as a link target — exists. A path a
   recipe asks the reader to write is marked where it is written (`` `my.yaml` <!-- to write --> ``)
   or listed in ``TO_WRITE``; source paths of other projects (TFX's) are in ``OTHER_PROJECTS``.
@@ -213,7 +213,7 @@ def test_control_a_made_up_path_is_caught():
     page = REPO / "docs" / "control.md"
     text = ("See `dpbert/model/no_such_module.py`, `dpbret/model/dpsgd.py` (a misspelt folder),\n"
             "[the guide](no-such-page.md) and `python benchmarks/no_such_bench.py`.\n"
-            "Real ones pass: `dpbert/model/dpsgd.py`, [privacy](privacy.md), `my.yaml` <!-- to write -->.\n"
+            "Real ones pass: `dpbert/mechanism/gaussian.py`, [privacy](privacy.md), `my.yaml` <!-- to write -->.\n"
             "```\nnot checked: dpbert/inside/a/fence.py\n```\n")
     errors = missing_paths(page, text)
     assert len(errors) == 4, errors

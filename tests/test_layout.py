@@ -60,6 +60,7 @@ ORDER = (
     "accounting",       # THE owner of ε decisions: accounted σ, ε → σ solver, the budget gate, reserve
     "data",             # readers, tuples, the synthetic corpus, the corpus's warnings
     "vocab",            # WordPiece from a DP histogram (its Beam job), public vocabularies
+    "mechanism",        # the DP-SGD step by role: the Gaussian sum mechanism, the replica executor, the step
     "model",            # BERT, DP-SGD, training
     "evaluate",         # canaries, NER, membership, the white-box audit's harness
     "local_privacy",    # dχ-privacy (uses the model and the evaluators)

@@ -403,7 +403,7 @@ def sample_losses(models, token_ids, seed: int, *, special_token_ids: Sequence[i
     :func:`gradient_features` uses). A sample with no maskable token has loss 0."""
     import tensorflow as tf
 
-    from dpbert.model import dpsgd
+    from dpbert.mechanism import clipping
 
     ids = _check_ids(models, token_ids)
     n = ids.shape[0]
@@ -411,7 +411,7 @@ def sample_losses(models, token_ids, seed: int, *, special_token_ids: Sequence[i
 
     def loss_fn(input_ids, positions, labels, weights):
         logits = models.mlm({"input_ids": input_ids, "masked_positions": positions}, training=False)
-        return dpsgd.per_example_mlm_loss(labels, logits, weights)
+        return clipping.per_example_mlm_loss(labels, logits, weights)
 
     loss_fn = _compiled(loss_fn, n * int(num_masks), batch_size, compile)
 
@@ -500,7 +500,8 @@ def gradient_features(models, token_ids, seed: int, *, special_token_ids: Sequen
     import tensorflow as tf
     from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils
 
-    from dpbert.model import dpsgd, ghost
+    from dpbert.mechanism import clipping
+    from dpbert.model import ghost
 
     ids = _check_ids(models, token_ids)
     n = ids.shape[0]
@@ -529,7 +530,7 @@ def gradient_features(models, token_ids, seed: int, *, special_token_ids: Sequen
         with tape:
             logits, _ = gradient_clipping_utils.model_forward_pass(
                 models.mlm, {"input_ids": input_ids, "masked_positions": positions}, generator_fn=generator)
-            total = tf.reduce_sum(dpsgd.per_example_mlm_loss(labels, logits, weights))
+            total = tf.reduce_sum(clipping.per_example_mlm_loss(labels, logits, weights))
         flat = [t for _, e in entries for t in e.base]
         grads = tape.gradient(total, flat, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         columns = [None] * len(names)

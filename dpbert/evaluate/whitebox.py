@@ -219,7 +219,7 @@ def enrol(token_ids: np.ndarray, example_ids, patient_keys, enrolled: int, tag: 
 
 def _probe_factory(canaries: Canaries, canary_dims: int, rng: np.random.Generator, info: dict):
     """``build_training(audit_probe=)``: the probe on d' random coordinates of the largest trained piece."""
-    from dpbert.model import dpsgd
+    from dpbert.mechanism import step as step_lib
 
     def factory(selection):
         index = choose_piece(selection.pieces)
@@ -233,7 +233,7 @@ def _probe_factory(canaries: Canaries, canary_dims: int, rng: np.random.Generato
                     canary_dims=dims, trainable=list(selection.names),
                     trained_parameters=int(selection.size))
         coords = np.sort(rng.choice(int(piece.size), size=dims, replace=False)).astype(np.int64)
-        return dpsgd.AuditProbe(variable_index=index, coordinates=coords)
+        return step_lib.AuditProbe(variable_index=index, coordinates=coords)
 
     return factory
 

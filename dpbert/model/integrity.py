@@ -29,7 +29,8 @@ import tensorflow as tf
 import tf_keras
 
 from dpbert import storage
-from dpbert.model import dpsgd, sampling
+from dpbert.mechanism import step as step_lib
+from dpbert.model import sampling
 from dpbert.privacy import integrity_stats as stats
 from dpbert.privacy.event_check import IntegrityCheckFailed  # noqa: F401  (re-exported)
 
@@ -63,7 +64,7 @@ def _rng(seed: Optional[int], stream: int) -> np.random.Generator:
 
 
 # --------------------------------------------------------------------------- event values
-def observe(sampler, stepper: dpsgd.DPSGDTrainStep, ledger_path, diagnostics_noise_std: Mapping[str, float],
+def observe(sampler, stepper: step_lib.DPSGDTrainStep, ledger_path, diagnostics_noise_std: Mapping[str, float],
             steps_executed: Optional[int] = None, checks: Optional["RunChecks"] = None) -> dict:
     """The values ``event_check.check_event`` compares with the record, read from the objects that
     used them: the running sampler, the step, and the write-ahead ledger on disk.
@@ -224,7 +225,7 @@ class ParticipationCheck:
 
 # --------------------------------------------------------------------------- 3. noise
 def make_noise_probe(variables: Sequence, per_variable: int = NOISE_COORDINATES_PER_VARIABLE,
-                     seed: Optional[int] = None) -> dpsgd.NoiseProbe:
+                     seed: Optional[int] = None) -> step_lib.NoiseProbe:
     """``per_variable`` distinct coordinates (all of a smaller one) of EVERY trained variable or
     piece (``variables``: tf.Variables or ``trainable.Piece``\\ s, aligned with the step's
     variables), drawn with secret randomness."""
@@ -233,7 +234,7 @@ def make_noise_probe(variables: Sequence, per_variable: int = NOISE_COORDINATES_
     for i, v in enumerate(variables):
         size = int(v.shape.num_elements())
         out[i] = np.sort(rng.choice(size, size=min(int(per_variable), size), replace=False)).astype(np.int64)
-    return dpsgd.NoiseProbe(out)
+    return step_lib.NoiseProbe(out)
 
 
 class NoiseCheck:
@@ -406,7 +407,7 @@ class ClippingCheck:
               "summed_norm": ("step", False), "summed": ("step", True), "summed_piece": ("step", True),
               "step_norm": ("step", True)}
 
-    def __init__(self, stepper: dpsgd.DPSGDTrainStep, seed: Optional[int] = None, eager_first: bool = True):
+    def __init__(self, stepper: step_lib.DPSGDTrainStep, seed: Optional[int] = None, eager_first: bool = True):
         self.stepper, self.eager_first = stepper, bool(eager_first)
         self.k = int(stepper.config.group_size)
         self.clip_norm = float(stepper.config.clip_norm)
@@ -577,7 +578,7 @@ class LaunchedStep:
     """A step that ran (``RunChecks.launch``): its statistics and noise-probe snapshots still on the
     device, and whether it is a look of the checks."""
 
-    stats: "dpsgd.DeviceStats"
+    stats: "step_lib.DeviceStats"
     probe: tuple
     due: bool
 
@@ -595,7 +596,7 @@ class RunChecks:
     step itself); every ``training.stats_every`` steps :meth:`read` (one transfer), then per step
     in order :meth:`settle` and :meth:`released` (the DP diagnostics it released, if any)."""
 
-    def __init__(self, stepper: dpsgd.DPSGDTrainStep, *, sampling_mode: str, units: int, q: float,
+    def __init__(self, stepper: step_lib.DPSGDTrainStep, *, sampling_mode: str, units: int, q: float,
                  batch_size: int, every: int, output_dir, seed: Optional[int] = None):
         # output_dir None: a non-chief worker of a multi-worker run (writes nothing).
         self.stepper, self.every = stepper, int(every)
@@ -659,7 +660,7 @@ class RunChecks:
     def read(launched: Sequence["LaunchedStep"]) -> List[tuple]:
         """The launched steps' statistics and probe snapshots in ONE device-to-host transfer:
         ``(stats, probe arrays)`` per step, in order."""
-        host = dpsgd.read_stats([x.stats for x in launched], [t for x in launched for t in x.probe])
+        host = step_lib.read_stats([x.stats for x in launched], [t for x in launched for t in x.probe])
         stats_, arrays = host[:len(launched)], iter(host[len(launched):])
         return [(st, tuple(next(arrays) for _ in x.probe)) for st, x in zip(stats_, launched)]
 

@@ -39,7 +39,7 @@ Across worker processes (``--workers W``, ``training.strategy: multi_worker``):
 ``dpbert.launch.LocalWorkersLauncher`` (the one supervisor: free ports, one ``TF_CONFIG`` each,
 their own sessions, all stopped when one fails or the time limit passes), each builds
 ``MultiWorkerMirroredStrategy`` (R = W replicas) and runs the same loop on its shard of the units.
-The expected std is still σC/B (one draw per logical batch: ``dpbert.model.dpsgd``), not σC√W/B
+The expected std is still σC/B (one draw per logical batch: ``dpbert.mechanism.gaussian``), not σC√W/B
 or WσC/B; ``replicas_in_sync`` then compares a digest of every worker's parameters after the steps.
 Positive controls: the broken placements are test fixtures (``tests/model/broken_mechanisms.py``)
 that the test worker script ``tests/model/multi_worker_worker.py`` applies around
@@ -171,7 +171,7 @@ def _in_sync(stepper) -> bool:
 def _run_loop(tc, model, ids, keys, units: int, group_size: int, noise_mode: str, strategy):
     """Build the shipped loop on a throw-away ``ram://`` chain and run it; (result fields, hook)."""
     from dpbert import storage
-    from dpbert.model import dpsgd
+    from dpbert.mechanism.replicas import strategy_name
     from dpbert.model.engine.build import build_training, digest
     from dpbert.model.integrity import IntegrityCheckFailed
     from dpbert.privacy.plan import plan_training
@@ -191,7 +191,7 @@ def _run_loop(tc, model, ids, keys, units: int, group_size: int, noise_mode: str
                 failure = str(err)
             stepper = training.stepper
             out = _statistics(training.checks.noise, stepper.config.noise_std, probe.steps)
-            out.update(strategy=dpsgd.strategy_name(training.strategy), workers=stepper.workers,
+            out.update(strategy=strategy_name(training.strategy), workers=stepper.workers,
                        # A digest of this process's parameters after the steps (workers must agree exactly).
                        parameter_digest=digest(v.numpy() for v in stepper.variables),
                        coordinates=probe.size, target_std=stepper.config.noise_std, in_sync=_in_sync(stepper),
@@ -220,9 +220,9 @@ def noise_check(replicas: int, accumulation: int, noise_multiplier: float, clip:
     """
     if strategy is None:
         _ensure_devices(replicas)
-    from dpbert.model import dpsgd
+    from dpbert.mechanism.replicas import worker_layout
 
-    workers = dpsgd.worker_layout(strategy)[0] if strategy is not None else 1
+    workers = worker_layout(strategy)[0] if strategy is not None else 1
     name = "multi_worker" if workers > 1 else ("mirrored" if replicas > 1 else "default")
     model, tc = _configs(replicas, accumulation, noise_multiplier, clip, batch_size, steps, seed, name)
     ids, keys, units = _data(batch_size, group_size, model.max_seq_length, seed)

@@ -111,8 +111,8 @@ def warm_up(models, tokenizer, steps: int, seed: int, *, batch_size: int = 32, l
     import tensorflow as tf
     import tf_keras
 
+    from dpbert.mechanism.clipping import per_example_mlm_loss
     from dpbert.model import masking
-    from dpbert.model.dpsgd import per_example_mlm_loss
     from dpbert.vocab.wordpiece import special_ids
 
     if scope not in SCOPES:

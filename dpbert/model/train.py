@@ -22,7 +22,7 @@ Distribution (``dpbert.model.engine.devices``): default, mirrored, tpu (untested
 with the same inputs and the same shared ``output_dir``): worker w keeps the units with
 ``sampling.shard_of(id, W) == w`` (a patient's tuples on one worker) and Poisson-samples its own
 units at q with a fresh key per process; the noise seed is the chief's, shared by an all-reduce,
-and the one draw is added after the SUM (``dpbert.model.dpsgd``). Only the CHIEF (rank 0) locks
+and the one draw is added after the SUM (``dpbert.mechanism``). Only the CHIEF (rank 0) locks
 and writes the state directory; non-chief workers save their checkpoints to a temporary directory
 removed at once (TF's MWMS rule: every worker saves) and restore from the chief's. Each step the
 chief checks the budget and writes its step-log entry, then every worker enters

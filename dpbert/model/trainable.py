@@ -16,7 +16,7 @@ A :class:`Piece` is one trainable variable, WHOLE, or the slice of it along one 
 trainable indices (``new_tokens``: axis 0 of the word embedding, axis 1 of the output kernel,
 axis 0 of the output bias). Frozen parameters get no gradient, take no part in the per-unit
 norm (``dpbert.model.ghost`` sums only the trainable pieces' terms), get no noise (the one draw
-of ``dpbert.model.dpsgd`` has the pieces' shapes) and no weight decay (the optimizer is given the
+of ``dpbert.mechanism.step`` has the pieces' shapes) and no weight decay (the optimizer is given the
 pieces only: a sliced piece as a small "shadow" variable gathered from and scattered back into
 its variable, so frozen coordinates stay bit-identical). The accountant is unchanged: σ, q and
 the steps do not depend on the set (the sensitivity of the released sum is C whatever

@@ -317,7 +317,8 @@ def test_attention_features_shape_range_and_padding_excluded(tiny):
 def test_gradient_features_match_per_example_gradients(tiny):
     import tensorflow as tf
 
-    from dpbert.model import dpsgd, masking
+    from dpbert.mechanism import clipping
+    from dpbert.model import masking
 
     models, ids = tiny
     names = mi.gradient_feature_names(models)
@@ -333,7 +334,7 @@ def test_gradient_features_match_per_example_gradients(tiny):
         with tf.GradientTape() as tape:
             logits = models.mlm({"input_ids": m["input_ids"][i:i + 1],
                                  "masked_positions": m["masked_positions"][i:i + 1]}, training=False)
-            loss = dpsgd.per_example_mlm_loss(m["masked_labels"][i:i + 1], logits, m["masked_weights"][i:i + 1])[0]
+            loss = clipping.per_example_mlm_loss(m["masked_labels"][i:i + 1], logits, m["masked_weights"][i:i + 1])[0]
         grads = tape.gradient(loss, [layer.trainable_variables for layer in layers])
         brute = [sum(float(tf.reduce_sum(tf.square(tf.convert_to_tensor(x)))) for x in per_layer)
                  for per_layer in grads]
@@ -351,7 +352,8 @@ def test_run_attacks_end_to_end_on_a_tiny_bert():
     import tensorflow as tf
     import tf_keras
 
-    from dpbert.model import dpsgd, masking
+    from dpbert.mechanism import clipping
+    from dpbert.model import masking
     from dpbert.model.bert import BertSpec, build_bert
 
     spec = BertSpec(vocab_size=40, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
@@ -378,7 +380,7 @@ def test_run_attacks_end_to_end_on_a_tiny_bert():
         with tf.GradientTape() as tape:
             logits = models.mlm({"input_ids": masked["input_ids"], "masked_positions": masked["masked_positions"]},
                                 training=True)
-            loss = tf.reduce_mean(dpsgd.per_example_mlm_loss(masked["masked_labels"], logits,
+            loss = tf.reduce_mean(clipping.per_example_mlm_loss(masked["masked_labels"], logits,
                                                              masked["masked_weights"]))
         grads = tape.gradient(loss, models.mlm.trainable_variables)
         optimizer.apply_gradients(zip(grads, models.mlm.trainable_variables))

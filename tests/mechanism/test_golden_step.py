@@ -37,11 +37,11 @@ def _sha(arrays) -> str:
 
 
 def noise_draw(stepper, dp_step: int) -> list:
-    """The step's own draw z for DP step ``dp_step`` (stateless: keyed by the seed and the step)."""
+    """The mechanism's own draw z for DP step ``dp_step`` (stateless: keyed by the seed and the step)."""
     saved = int(stepper.dp_step.numpy())
     stepper.dp_step.assign(dp_step)
     try:
-        return [z.numpy() for z in stepper._draw_noise()]  # pylint: disable=protected-access
+        return [z.numpy() for z in stepper.mechanism.draw_noise()]
     finally:
         stepper.dp_step.assign(saved)
 

@@ -1,10 +1,14 @@
 """Deliberately BROKEN mechanisms: the positive controls of the run-time integrity checks
 (``dpbert.model.integrity``) and of ``dpbert.model.noise_check``, as TEST FIXTURES.
 
-Each one patches internals of ``dpbert.model.dpsgd`` / ``sampling`` / ``privacy.diagnostics`` for
-the duration of a ``with`` block (a tf.function traced inside the block keeps the broken code);
-nothing in ``dpbert`` can select them. Worker processes get them from the test worker script
-(``tests/model/multi_worker_worker.py``), which imports this module by its file path.
+A noise or clipping fault is a SUBCLASS of the mechanism (``dpbert.mechanism.gaussian
+.GaussianSumMechanism``) or, for a replica fault, of the executor (``dpbert.mechanism.replicas
+.ReplicaExecutor``), made on top of whatever class is installed and installed as the step's
+``mechanism_class`` / ``executor_class`` for the duration of a ``with`` block (a step built, and a
+tf.function traced, inside the block keeps it). Samplers, diagnostics, the step log and the
+patient grouping are patched the same way. Nothing in ``dpbert`` can select them. Worker processes
+get them from the test worker script (``tests/model/multi_worker_worker.py``), which imports this
+module by its file path.
 
 Noise (what the optimizer is handed):
   ``SwitchableNoise``       no noise on chosen pieces, σ scaled, noise drawn but not added, the
@@ -24,7 +28,8 @@ Released diagnostics:
 Clipping (a factor may be a tf.Variable: 1.0 honest, switched later without a new trace):
   ``piece_clipped_at(f, match)``  the clipping path (``clip()``, so the step too) clips the pieces
                             whose name matches at f·C, the others at C
-  ``step_clips_at(f)``      the step's accumulate clips at f·C; ``clip()`` itself is honest
+  ``step_clips_at(f)``      the step's accumulate (``clipped_sum``) clips at f·C; ``clip()`` itself
+                            is honest
 Step log and patients:
   ``LostUpdateStepLog``     the step log loses one write-ahead update (the file one short)
   ``PlainWriteStepLog``     the step log written by a plain write (a stale holder can lower it)
@@ -39,11 +44,12 @@ import numpy as np
 import tensorflow as tf
 
 from dpbert import storage
-from dpbert.model import dpsgd, ghost, sampling
+from dpbert.mechanism import step as step_lib
+from dpbert.model import ghost, sampling
 from dpbert.model.engine import chain as chain_lib
 from dpbert.privacy import diagnostics
 
-Step = dpsgd.DPSGDTrainStep
+Step = step_lib.DPSGDTrainStep
 
 
 @contextlib.contextmanager
@@ -62,16 +68,31 @@ def patched(owner, **attributes):
                 delattr(owner, name)
 
 
-def piece_names(step: Step):
-    return [p.name for p in step.selection.pieces]
+@contextlib.contextmanager
+def install(mechanism: Callable = None, executor: Callable = None):
+    """Inside the block the step builds ``mechanism(installed mechanism class)`` and
+    ``executor(installed executor class)``: broken subclasses, stacked on any installed before."""
+    attributes = {}
+    if mechanism is not None:
+        attributes["mechanism_class"] = mechanism(Step.mechanism_class)
+    if executor is not None:
+        attributes["executor_class"] = executor(Step.executor_class)
+    with patched(Step, **attributes):
+        yield
+
+
+def piece_names(holder):
+    """The trained pieces' names of a step or of its mechanism."""
+    return [p.name for p in holder.selection.pieces]
 
 
 # --------------------------------------------------------------------------- noise
 class SwitchableNoise:
-    """Installs, while its ``install()`` block traces the step, a draw and an add whose breakage
-    is chosen later by variables: ``scale[i]`` multiplies piece i's draw (0: no noise there, 0.5:
-    σ/2), ``added`` False draws the noise and does not add it, ``stuck`` True keys the draw on
-    step 0 (the same z every step). ``reset()`` restores the honest mechanism."""
+    """Installs, while its ``install()`` block builds and traces the step, a mechanism whose draw
+    and add are broken as chosen later by variables: ``scale[i]`` multiplies piece i's draw (0: no
+    noise there, 0.5: σ/2), ``added`` False draws the noise and does not add it, ``stuck`` True
+    keys the draw on step 0 (the same z every step). Honest, it draws one stream per piece (the
+    same distribution as the real single draw). ``reset()`` restores the honest state."""
 
     def __init__(self, pieces: int):
         self.scale = tf.Variable(tf.ones([pieces]), trainable=False)
@@ -83,7 +104,7 @@ class SwitchableNoise:
         self.added.assign(True)
         self.stuck.assign(False)
 
-    def silence(self, step: Step, match: Callable[[str], bool]) -> list:
+    def silence(self, step, match: Callable[[str], bool]) -> list:
         """No noise on the pieces whose name ``match``es; returns their names."""
         names = piece_names(step)
         hit = [match(n) for n in names]
@@ -93,71 +114,97 @@ class SwitchableNoise:
     def install(self):
         switch = self
 
-        def draw(step):
-            counter = tf.where(switch.stuck, tf.constant(0, tf.int64), step.dp_step.read_value())
-            seed = tf.random.experimental.stateless_fold_in(step._noise_seed, counter)
-            std = step.config.effective_noise_multiplier * step.config.clip_norm
-            return [switch.scale[i] * std * tf.random.stateless_normal(
-                        v.shape, tf.random.experimental.stateless_fold_in(seed, i), dtype=v.dtype, alg="philox")
-                    for i, v in enumerate(step.variables)]
+        def make(base):
+            class Switchable(base):
+                def draw_noise(self):
+                    counter = tf.where(switch.stuck, tf.constant(0, tf.int64), self.dp_step.read_value())
+                    seed = tf.random.experimental.stateless_fold_in(self.noise_seed, counter)
+                    std = self.config.effective_noise_multiplier * self.config.clip_norm
+                    return [switch.scale[i] * std * tf.random.stateless_normal(
+                                v.shape, tf.random.experimental.stateless_fold_in(seed, i), dtype=v.dtype,
+                                alg="philox") for i, v in enumerate(self.variables)]
 
-        def add(step, grads):
-            return [tf.where(switch.added, g + z, g) for g, z in zip(grads, step._draw_noise())]
+                def add_noise(self, grads, noise):
+                    return [tf.where(switch.added, g + z, g) for g, z in zip(grads, noise)]
 
-        return patched(Step, _draw_noise=draw, _add_noise=add)
+            return Switchable
+
+        return install(mechanism=make)
 
 
 def no_noise_on(match: Callable[[str], bool]):
     """The draw zeroed on every trained piece whose name ``match``es."""
-    real = Step._draw_noise
+    def make(base):
+        class NoNoiseOn(base):
+            def draw_noise(self):
+                return [tf.zeros_like(z) if match(name) else z for z, name in zip(super().draw_noise(),
+                                                                                   piece_names(self))]
 
-    def draw(step):
-        return [tf.zeros_like(z) if match(name) else z for z, name in zip(real(step), piece_names(step))]
+        return NoNoiseOn
 
-    return patched(Step, _draw_noise=draw)
+    return install(mechanism=make)
+
+
+def _not_added(base):
+    class NoiseNotAdded(base):
+        """The draw is computed (by the caller) and not added: the optimizer is handed S/B."""
+
+        def add_noise(self, grads, noise):
+            return list(grads)
+
+    return NoiseNotAdded
 
 
 def noise_drawn_not_added():
     """The draw is computed (and discarded): the optimizer is handed S/B."""
-    def add(step, grads):
-        step._draw_noise()
-        return list(grads)
-
-    return patched(Step, _add_noise=add)
+    return install(mechanism=_not_added)
 
 
-def _replica_draw(step):
+def _replica_draw(mechanism):
     """A full σC draw of this replica's own (its global replica id folded into the seed)."""
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    seed = tf.random.experimental.stateless_fold_in(step._noise_seed, step.dp_step.read_value())
+    seed = tf.random.experimental.stateless_fold_in(mechanism.noise_seed, mechanism.dp_step.read_value())
     seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(replica, tf.int64) + 1)
-    std = step.config.effective_noise_multiplier * step.config.clip_norm
+    std = mechanism.config.effective_noise_multiplier * mechanism.config.clip_norm
     return [std * tf.random.stateless_normal(v.shape, tf.random.experimental.stateless_fold_in(seed, i),
-                                             dtype=v.dtype, alg="philox") for i, v in enumerate(step.variables)]
+                                             dtype=v.dtype, alg="philox") for i, v in enumerate(mechanism.variables)]
 
 
 def per_replica_full():
-    """Each replica adds its own N(0, σ²C²) before the SUM (tensorflow-privacy's placement)."""
-    def sum_replicas(step, grads):
-        return step._all_reduce_sum([g + z for g, z in zip(grads, _replica_draw(step))])
+    """Each replica adds its own N(0, σ²C²) before the SUM (tensorflow-privacy's placement): the
+    executor noises before its SUM, the mechanism adds nothing after it."""
+    def make(base):
+        class NoiseBeforeSum(base):
+            def sum_replicas(self, grads):
+                return self.all_reduce_sum([g + z for g, z in zip(grads, _replica_draw(self.mechanism))])
 
-    return patched(Step, _sum_replicas=sum_replicas, _add_noise=lambda step, grads: list(grads))
+        return NoiseBeforeSum
+
+    return install(mechanism=_not_added, executor=make)
 
 
 def same_before_sum():
     """The one shared draw added on every replica BEFORE the SUM: R copies of it."""
-    def sum_replicas(step, grads):
-        return step._all_reduce_sum([g + z for g, z in zip(grads, step._draw_noise())])
+    def make(base):
+        class SharedDrawBeforeSum(base):
+            def sum_replicas(self, grads):
+                return self.all_reduce_sum([g + z for g, z in zip(grads, self.mechanism.draw_noise())])
 
-    return patched(Step, _sum_replicas=sum_replicas, _add_noise=lambda step, grads: list(grads))
+        return SharedDrawBeforeSum
+
+    return install(mechanism=_not_added, executor=make)
 
 
 def own_seed():
     """Each worker its own noise seed (not the chief's), added after the SUM."""
-    def share(step, seed):
-        return seed + tf.constant([0, 7919], tf.int64) * step.worker_index
+    def make(base):
+        class OwnSeed(base):
+            def share_seed(self, seed):
+                return seed + tf.constant([0, 7919], tf.int64) * self.worker_index
 
-    return patched(Step, _share_noise_seed=share)
+        return OwnSeed
+
+    return install(executor=make)
 
 
 #: The broken placements across replicas / worker processes, by name.
@@ -200,41 +247,46 @@ def exact_release():
 
 
 # --------------------------------------------------------------------------- clipping
-def _ghost_sum(step: Step, inputs, loss_fn, example_mask, clip_norm, training):
+def _ghost_sum(mechanism, inputs, loss_fn, example_mask, clip_norm, training):
     grads, losses, norms, outputs = ghost.clipped_gradient_sum(
-        step.model, inputs, loss_fn, example_mask, clip_norm, training=training,
-        group_size=int(step.config.group_size), selection=step.selection, static_shapes=step.config.jit_compile)
+        mechanism.model, inputs, loss_fn, example_mask, clip_norm, training=training,
+        group_size=int(mechanism.config.group_size), selection=mechanism.selection,
+        static_shapes=mechanism.config.jit_compile)
     return [tf.convert_to_tensor(g) for g in grads], losses, norms, outputs
 
 
 def piece_clipped_at(factor, match: Callable[[str], bool]):
-    """``clip()`` (which the step calls too) clips the trained pieces whose name ``match``es at
-    factor·C (a second ghost pass at factor·C supplies them), every other piece at C."""
-    real = Step.clip
+    """``clip()`` (which the step's accumulate calls too) clips the trained pieces whose name
+    ``match``es at factor·C (a second ghost pass at factor·C supplies them), every other piece at C."""
+    def make(base):
+        class PieceClippedAt(base):
+            def clip(self, inputs, loss_fn, example_mask, training=True):
+                grads, losses, norms, outputs = super().clip(inputs, loss_fn, example_mask, training)
+                loose = _ghost_sum(self, inputs, loss_fn, example_mask, factor * self.config.clip_norm, training)[0]
+                return ([wide if match(name) else g for g, wide, name in zip(grads, loose, piece_names(self))],
+                        losses, norms, outputs)
 
-    def clip(step, inputs, loss_fn, example_mask, training=True):
-        grads, losses, norms, outputs = real(step, inputs, loss_fn, example_mask, training)
-        loose = _ghost_sum(step, inputs, loss_fn, example_mask, factor * step.config.clip_norm, training)[0]
-        return ([wide if match(name) else g for g, wide, name in zip(grads, loose, piece_names(step))],
-                losses, norms, outputs)
+        return PieceClippedAt
 
-    return patched(Step, clip=clip)
+    return install(mechanism=make)
 
 
 def step_clips_at(factor):
-    """The step's accumulate (``_compute``) clips every unit at factor·C; ``clip()``, which the
-    run-time check used to replay, is untouched."""
-    real = Step._compute
+    """The step's accumulate (``clipped_sum``) clips every unit at factor·C; ``clip()``, which the
+    run-time check also calls on its own, is untouched."""
+    def make(base):
+        class StepClipsAt(base):
+            def clipped_sum(self, inputs, loss_fn, example_mask):
+                self.clip = lambda inputs, loss_fn, mask, training=True: _ghost_sum(
+                    self, inputs, loss_fn, mask, factor * self.config.clip_norm, training)
+                try:
+                    return super().clipped_sum(inputs, loss_fn, example_mask)
+                finally:
+                    del self.clip
 
-    def compute(step, batch, round_index):
-        step.clip = lambda inputs, loss_fn, mask, training=True: _ghost_sum(
-            step, inputs, loss_fn, mask, factor * step.config.clip_norm, training)
-        try:
-            return real(step, batch, round_index)
-        finally:
-            del step.clip
+        return StepClipsAt
 
-    return patched(Step, _compute=compute)
+    return install(mechanism=make)
 
 
 # --------------------------------------------------------------------------- step log

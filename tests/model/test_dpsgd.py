@@ -11,8 +11,11 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from dpbert.mechanism import clipping, gaussian
+from dpbert.mechanism import step as step_lib
 from dpbert.model import bert as bert_lib
-from dpbert.model import dpsgd, ghost
+from dpbert.model import ghost
+from dpbert.model.engine.build import GHOST
 from dpbert.model.masking import mask_with_seed
 from dpbert.model.noise_check import noise_check
 
@@ -28,7 +31,7 @@ def _mlm_batch(spec, n=6, seed=0):
     batch = mask_with_seed(ids, 3, 4, special_token_ids=[1, 2, 3, 4], mask_token_id=4,
                         vocab_size=spec.vocab_size, max_predictions=spec.max_predictions)
     inputs = {"input_ids": batch["input_ids"], "masked_positions": batch["masked_positions"]}
-    loss_fn = lambda out: dpsgd.per_example_mlm_loss(batch["masked_labels"], out, batch["masked_weights"])  # noqa
+    loss_fn = lambda out: clipping.per_example_mlm_loss(batch["masked_labels"], out, batch["masked_weights"])  # noqa
     return batch, inputs, loss_fn
 
 
@@ -39,7 +42,7 @@ def _brute_force(model, batch, inputs, mask, clip):
     for i in range(len(mask)):
         with tf.GradientTape() as tape:
             out = model({k: v[i:i + 1] for k, v in inputs.items()}, training=True)
-            loss = dpsgd.per_example_mlm_loss(batch["masked_labels"][i:i + 1], out, batch["masked_weights"][i:i + 1])[0]
+            loss = clipping.per_example_mlm_loss(batch["masked_labels"][i:i + 1], out, batch["masked_weights"][i:i + 1])[0]
         grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
         norm = float(tf.linalg.global_norm(grads))
         weight = min(1.0, clip / norm) * float(mask[i])
@@ -64,8 +67,8 @@ def test_clipping_matches_brute_force(path, geometry):
     if path == "ghost":
         grads, losses, norms, _ = ghost.clipped_gradient_sum(model, inputs, loss_fn, mask, clip)
     else:
-        grads, losses, norms, _ = dpsgd.tfp_two_pass_clipped_gradients(
-            model, dpsgd.make_layer_registry(), inputs, loss_fn, mask, clip)
+        grads, losses, norms, _ = clipping.tfp_two_pass_clipped_gradients(
+            model, clipping.make_layer_registry(), inputs, loss_fn, mask, clip)
     _, expected, contributions = _brute_force(model, batch, inputs, mask, clip)
     np.testing.assert_allclose(norms.numpy()[:5], ref_norms[:5], rtol=1e-4)
     assert norms.numpy()[5] == 0 and losses.numpy()[5] == 0  # padded row: no loss, no gradient
@@ -95,7 +98,7 @@ def test_per_example_loss_is_mean_over_own_masked_positions():
     logits = tf.math.log(tf.constant([[[0.5, 0.5], [0.9, 0.1]], [[0.2, 0.8], [0.5, 0.5]]]))
     labels = tf.constant([[0, 1], [1, 0]])
     weights = tf.constant([[1.0, 1.0], [1.0, 0.0]])
-    loss = dpsgd.per_example_mlm_loss(labels, logits, weights).numpy()
+    loss = clipping.per_example_mlm_loss(labels, logits, weights).numpy()
     assert loss.shape == (2,)
     np.testing.assert_allclose(loss, [(-math.log(0.5) - math.log(0.1)) / 2, -math.log(0.8)], rtol=1e-5)
 
@@ -122,7 +125,7 @@ def test_noise_paper_mode_reports_effective_sigma():
                          noise_mode="paper")
     assert result["passed"]
     assert abs(result["measured_std"] / result["paper_std"] - 1) <= result["tolerance"]
-    config = dpsgd.DPSGDConfig(noise_multiplier=1.0, replicas=2, accumulation_steps=4, noise_mode="paper")
+    config = gaussian.DPSGDConfig(noise_multiplier=1.0, replicas=2, accumulation_steps=4, noise_mode="paper")
     assert config.effective_noise_multiplier == pytest.approx(math.sqrt(8))
 
 
@@ -147,12 +150,12 @@ def test_two_replicas_training_in_subprocess(tmp_path):
 def _dense_stepper(noise_seed=None, non_private=False, sigma=1.0, clip=1.0, expected_batch=4.0):
     x = tf_keras.Input((3,))
     model = tf_keras.Model(x, tf_keras.layers.Dense(2, kernel_initializer=tf_keras.initializers.Constant(0.1))(x))
-    config = dpsgd.DPSGDConfig(clip_norm=clip, noise_multiplier=sigma, expected_batch_size=expected_batch,
-                               noise_seed=noise_seed, non_private=non_private)
-    stepper = dpsgd.DPSGDTrainStep(
+    config = gaussian.DPSGDConfig(clip_norm=clip, noise_multiplier=sigma, expected_batch_size=expected_batch,
+                                  noise_seed=noise_seed, non_private=non_private)
+    stepper = step_lib.DPSGDTrainStep(
         model, tf_keras.optimizers.SGD(1.0), config,
         prepare_fn=lambda f: (f[:, :3], f[:, 3]),
-        loss_fn=lambda y, out: tf.reduce_sum(tf.square(out - y[:, None]), axis=1))
+        loss_fn=lambda y, out: tf.reduce_sum(tf.square(out - y[:, None]), axis=1), clipping=GHOST)
     return model, stepper
 
 
@@ -206,8 +209,8 @@ def test_dp_update_divides_by_expected_batch_and_baseline_by_count():
 def test_clipping_path_is_logged(caplog):
     import logging
 
-    dpsgd._LOGGED_PATHS.clear()
-    with caplog.at_level(logging.INFO, logger="dpbert.model.dpsgd"):
+    gaussian._LOGGED_PATHS.clear()
+    with caplog.at_level(logging.INFO, logger="dpbert.mechanism.gaussian"):
         _dense_stepper(noise_seed=1)
         _dense_stepper(noise_seed=1)
     messages = [r.getMessage() for r in caplog.records if "clipping path" in r.getMessage()]
@@ -230,14 +233,14 @@ def test_audit_probe_adds_canaries_to_the_clipped_sum_before_the_noise_and_obser
     rng = np.random.default_rng(1)
     features = rng.normal(size=(4, 4)).astype(np.float32)
     mask = np.array([1, 1, 0, 0], np.float32)
-    probe = dpsgd.AuditProbe(variable_index=0, coordinates=np.array([0, 3, 5]))  # kernel [3, 2], flat
+    probe = step_lib.AuditProbe(variable_index=0, coordinates=np.array([0, 3, 5]))  # kernel [3, 2], flat
     x = tf_keras.Input((3,))
     model = tf_keras.Model(x, tf_keras.layers.Dense(2, kernel_initializer=tf_keras.initializers.Constant(0.1))(x))
-    config = dpsgd.DPSGDConfig(clip_norm=0.5, noise_multiplier=1e-9, expected_batch_size=4.0, noise_seed=3)
-    stepper = dpsgd.DPSGDTrainStep(model, tf_keras.optimizers.SGD(1.0), config,
-                                   prepare_fn=lambda f: (f[:, :3], f[:, 3]),
-                                   loss_fn=lambda y, out: tf.reduce_sum(tf.square(out - y[:, None]), axis=1),
-                                   audit_probe=probe)
+    config = gaussian.DPSGDConfig(clip_norm=0.5, noise_multiplier=1e-9, expected_batch_size=4.0, noise_seed=3)
+    stepper = step_lib.DPSGDTrainStep(model, tf_keras.optimizers.SGD(1.0), config,
+                                      prepare_fn=lambda f: (f[:, :3], f[:, 3]),
+                                      loss_fn=lambda y, out: tf.reduce_sum(tf.square(out - y[:, None]), axis=1),
+                                      audit_probe=probe, clipping=GHOST)
     clipped = _grads(features, mask, 0.5)[:6]  # the kernel's part of the clipped sum
     canary = np.array([0.5, -0.25, 0.125], np.float32)
     before = model.trainable_variables[0].numpy().ravel().copy()

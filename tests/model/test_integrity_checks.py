@@ -15,9 +15,12 @@ import tensorflow as tf
 import tf_keras
 
 from dpbert.config import ModelConfig, TrainingConfig
+from dpbert.mechanism import clipping, gaussian
+from dpbert.mechanism import step as step_lib
 from dpbert.model import bert as bert_lib
-from dpbert.model import dpsgd, ghost, integrity, sampling
+from dpbert.model import ghost, integrity, sampling
 from dpbert.model import trainable as trainable_lib
+from dpbert.model.engine.build import GHOST
 from dpbert.model.train import make_mlm_functions, mlm_patient_rounds, mlm_rounds, train_mlm
 from dpbert.privacy import diagnostics, event_check, events
 from dpbert.privacy.event_check import IntegrityCheckFailed, check_event
@@ -65,7 +68,7 @@ def test_event_check_passes_an_honest_record_and_catches_q_steps_sigma_k_and_mod
 def test_event_check_reads_the_running_sampler_a_sampler_with_another_q_is_caught(tmp_path):
     ledger = tmp_path / "dp_ledger.json"
     ledger.write_text(json.dumps({"steps_executed": 40}))
-    config = dpsgd.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.3, expected_batch_size=16.0)
+    config = gaussian.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.3, expected_batch_size=16.0)
     stepper = types.SimpleNamespace(config=config, strategy=tf.distribute.get_strategy())
     record = events.dpsgd_event(0.3, 16, 80, 40, "poisson")  # the plan: q = 16/80
     assert check_event(record, integrity.observe(sampling.PoissonSampler(64, 16 / 80), stepper, ledger, {})) == []
@@ -149,7 +152,7 @@ def test_release_check_passes_the_claimed_noise_and_catches_exact_values_and_hal
 def test_observe_takes_the_diagnostics_noise_the_release_check_tested(tmp_path):
     ledger = tmp_path / "dp_ledger.json"
     ledger.write_text(json.dumps({"steps_executed": 40}))
-    config = dpsgd.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.3, expected_batch_size=16.0, loss_bound=12.0)
+    config = gaussian.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.3, expected_batch_size=16.0, loss_bound=12.0)
     stepper = types.SimpleNamespace(config=config, strategy=tf.distribute.get_strategy(), noise_probe=None)
     diag = diagnostics.DiagnosticsConfig()
     configured = diagnostics.noise_stds(0.3, diag)
@@ -241,10 +244,11 @@ def rig(tmp_path_factory):
                                  max_seq_length=16, max_predictions=3, dropout=0.0, attention_dropout=0.0)
         models = bert_lib.build_bert(spec, seed=0)
         mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, sorted(SPECIALS.values()), 4, 0.15)
-        config = dpsgd.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.5, expected_batch_size=8.0, noise_seed=3)
-        stepper = dpsgd.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
-                                       loss_fn=loss_fn, metrics_fn=metrics_fn,
-                                       noise_probe=integrity.make_noise_probe(models.mlm.trainable_variables, seed=3))
+        config = gaussian.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.5, expected_batch_size=8.0, noise_seed=3)
+        stepper = step_lib.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
+                                          loss_fn=loss_fn, metrics_fn=metrics_fn,
+                                          noise_probe=integrity.make_noise_probe(models.mlm.trainable_variables, seed=3),
+                                          clipping=GHOST)
         out = types.SimpleNamespace(stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB),
                                     ln_keep=ln_keep, norm_scale=norm_scale, piece_clip=piece_clip,
                                     step_clip=step_clip)
@@ -266,12 +270,13 @@ def noise_rig(tmp_path_factory):
     models = bert_lib.build_bert(spec, seed=0)
     selection = trainable_lib.select(models, ["bias", "head", "new_tokens"], NEW_IDS)
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, sorted(SPECIALS.values()), 4, 0.15)
-    config = dpsgd.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.5, expected_batch_size=8.0, noise_seed=3)
+    config = gaussian.DPSGDConfig(clip_norm=1.0, noise_multiplier=0.5, expected_batch_size=8.0, noise_seed=3)
     switch = broken.SwitchableNoise(len(selection.pieces))
     with switch.install():
-        stepper = dpsgd.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
-                                       loss_fn=loss_fn, metrics_fn=metrics_fn, selection=selection,
-                                       noise_probe=integrity.make_noise_probe(selection.pieces, seed=3))
+        stepper = step_lib.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
+                                          loss_fn=loss_fn, metrics_fn=metrics_fn, selection=selection,
+                                          noise_probe=integrity.make_noise_probe(selection.pieces, seed=3),
+                                          clipping=GHOST)
         out = types.SimpleNamespace(stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB),
                                     switch=switch)
         _run(out, tmp_path_factory.mktemp("trace"), 1, every=0)
@@ -346,9 +351,9 @@ def test_clipping_check_per_patient_with_dropout_on(tmp_path):
                              max_seq_length=16, max_predictions=3, dropout=0.1, attention_dropout=0.1)
     models = bert_lib.build_bert(spec, seed=1)
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, sorted(SPECIALS.values()), 4, 0.15)
-    config = dpsgd.DPSGDConfig(clip_norm=0.5, noise_multiplier=0.5, expected_batch_size=4.0, noise_seed=2, group_size=2)
-    stepper = dpsgd.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
-                                   loss_fn=loss_fn, metrics_fn=metrics_fn)
+    config = gaussian.DPSGDConfig(clip_norm=0.5, noise_multiplier=0.5, expected_batch_size=4.0, noise_seed=2, group_size=2)
+    stepper = step_lib.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.01), config, prepare_fn=prepare_fn,
+                                      loss_fn=loss_fn, metrics_fn=metrics_fn, clipping=GHOST)
     data = repetitive_corpus(24, 16, VOCAB)
     patients = [np.array([0, 1]), np.array([5]), np.array([7, 9]), np.array([12, 13])]
     checks = integrity.RunChecks(stepper, sampling_mode="poisson", units=12, q=1 / 3, batch_size=4, every=1,

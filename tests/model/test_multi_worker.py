@@ -11,7 +11,7 @@
    coin is a function of (key, its id, step), so the same units are sampled whichever worker holds
    them) and dropout 0, releases the same parameters (rtol 1e-5), per tuple and per patient. The
    noise is the SAME draw in both layouts, not a stand-in: the mechanism adds one seeded draw
-   z(seed, step, variable) after the SUM whatever the layout (``dpbert.model.dpsgd``), and the
+   z(seed, step, variable) after the SUM whatever the layout (``dpbert.mechanism.gaussian``), and the
    2-worker run's seed is the chief's, shared by the all-reduce. What may differ is the float
    summation order of the clipped sums (hence rtol, not equality).
    The 2-worker run's recorded event matches what ran (``event_check.check_event`` on the chief's

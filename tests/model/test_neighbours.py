@@ -11,8 +11,10 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from dpbert.mechanism import gaussian
+from dpbert.mechanism import step as step_lib
 from dpbert.model import bert as bert_lib
-from dpbert.model import dpsgd
+from dpbert.model.engine.build import GHOST
 from dpbert.model.train import make_mlm_functions, mlm_rounds
 
 CLIP = 0.01  # every per-example gradient is clipped: each contributes a vector of norm exactly C
@@ -25,16 +27,16 @@ def stepper_and_fns():
                              max_seq_length=16, max_predictions=3, dropout=0.0, attention_dropout=0.0)
     models = bert_lib.build_bert(spec, seed=0)
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, SPECIALS, 4, 0.15)
-    config = dpsgd.DPSGDConfig(clip_norm=CLIP, noise_multiplier=1.0, expected_batch_size=8.0, noise_seed=0)
-    stepper = dpsgd.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.0), config, prepare_fn=prepare_fn,
-                                   loss_fn=loss_fn, metrics_fn=metrics_fn)
+    config = gaussian.DPSGDConfig(clip_norm=CLIP, noise_multiplier=1.0, expected_batch_size=8.0, noise_seed=0)
+    stepper = step_lib.DPSGDTrainStep(models.mlm, tf_keras.optimizers.SGD(0.0), config, prepare_fn=prepare_fn,
+                                      loss_fn=loss_fn, metrics_fn=metrics_fn, clipping=GHOST)
     return stepper, mask_fn
 
 
 def _clipped_sum(stepper, rounds) -> np.ndarray:
     """S = Σ clipped per-example gradients, read from the step's accumulators (before noise)."""
     for r, round_batch in enumerate(rounds):
-        stepper._accumulate_fn(stepper._distribute(round_batch), tf.constant(r, tf.int64))  # pylint: disable=protected-access
+        stepper._accumulate_fn(stepper.distribute(round_batch), tf.constant(r, tf.int64))  # pylint: disable=protected-access
     total = np.concatenate([acc.read_value().numpy().ravel() for acc in stepper.accumulators])
     for acc in stepper.accumulators:
         acc.assign(tf.zeros_like(acc))

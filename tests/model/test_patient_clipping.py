@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dpbert.mechanism import clipping, gaussian
 from dpbert.model import bert as bert_lib
-from dpbert.model import dpsgd, ghost
+from dpbert.model import ghost
 from dpbert.model.masking import mask_with_seed
 
 
@@ -22,7 +23,7 @@ def _batch(spec, rows, seed=0):
     batch = mask_with_seed(ids, 3, 4, special_token_ids=[1, 2, 3, 4], mask_token_id=4,
                            vocab_size=spec.vocab_size, max_predictions=spec.max_predictions)
     inputs = {"input_ids": batch["input_ids"], "masked_positions": batch["masked_positions"]}
-    loss_fn = lambda out: dpsgd.per_example_mlm_loss(batch["masked_labels"], out, batch["masked_weights"])  # noqa
+    loss_fn = lambda out: clipping.per_example_mlm_loss(batch["masked_labels"], out, batch["masked_weights"])  # noqa
     return batch, inputs, loss_fn
 
 
@@ -35,7 +36,7 @@ def _brute_force_groups(model, batch, inputs, mask, k, clip):
         m = tf.constant(mask[rows], tf.float32)
         with tf.GradientTape() as tape:
             out = model({name: v[rows] for name, v in inputs.items()}, training=True)
-            loss = tf.reduce_sum(m * dpsgd.per_example_mlm_loss(batch["masked_labels"][rows], out,
+            loss = tf.reduce_sum(m * clipping.per_example_mlm_loss(batch["masked_labels"][rows], out,
                                                                 batch["masked_weights"][rows]))
         grads = [tf.convert_to_tensor(x) for x in tape.gradient(loss, model.trainable_variables)]
         norm = float(tf.linalg.global_norm(grads))
@@ -102,4 +103,4 @@ def test_group_size_must_divide_the_batch_and_needs_ghost():
     with pytest.raises(ValueError, match="groups of 4"):
         ghost.clipped_gradient_sum(model, inputs, loss_fn, np.ones(6, np.float32), 1.0, group_size=4)
     with pytest.raises(ValueError, match="ghost"):
-        dpsgd.DPSGDConfig(group_size=4, clipping="tfp_two_pass")
+        gaussian.DPSGDConfig(group_size=4, clipping="tfp_two_pass")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dpbert.config import ConfigError, ModelConfig, TrainingConfig
-from dpbert.model import dpsgd
+from dpbert.mechanism import step as step_lib
 from dpbert.privacy.event_check import IntegrityCheckFailed
 
 from . import broken_mechanisms as broken
@@ -30,13 +30,13 @@ def _train(out, stats_every, steps=7, **overrides):
 
 def _count_reads(monkeypatch):
     reads = []
-    real = dpsgd.read_stats
+    real = step_lib.read_stats
 
     def counting(steps, extra=()):
         reads.append(len(steps))
         return real(steps, extra)
 
-    monkeypatch.setattr(dpsgd, "read_stats", counting)
+    monkeypatch.setattr(step_lib, "read_stats", counting)
     return reads
 
 

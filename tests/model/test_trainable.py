@@ -6,9 +6,12 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from dpbert.mechanism import clipping, gaussian
+from dpbert.mechanism import step as step_lib
 from dpbert.model import bert as bert_lib
-from dpbert.model import dpsgd, ghost
+from dpbert.model import ghost
 from dpbert.model import trainable as trainable_lib
+from dpbert.model.engine.build import GHOST
 from tests.model.test_patient_clipping import _batch
 
 # Every set, in two unions (bias+head: a Dense with only its bias trained; new_tokens: sliced rows of
@@ -41,7 +44,7 @@ def _brute_force_groups(model, selection, batch, inputs, mask, k, clip):
         m = tf.constant(mask[rows], tf.float32)
         with tf.GradientTape() as tape:
             out = model({name: v[rows] for name, v in inputs.items()}, training=True)
-            loss = tf.reduce_sum(m * dpsgd.per_example_mlm_loss(batch["masked_labels"][rows], out,
+            loss = tf.reduce_sum(m * clipping.per_example_mlm_loss(batch["masked_labels"][rows], out,
                                                                 batch["masked_weights"][rows]))
         grads = selection.gradients(tape, loss)
         norm = float(tf.linalg.global_norm(grads))
@@ -108,10 +111,10 @@ def _stepper(models, selection, optimizer, group_size=1, noise_multiplier=1.3, s
     from dpbert.model.train import make_mlm_functions
 
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(models.spec, [0, 1, 2, 3, 4], 4, 0.15)
-    config = dpsgd.DPSGDConfig(clip_norm=0.5, noise_multiplier=noise_multiplier, expected_batch_size=batch,
-                               noise_seed=seed, group_size=group_size)
-    stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
-                                   metrics_fn=metrics_fn, selection=selection)
+    config = gaussian.DPSGDConfig(clip_norm=0.5, noise_multiplier=noise_multiplier, expected_batch_size=batch,
+                                  noise_seed=seed, group_size=group_size)
+    stepper = step_lib.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
+                                      metrics_fn=metrics_fn, selection=selection, clipping=GHOST)
     return stepper, mask_fn
 
 
@@ -217,9 +220,9 @@ def test_unregistered_trainable_layer_is_still_refused():
     out = tf_keras.layers.Dense(2, name="d")(conv_like(inp))
     model = tf_keras.Model(inp, out)
     with pytest.raises(NotImplementedError, match="bn"):
-        dpsgd.check_model_supported(model)
+        clipping.check_model_supported(model, GHOST.is_registered)
     dense_only = trainable_lib.Selection(trainable_lib.Piece(v) for v in model.get_layer("d").trainable_variables)
-    dpsgd.check_model_supported(model, selection=dense_only)
+    clipping.check_model_supported(model, GHOST.is_registered, selection=dense_only)
 
 
 def test_train_mlm_subset_same_dp_event_merged_export_and_resume_refused(corpus, tmp_path):

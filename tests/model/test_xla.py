@@ -14,8 +14,11 @@ import tensorflow as tf
 import tf_keras
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import registry_function_utils
 
+from dpbert.mechanism import gaussian
+from dpbert.mechanism import step as step_lib
 from dpbert.model import bert as bert_lib
-from dpbert.model import dpsgd, ghost, integrity, masking
+from dpbert.model import ghost, integrity, masking
+from dpbert.model.engine.build import GHOST
 from dpbert.model.engine.mlm import make_mlm_functions
 from tests.model import broken_mechanisms as broken
 from tests.model.conftest import SPECIALS, repetitive_corpus
@@ -48,11 +51,11 @@ def _stepper(jit: bool, sigma: float = 1.0, dropout: float = 0.0, noise_seed: in
                              max_seq_length=12, max_predictions=3, dropout=dropout, attention_dropout=dropout)
     model = bert_lib.build_bert(spec, seed=1).mlm
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, SPECIALS.values(), 4, 0.15)
-    config = dpsgd.DPSGDConfig(clip_norm=0.5, noise_multiplier=sigma, expected_batch_size=6.0, noise_seed=noise_seed,
-                               accumulation_steps=2, loss_bound=12.0, jit_compile=jit, noise_ahead=noise_ahead)
+    config = gaussian.DPSGDConfig(clip_norm=0.5, noise_multiplier=sigma, expected_batch_size=6.0, noise_seed=noise_seed,
+                                  accumulation_steps=2, loss_bound=12.0, jit_compile=jit, noise_ahead=noise_ahead)
     probe = integrity.make_noise_probe(model.trainable_variables, per_variable=4, seed=1)
-    stepper = dpsgd.DPSGDTrainStep(model, tf_keras.optimizers.AdamW(1e-2), config, prepare_fn=prepare_fn,
-                                   loss_fn=loss_fn, metrics_fn=metrics_fn, noise_probe=probe)
+    stepper = step_lib.DPSGDTrainStep(model, tf_keras.optimizers.AdamW(1e-2), config, prepare_fn=prepare_fn,
+                                      loss_fn=loss_fn, metrics_fn=metrics_fn, noise_probe=probe, clipping=GHOST)
     return stepper, mask_fn
 
 
@@ -74,7 +77,7 @@ def test_xla_step_equals_the_uncompiled_step():
         stats = [stepper.run_step(_rounds(mask_fn, step)) for step in range(2)]
         runs[jit] = (stepper, stats, [v.numpy() for v in stepper.model.trainable_variables])
     (eager, eager_stats, eager_w), (xla, xla_stats, xla_w) = runs[False], runs[True]
-    assert xla._noise_buffers is not None and int(xla._noise_buffer_step.numpy()) in (1, 2)  # pylint: disable=protected-access
+    assert xla.executor._noise_buffers is not None and int(xla.executor._noise_buffer_step.numpy()) in (1, 2)  # pylint: disable=protected-access
     for a, b in zip(eager_stats, xla_stats):
         assert a.keys() == b.keys()
         np.testing.assert_allclose([b[k] for k in a], [a[k] for k in a], rtol=1e-5)
@@ -99,12 +102,12 @@ def test_the_uncompiled_step_with_its_noise_drawn_ahead_releases_the_same_update
         runs[ahead] = stepper
     inline, drawn_ahead = runs[False], runs[True]
     drawn_ahead._ahead.result()  # pylint: disable=protected-access  (the draw for step 4, on its thread)
-    assert inline._noise_buffers is None and int(drawn_ahead._noise_buffer_step.numpy()) == 3  # pylint: disable=protected-access
+    assert inline.executor._noise_buffers is None and int(drawn_ahead.executor._noise_buffer_step.numpy()) == 3  # pylint: disable=protected-access
     for a, b in zip(inline.model.trainable_variables, drawn_ahead.model.trainable_variables):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-8)
     for name in ("noise_probe_clean", "noise_probe_update"):
         np.testing.assert_allclose(getattr(drawn_ahead, name).numpy(), getattr(inline, name).numpy(), rtol=1e-6)
-    assert _stepper(False)[0]._noise_buffers is None  # pylint: disable=protected-access
+    assert _stepper(False)[0].executor._noise_buffers is None  # pylint: disable=protected-access
 
 
 @pytest.mark.slow  # make test-slow: XLA beyond the step's equivalence (docs/development.md)
@@ -132,9 +135,9 @@ def test_xla_non_private_baseline_equals_the_uncompiled_one():
                                  max_seq_length=12, max_predictions=3, dropout=0.0, attention_dropout=0.0)
         model = bert_lib.build_bert(spec, seed=1).mlm
         mask_fn, prepare_fn, loss_fn, _ = make_mlm_functions(spec, SPECIALS.values(), 4, 0.15)
-        stepper = dpsgd.DPSGDTrainStep(model, tf_keras.optimizers.SGD(0.5),
-                                       dpsgd.DPSGDConfig(non_private=True, jit_compile=jit),
-                                       prepare_fn=prepare_fn, loss_fn=loss_fn)
+        stepper = step_lib.DPSGDTrainStep(model, tf_keras.optimizers.SGD(0.5),
+                                          gaussian.DPSGDConfig(non_private=True, jit_compile=jit),
+                                          prepare_fn=prepare_fn, loss_fn=loss_fn, clipping=GHOST)
         stepper.run_step(_rounds(mask_fn, 0))
         weights.append([v.numpy() for v in model.trainable_variables])
     for a, b in zip(*weights):

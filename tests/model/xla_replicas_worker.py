@@ -15,8 +15,11 @@ configure_logical_cpus(2)  # before TensorFlow initialises its devices
 import numpy as np  # noqa: E402
 import tf_keras  # noqa: E402
 
+from dpbert.mechanism import gaussian  # noqa: E402
+from dpbert.mechanism import step as step_lib  # noqa: E402
 from dpbert.model import bert as bert_lib  # noqa: E402
-from dpbert.model import dpsgd, integrity, masking  # noqa: E402
+from dpbert.model import integrity, masking  # noqa: E402
+from dpbert.model.engine.build import GHOST  # noqa: E402
 from dpbert.model.engine.devices import mirrored_strategy  # noqa: E402
 from dpbert.model.engine.mlm import make_mlm_functions  # noqa: E402
 
@@ -33,11 +36,12 @@ def run(jit: bool):
     with strategy.scope():
         model = bert_lib.build_bert(spec, seed=1).mlm
         optimizer = tf_keras.optimizers.AdamW(1e-2)
-    config = dpsgd.DPSGDConfig(clip_norm=0.5, noise_multiplier=1.0, expected_batch_size=8.0, noise_seed=5,
-                               replicas=2, accumulation_steps=2, jit_compile=jit)
-    stepper = dpsgd.DPSGDTrainStep(model, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
-                                   metrics_fn=metrics_fn, strategy=strategy,
-                                   noise_probe=integrity.make_noise_probe(model.trainable_variables, 4, seed=1))
+    config = gaussian.DPSGDConfig(clip_norm=0.5, noise_multiplier=1.0, expected_batch_size=8.0, noise_seed=5,
+                                  replicas=2, accumulation_steps=2, jit_compile=jit)
+    stepper = step_lib.DPSGDTrainStep(model, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
+                                      metrics_fn=metrics_fn, strategy=strategy,
+                                      noise_probe=integrity.make_noise_probe(model.trainable_variables, 4, seed=1),
+                                      clipping=GHOST)
     for step in range(2):
         ids = repetitive_corpus(n=8, length=12, vocab=40, seed=step)
         features = mask_fn(ids, masking.example_keys(11, step, np.arange(8)))

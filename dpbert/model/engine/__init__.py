@@ -4,6 +4,6 @@
 ``dpbert.model.train.train_mlm``, the white-box audit, the noise check and the benchmarks.
 
 Which DP mechanism runs is decided by the composed objects alone: one Gaussian draw per logical
-batch after the per-unit clipped SUM (``dpbert.model.dpsgd``), units Poisson-sampled at the plan's
+batch after the per-unit clipped SUM (``dpbert.mechanism``), units Poisson-sampled at the plan's
 q (or shuffled), every executed step counted in the step log before it runs.
 """

@@ -25,7 +25,10 @@ import tensorflow as tf
 from dpbert import schema, storage
 from dpbert.accounting.sigma import accounted_sigma
 from dpbert.model import bert as bert_lib
-from dpbert.model import dpsgd, integrity, sampling
+from dpbert.mechanism import gaussian, replicas
+from dpbert.mechanism import step as step_lib
+from dpbert.mechanism.clipping import ClippingPath
+from dpbert.model import ghost, integrity, sampling
 from dpbert.model import trainable as trainable_lib
 from dpbert.model.engine import hooks as hooks_lib
 from dpbert.model.engine.chain import HeldStateLock, TrainingChain, _norm, state_lock
@@ -38,6 +41,12 @@ from dpbert.privacy import diagnostics
 from dpbert.privacy.plan import TrainingPlan, plan_training
 
 log = logging.getLogger("dpbert.model.train")
+
+#: The trainer's per-unit clipping: ``dpbert.model.ghost`` handed to the mechanism (which sits
+#: below the model layer), looked up at each call so that a test's patch of ghost reaches it.
+GHOST = ClippingPath(clipped_sum=lambda *args, **kwargs: ghost.clipped_gradient_sum(*args, **kwargs),
+                     is_registered=lambda layer: ghost.is_registered(layer),
+                     whole=trainable_lib.Selection.whole)
 
 
 @dataclasses.dataclass
@@ -90,7 +99,7 @@ class Training:
     models: bert_lib.BertModels
     selection: Any
     optimizer: Any
-    stepper: dpsgd.DPSGDTrainStep
+    stepper: step_lib.DPSGDTrainStep
     chain: TrainingChain
     source: BatchSource
     checks: integrity.RunChecks
@@ -211,24 +220,25 @@ def _patient_groups(plan: TrainingPlan, patient_keys, n: int):
 
 
 def _stepper(models, optimizer, selection, spec, inputs: Inputs, tc, plan: TrainingPlan, strategy, noise_mode: str,
-             audit_probe: Optional[Callable[[Any], dpsgd.AuditProbe]] = None,
+             audit_probe: Optional[Callable[[Any], step_lib.AuditProbe]] = None,
              probe_coordinates: int = integrity.NOISE_COORDINATES_PER_VARIABLE):
     """(DPSGDTrainStep, mask_fn, diagnostics config, whether DP diagnostics are released)."""
     diag = diagnostics.config_of(tc)
     release = diag.enabled and not tc.non_private
     k = plan.max_contributions if getattr(plan, "unit", "tuple") == "patient" else 1
-    dp_config = dpsgd.DPSGDConfig(
+    dp_config = gaussian.DPSGDConfig(
         clip_norm=tc.clip_norm, noise_multiplier=tc.noise_multiplier, expected_batch_size=plan.expected_batch_size,
         non_private=tc.non_private, noise_mode=noise_mode, noise_seed=tc.noise_seed, replicas=plan.replicas,
         accumulation_steps=plan.accumulation_steps, loss_bound=diag.loss_bound if release else None, group_size=k,
         jit_compile=bool(getattr(tc, "jit_compile", False)))
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, inputs.specials, inputs.mask_id,
                                                                   tc.mask_probability)
-    stepper = dpsgd.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn, loss_fn=loss_fn,
-                                   metrics_fn=metrics_fn, strategy=strategy,
-                                   noise_probe=None if tc.non_private else integrity.make_noise_probe(
-                                       selection.pieces, probe_coordinates, seed=tc.noise_seed), selection=selection,
-                                   audit_probe=None if audit_probe is None else audit_probe(selection))
+    stepper = step_lib.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn, loss_fn=loss_fn,
+                                      clipping=GHOST, metrics_fn=metrics_fn, strategy=strategy,
+                                      noise_probe=None if tc.non_private else integrity.make_noise_probe(
+                                          selection.pieces, probe_coordinates, seed=tc.noise_seed),
+                                      selection=selection,
+                                      audit_probe=None if audit_probe is None else audit_probe(selection))
     return stepper, mask_fn, diag, release
 
 
@@ -274,11 +284,11 @@ def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, 
                    held_lock: Optional[HeldStateLock] = None, new_token_ids: Optional[Sequence[int]] = None,
                    hooks: Sequence[hooks_lib.Hook] = (),
                    sampler_factory: SamplerFactory = default_sampler,
-                   audit_probe: Optional[Callable[[Any], dpsgd.AuditProbe]] = None,
+                   audit_probe: Optional[Callable[[Any], step_lib.AuditProbe]] = None,
                    noise_probe_coordinates: int = integrity.NOISE_COORDINATES_PER_VARIABLE) -> Training:
     """Compose one training run (arguments: ``dpbert.model.train.train_mlm``). ``hooks`` run after
     the built-in ones; ``sampler_factory(SamplerSpec) -> sampler`` (tests inject e.g. PRF coins);
-    ``audit_probe(selection) -> dpsgd.AuditProbe``: the white-box audit's probe on a trained piece
+    ``audit_probe(selection) -> AuditProbe``: the white-box audit's probe on a trained piece
     (``dpbert.evaluate.whitebox``); ``noise_probe_coordinates``: the run-time noise check's probe
     coordinates per trained piece (the noise check, ``dpbert.model.noise_check``, takes them all)."""
     started, tc = time.time(), training_config
@@ -291,7 +301,7 @@ def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, 
                              patient_keys)
     # The strategy first: MultiWorkerMirroredStrategy must exist before TensorFlow runs an op.
     strategy = strategy or make_strategy(tc.strategy, tc.replicas)
-    workers, rank = dpsgd.worker_layout(strategy)
+    workers, rank = replicas.worker_layout(strategy)
     if workers > 1 and tc.sampling != "poisson":
         raise ValueError("training.sampling must be poisson with several worker processes")
     plan = _check_plan(plan, tc, inputs.token_ids.shape[0])
@@ -314,7 +324,7 @@ def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, 
                                                      new_token_ids, plan.steps)
         stepper, mask_fn, diag, release = _stepper(models, optimizer, selection, spec, inputs, tc, plan, strategy,
                                                    noise_mode, audit_probe, noise_probe_coordinates)
-        gradient_sigma = stepper.config.effective_noise_multiplier
+        gradient_sigma = stepper.mechanism.noise_multiplier  # σ of the released sum, as the mechanism adds it
         # What the accountant must charge per step: the gradient and the released diagnostics together.
         accounted = accounted_sigma(gradient_sigma, diagnostics=diag) if release else gradient_sigma
         checkpoint = tf.train.Checkpoint(model=models.mlm, optimizer=optimizer, dp_step=stepper.dp_step)
@@ -408,7 +418,7 @@ def finish(training: Training) -> TrainResult:
         clip_norm=tc.clip_norm, non_private=tc.non_private,
         epsilon=math.inf if tc.non_private else None, delta=None if tc.non_private else tc.delta,
         dataset_size=int(training.inputs.token_ids.shape[0]), planned_dataset_size=plan.dataset_size,
-        clipping_path=stepper.clipping_path, strategy=dpsgd.strategy_name(training.strategy),
+        clipping_path=stepper.clipping_path, strategy=replicas.strategy_name(training.strategy),
         seconds=time.time() - training.started, model_dir=chain.model_dir, checkpoint_dir=chain.checkpoint_dir,
         saved_model_dir=saved_model_dir, tensorboard_dir=chain.tensorboard_dir, ledger_path=chain.step_log_path,
         integrity_checks=loop.integrity_results, observed=observed,

@@ -12,7 +12,7 @@ from os import environ
 
 import tensorflow as tf
 
-from dpbert.model import dpsgd
+from dpbert.mechanism import replicas
 
 
 def configure_logical_cpus(count: int):
@@ -111,7 +111,7 @@ def non_chief_worker(training_config, strategy) -> bool:
     """True in a worker process of rank > 0 of a multi-worker job (decided from the given
     strategy, else from ``$TF_CONFIG`` when ``training.strategy`` is multi_worker)."""
     if strategy is not None:
-        return dpsgd.worker_layout(strategy)[1] > 0
+        return replicas.worker_layout(strategy)[1] > 0
     if training_config.strategy != "multi_worker":
         return False
     from tensorflow.python.distribute import multi_worker_util  # pylint: disable=import-outside-toplevel

@@ -58,7 +58,7 @@ class RunRecord:
 class TrainLoop:
     """``run()`` takes the steps ``start_step`` … ``steps_planned`` − 1.
 
-    ``source``: a ``BatchSource``; ``stepper``: the ``dpsgd.DPSGDTrainStep``; ``step_log``: the
+    ``source``: a ``BatchSource``; ``stepper``: the ``mechanism.step.DPSGDTrainStep``; ``step_log``: the
     chain's ``StepLog``; ``checks``: ``integrity.RunChecks`` (``launch`` runs the stepper);
     ``step_limit``: the most steps the budget lets the step log count (None: no budget);
     ``lock_check``: raises when the chain's lease was lost (called before each charge);

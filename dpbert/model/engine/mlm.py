@@ -1,5 +1,5 @@
 """The MLM pieces of a training run: the mask token, the host-side masking and the step's
-prepare / loss / metrics functions (``dpsgd.DPSGDTrainStep``), BERT's learning-rate schedule and
+prepare / loss / metrics functions (``dpbert.mechanism.step.DPSGDTrainStep``), BERT's learning-rate schedule and
 the optimizer."""
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Mapping, Sequence
 import tensorflow as tf
 import tf_keras
 
+from dpbert.mechanism import clipping
 from dpbert.model import bert as bert_lib
-from dpbert.model import dpsgd, masking
+from dpbert.model import masking
 
 MASK_TOKEN_NAMES = ("[MASK]", "<mask>", "MASK")
 
@@ -55,7 +56,7 @@ def mask_token_id_of(special_token_ids, mask_token_id):
 
 def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask_token_id: int,
                        mask_probability: float):
-    """(mask_fn, prepare_fn, loss_fn, metrics_fn) for ``dpsgd.DPSGDTrainStep`` on the MLM model.
+    """(mask_fn, prepare_fn, loss_fn, metrics_fn) for ``dpbert.mechanism.step.DPSGDTrainStep`` on the MLM model.
 
     ``mask_fn(token_ids [b, L], keys [b]) -> features`` masks on the host (``dpbert.model.masking``,
     keys from ``masking.example_keys(secret key, step, example ids)``); ``prepare_fn(features)``
@@ -75,7 +76,7 @@ def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask
 
     def loss_fn(targets, logits):
         labels, weights = targets
-        return dpsgd.per_example_mlm_loss(labels, logits, weights)
+        return clipping.per_example_mlm_loss(labels, logits, weights)
 
     def metrics_fn(targets, logits, example_mask, group_size: int = 1):
         labels, weights = targets
@@ -83,7 +84,7 @@ def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
         per_example = tf.math.divide_no_nan(tf.reduce_sum(correct * weights, axis=1), tf.reduce_sum(weights, axis=1))
         if group_size > 1:  # per patient: the mean accuracy of its own tuples, still in [0, 1]
-            accuracy_sum = tf.reduce_sum(dpsgd._group_mean(per_example * example_mask, example_mask, group_size))  # pylint: disable=protected-access
+            accuracy_sum = tf.reduce_sum(clipping.group_mean(per_example * example_mask, example_mask, group_size))
         else:
             accuracy_sum = tf.reduce_sum(per_example * example_mask)
         return {"correct": tf.reduce_sum(correct * weights), "predictions": tf.reduce_sum(weights),
