@@ -171,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--same-corpus-as", metavar="DATASET_ID",
                    help="this corpus's content is already indexed under DATASET_ID in the ledger folder, and "
                         "spending from corpus.dataset_id too is intended (docs/privacy.md: one corpus, one budget)")
+    from dpbert_cli.tune import add_tune_parser, add_tuned_argument  # lr and C chosen on a public proxy
+
+    add_tuned_argument(p)
     p.set_defaults(func=commands.cmd_run)
 
     p = sub.add_parser("synth", help="write the embedded synthetic clinical corpus as JSONL",
@@ -273,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dpbert_cli.readout import add_readout_parser  # did the model learn? (dpbert.evaluate.readout)
 
     add_readout_parser(sub)
+    add_tune_parser(sub)  # dpbert tune (dpbert.tuning)
     return parser
 
 

@@ -63,6 +63,7 @@ ORDER = (
     "mechanism",        # the DP-SGD step by role: the Gaussian sum mechanism, the replica executor, the step
     "model",            # BERT, DP-SGD, training
     "evaluate",         # canaries, NER, membership, the white-box audit's harness
+    "tuning",           # lr and C chosen on a public proxy (the shipped loop, the evaluators; no ε)
     "local_privacy",    # dχ-privacy (uses the model and the evaluators)
     "report_model",     # the run's report as typed objects, and its one reader of the properties
     "report",           # the run's report: reads properties, imports no stage

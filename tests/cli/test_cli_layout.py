@@ -67,7 +67,7 @@ def test_json_output_is_strict(capsys):
 def test_no_reserved_subcommands():
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")  # noqa: SLF001
     assert set(sub.choices) == {"run", "synth", "report", "release", "privacy", "budget", "compile", "privatize", "audit",
-                                "dashboard", "export", "ledger", "predict", "readout"}
+                                "dashboard", "export", "ledger", "predict", "readout", "tune"}
     assert not [c.help for c in sub._choices_actions if "reserved" in (c.help or "")]  # noqa: SLF001
 
 
