@@ -594,8 +594,19 @@ def pretrain_worker(tuples_dir: str, vocabulary_dir: str, state: str, *, model_c
 
 
 def _tail_mean(values, k: int = 5):
-    return float(sum(values[-k:]) / len(values[-k:])) if values else None
+    """The mean of the last ``k`` steps' values that are numbers (a step whose logical batch held no
+    example has NaN: 0/0, no loss to average; ``progress.finite_mean``); None when there is none."""
+    return _finite_mean(values[-k:]) if values else None
 
 
 def _head_mean(values, k: int = 5):
-    return float(sum(values[:k]) / len(values[:k])) if values else None
+    """As :func:`_tail_mean`, over the first ``k`` steps."""
+    return _finite_mean(values[:k]) if values else None
+
+
+def _finite_mean(values):
+    from dpbert.model.engine.progress import finite_mean
+
+    mean, counted = finite_mean(values)
+    return float(mean) if counted else None
+

@@ -4,12 +4,20 @@ worker processes on loopback and supervises them.
 1. ``--set training.workers=2``: exit 0, the ε of the one-worker plan (the mechanism is the same:
    q, steps and σ do not depend on the layout; tests/model/test_multi_worker.py shows the released
    parameters are those of one process), the report and the dashboard say 2 workers.
+   The run's stderr is as quiet as one process's: none of TensorFlow's per-run worker lines
+   (``tests/launch/test_supervisor.py`` shows the same check catches them on an unfiltered stream).
 2. A worker SIGKILLed mid-run: the run exits non-zero within a bounded time (no collective
    timeout: the supervisor stops the others at once), one line names the worker and the steps
    the step log charged; the step log holds every executed step; the re-run resumes from the
    last checkpoint and charges every executed step: ε = the plan's ε for the steps executed.
+3. The non-private baseline on two workers trains as in one process: the same loss at every
+   step (the test-only PRF sampler gives both layouts the same batches), the same parameters on
+   both workers, a finite final loss below the first.
+
+``python -m tests.e2e.test_workers OUT W``: the baseline run of 3 as one of W processes.
 """
 import json
+import math
 import os
 import signal
 import subprocess
@@ -19,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch.test_supervisor import noise_found
 from tests.tiny import set_args
 
 # xdist_group: clusters of worker processes never run side by side in one session (loopback ports
@@ -74,6 +83,7 @@ def test_two_workers_train_the_dag_with_one_workers_epsilon(tmp_path):
                             timeout=900)
     seconds = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-4000:]
+    assert noise_found(result.stderr) == [], result.stderr[-4000:]
     report = _report(out)
     assert report["pretraining"]["workers"] == 2 and report["pretraining"]["steps"] == 4
     assert {"label": "worker processes", "value": "2"} in pretraining_rows(report)
@@ -157,3 +167,55 @@ def test_a_killed_worker_fails_the_run_fast_and_the_rerun_charges_every_executed
                                         report["privacy"]["delta_train"])
     assert report["privacy"]["epsilon_train"] == pytest.approx(expected, rel=1e-9)
     print(f"killed at step log {executed} (checkpoint {checkpoint}); stopped {stopped_after:.1f} s after the kill:\n{line}")
+
+
+# --------------------------------------------------------------------------- the non-private baseline
+def tiny_baseline(out_dir: str, workers: int) -> dict:
+    """A tiny non-private run in this process: alone (``workers`` 1) or as one worker of a loopback
+    cluster. The PRF test sampler (``tests/model/prf_sampling.py``, keyed by the noise seed) gives
+    every layout the same batches; the masks are keyed by the example ids."""
+    import numpy as np
+
+    from dpbert.model.train import make_strategy
+
+    strategy = make_strategy("multi_worker", workers) if workers > 1 else None  # before any op
+    from dpbert.config import ModelConfig, TrainingConfig
+    from tests.model.conftest import SPECIALS, repetitive_corpus
+    from tests.model.prf_sampling import prf_sampler, train_with
+
+    tc = TrainingConfig(batch_size=8, steps=12, replicas=workers, accumulation_steps=4 // workers,
+                        strategy="multi_worker" if workers > 1 else "default", non_private=True, noise_seed=11,
+                        checkpoint_every=1000, warmup_steps=1, integrity_check_every=0)
+    result = train_with(token_ids=repetitive_corpus(n=60), special_token_ids=SPECIALS, vocab_size=40,
+                        model_config=ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0),
+                        training_config=tc, output_dir=out_dir, progress=False, export_saved_model=False,
+                        sampler_factory=prf_sampler(5), example_ids=np.arange(60) * 7 + 3, strategy=strategy)
+    return {"loss": result.released_diagnostics["loss"], "batch_size": result.released_diagnostics["batch_size"],
+            "digest": result.to_dict()["parameter_digest"]}
+
+
+def _baseline_runs(out, workers: int):
+    from dpbert.launch import Job, LocalWorkersLauncher
+
+    launcher = LocalWorkersLauncher(capture_stdout=True, timeout=400, env=_env())
+    stdout = launcher.launch(Job("tests.e2e.test_workers", (str(out), str(workers)), workers))
+    return [json.loads(text.strip().splitlines()[-1]) for text in stdout]
+
+
+def test_the_non_private_baseline_trains_on_two_workers_as_in_one_process(tmp_path):
+    from dpbert.privacy.diagnostics import window
+    from dpbert.stages.pretrain import _head_mean, _tail_mean
+
+    (one,), two = _baseline_runs(tmp_path / "one", 1), _baseline_runs(tmp_path / "two", 2)
+    assert two[0]["digest"] == two[1]["digest"], "the workers' parameters differ"
+    assert two[0]["batch_size"] == one["batch_size"] and min(one["batch_size"]) > 0  # the same batches, none empty
+    assert two[0]["loss"][0] == pytest.approx(one["loss"][0], rel=1e-6)
+    assert two[0]["loss"] == pytest.approx(one["loss"], rel=1e-4)  # every step: the same updates
+    first, final = _head_mean(two[0]["loss"], 1), _tail_mean(two[0]["loss"], window(len(two[0]["loss"])))
+    assert math.isfinite(final) and final < first, two[0]["loss"]
+
+
+if __name__ == "__main__":
+    if sys.argv[2] == "1":  # one process: no cluster
+        os.environ.pop("TF_CONFIG", None)
+    print(json.dumps(tiny_baseline(sys.argv[1], int(sys.argv[2]))))

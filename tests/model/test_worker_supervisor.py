@@ -1,13 +1,19 @@
-"""The trainer stage as a launched job (dpbert/trainer_workers.py, dpbert/model/engine/workers.py),
-without TensorFlow: the layout every process trains with; the chief's result returned, or what
-it failed with raised, whichever launcher ran it (in process, a Vertex AI custom job against a
-fake client); a stopped chief's lease released only when it is that chief's. The supervisor
-itself: tests/launch/."""
+"""The trainer stage as a launched job (dpbert/trainer_workers.py, dpbert/model/engine/workers.py):
+the layout every process trains with; the chief's result returned, or what it failed with
+raised, whichever launcher ran it (in process, a Vertex AI custom job against a fake client); a
+stopped chief's lease released only when it is that chief's. The non-private baseline on
+several workers: its update divides by the cluster's example count (a one-layer stepper whose
+statistics stand in for a second worker's shard), and a step without an example (NaN loss) is
+left out of the shown means, not averaged into NaN. The two-worker run itself:
+tests/e2e/test_workers.py (slow). The supervisor: tests/launch/."""
 import json
+import logging
+import math
 import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.launch.test_launcher import FakeJobService
@@ -127,3 +133,56 @@ def test_only_the_stopped_chiefs_lease_is_released(tmp_path):
     assert release_dead_lease(state, holder.pid)
     assert not storage.storage_for(lock).exists(lock)
     assert not release_dead_lease(state, holder.pid)  # nothing left to release
+
+
+# --------------------------------------------------------------------------- the non-private baseline
+def test_the_baselines_update_divides_by_the_clusters_example_count():
+    """Each worker's rounds hold its own shard only; the summed gradient is the cluster's, and so
+    must the count be: the one the statistics' all-reduce sums (stand-in: another worker's shard
+    adds 3 examples to them). This process's own count (3) would scale the update and split the
+    workers' weights."""
+    import tensorflow as tf
+    import tf_keras
+
+    from dpbert.mechanism import gaussian
+    from dpbert.mechanism import step as step_lib
+    from dpbert.model.engine.build import GHOST
+
+    x = tf_keras.Input((3,))
+    model = tf_keras.Model(x, tf_keras.layers.Dense(2, kernel_initializer=tf_keras.initializers.Constant(0.1))(x))
+    stepper = step_lib.DPSGDTrainStep(
+        model, tf_keras.optimizers.SGD(1.0), gaussian.DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0,
+                                                                  expected_batch_size=4.0, non_private=True),
+        prepare_fn=lambda f: (f[:, :3], f[:, 3]), loss_fn=lambda y, out: tf.reduce_sum(tf.square(out - y[:, None]), 1),
+        clipping=GHOST)
+    accumulate, apply, seen = stepper._accumulate_fn, stepper._apply_fn, []
+
+    def with_another_workers_shard(batch, round_index):
+        stats, norms = accumulate(batch, round_index)
+        return dict(stats, examples=stats["examples"] + 3.0), norms
+
+    stepper._accumulate_fn = with_another_workers_shard
+    stepper._apply_fn = lambda denominator, canary: seen.append(float(denominator)) or apply(denominator, canary)
+    features = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+    stats = stepper.run_step([{"features": features[None], "example_mask": np.array([[1, 1, 1, 0]], np.float32)}])
+    assert stats["examples"] == 6.0 and seen == [6.0]  # not 3.0, this process's own rounds
+
+
+def test_a_step_without_an_example_is_left_out_of_the_baselines_shown_means(caplog):
+    """0/0 is recorded as NaN for such a step (no loss); the progress line and the artifact's
+    initial/final loss average the steps that had one. Control: the plain mean is NaN."""
+    from dpbert.model.engine.progress import Progress, finite_mean
+    from dpbert.stages.pretrain import _head_mean, _tail_mean
+
+    losses = [4.0, float("nan"), 3.0, 2.0, float("nan")]
+    assert math.isnan(sum(losses[-3:]) / 3)  # what the window's mean was
+    assert _tail_mean(losses, 3) == 2.5 and _head_mean(losses, 3) == 3.5 and _tail_mean(losses, 1) is None
+    mean, counted = finite_mean([])
+    assert counted == 0 and math.isnan(mean)
+    progress = Progress(5, 0, "SGD (non-private)", interval=0.0, label="exact (private)")
+    with caplog.at_level(logging.INFO, logger="dpbert.model.train"):
+        for step, loss in enumerate(losses, 1):
+            progress.update(step, {"loss": loss, "accuracy": 0.5 if loss == loss else float("nan")})
+    assert "nan" not in caplog.records[-1].getMessage()
+    assert "loss 3.000, accuracy 0.500 (exact (private): mean of the 3 steps with an example among the last 5)" \
+        in caplog.records[-1].getMessage()

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
-from typing import Optional
+from typing import Iterable, Optional, Tuple
 
 from dpbert.privacy import diagnostics
 
@@ -43,10 +44,10 @@ class Progress:
             self.shown = shown
             self.recent.append((float(shown["loss"]), float(shown["accuracy"])))
         if self.bar is not None:
-            if shown is not None:  # refresh=False: the bar redraws at its own pace, not every step
-                loss, accuracy = (sum(v) / len(self.recent) for v in zip(*self.recent))
-                self.bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.3f}", shown=f"{self.label}, mean of "
-                                     f"{len(self.recent)} steps", refresh=False)
+            loss, accuracy, counted = self._means() if shown is not None else (0.0, 0.0, 0)
+            if counted:  # refresh=False: the bar redraws at its own pace, not every step
+                self.bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.3f}",
+                                     shown=f"{self.label}, {self._over(counted)}", refresh=False)
             self.bar.update(done)
             return
         now = time.monotonic()
@@ -60,18 +61,38 @@ class Progress:
         left = self.total - self.step
         eta = f"{_duration(left / rate)}" if rate > 0 else "?"
         extra = ""
-        if self.recent:
-            loss, accuracy = (sum(v) / len(self.recent) for v in zip(*self.recent))
+        loss, accuracy, counted = self._means()
+        if counted:
             noise = f", per-step loss noise std {self.step_noise_std:.3g}" if self.step_noise_std else ""
-            extra = (f", loss {loss:.3f}, accuracy {accuracy:.3f} ({self.label}: mean of the last "
-                     f"{len(self.recent)} steps{noise})")
+            extra = f", loss {loss:.3f}, accuracy {accuracy:.3f} ({self.label}: {self._over(counted)}{noise})"
+        elif self.recent:
+            extra = f" (no example in the last {len(self.recent)} steps: no loss to show)"
         log.info("%s: step %d/%d, %.3g steps/s, ETA %s%s", self.desc, self.step, self.total, rate, eta, extra)
+
+    def _means(self) -> Tuple[float, float, int]:
+        """(loss, accuracy, steps counted): the means over the recent steps that had an example."""
+        loss, counted = finite_mean(loss for loss, _ in self.recent)
+        accuracy, _ = finite_mean(accuracy for _, accuracy in self.recent)
+        return loss, accuracy, counted
+
+    def _over(self, counted: int) -> str:
+        if counted == len(self.recent):
+            return f"mean of the last {counted} steps"
+        return f"mean of the {counted} steps with an example among the last {len(self.recent)}"
 
     def close(self):
         if self.bar is not None:
             self.bar.close()
         elif self.step > self.initial:
             self._log(time.monotonic())
+
+
+def finite_mean(values: Iterable[float]) -> Tuple[float, int]:
+    """(mean, count) of the finite values (NaN, 0 when there is none). A step whose logical batch
+    held no example has no loss or accuracy — recorded as NaN (0/0), not a value to average: a
+    mean over steps that include one would be NaN too."""
+    kept = [float(v) for v in values if math.isfinite(float(v))]
+    return (sum(kept) / len(kept) if kept else float("nan")), len(kept)
 
 
 def _duration(seconds: float) -> str:
