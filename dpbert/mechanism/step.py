@@ -383,6 +383,11 @@ class DPSGDTrainStep:
             for key, value in stats.items():  # summed on the device, in float64 (as python floats were)
                 value = tf.cast(value, tf.float64)
                 totals[key] = totals[key] + value if key in totals else value
+        if self.config.non_private and num_examples is None:
+            # The baseline's real count is the cluster's (the statistics are summed over every
+            # replica of every worker), not this process's rounds: each worker dividing the summed
+            # gradient by its own shard's count would scale the update and split the workers' weights.
+            denominator = tf.maximum(tf.cast(totals["examples"], tf.float32), 1.0)
         if canary_sum is None and self.next_canary_sum is not None:
             canary_sum, self.next_canary_sum = self.next_canary_sum, None
         canary = _canary_vector(self.audit_probe, canary_sum)
