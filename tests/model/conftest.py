@@ -1,4 +1,13 @@
-"""Shared fixtures for the model tests: a tiny BERT spec and a repetitive synthetic corpus."""
+"""Shared fixtures for the model tests: a tiny BERT spec, a repetitive synthetic corpus, the
+smallest model configuration a training run takes, and eager steps for short runs.
+
+Cost (``make test``): a tiny run's price is tracing its step (≈ 5 s, whatever the model's size or
+the number of steps), building the model and the brute-force clipping check, not its steps. A
+run of a few steps whose claim is not about the traced step uses ``eager_steps`` (its steps, a
+fraction of a second each on ``tiny_model``, replace the trace); the traced step runs in the
+tests that train for many steps (tests/model/test_train.py, test_stats_every.py) and in the
+integrity checks' rigs (test_integrity_checks.py). docs/development.md: the tiers.
+"""
 import numpy as np
 import pytest
 
@@ -15,6 +24,36 @@ def repetitive_corpus(n=64, length=16, vocab=40, seed=0):
         ids[i, 1:11] = np.roll(base, i % 3)
         ids[i, 11] = SPECIALS["[SEP]"]
     return ids
+
+
+def tiny_model(**overrides):
+    """The smallest BERT a training run takes (H 16, 1 layer, 2 heads, I 32, L 16, no dropout):
+    every layer kind of the real model, each step a fraction of a second even eagerly."""
+    from dpbert.config import ModelConfig
+
+    params = dict(preset="custom", hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                  max_seq_length=16, dropout=0.0)
+    params.update(overrides)
+    return ModelConfig(**params)
+
+
+@pytest.fixture
+def eager_steps():
+    """The test's ``tf.function``s run eagerly (``tf.config.run_functions_eagerly``): the same
+    Python and the same ops, not traced. For runs of a few steps whose claim is about the loop,
+    the records or a check's verdict, not about the traced graph."""
+    import warnings
+
+    import tensorflow as tf
+
+    before = tf.config.functions_run_eagerly()
+    tf.config.run_functions_eagerly(True)
+    try:
+        with warnings.catch_warnings():  # tf.data's functions stay traced: what its warning says
+            warnings.filterwarnings("ignore", message="Even though the `tf.config.experimental_run_functions_eagerly`")
+            yield
+    finally:
+        tf.config.run_functions_eagerly(before)
 
 
 @pytest.fixture
