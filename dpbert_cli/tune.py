@@ -5,8 +5,8 @@ without spending ε"). No ε is spent: nothing private is read, nothing is charg
 It plans the run from the configuration's public numbers (B, T, σ, ε_T over the public n), trains
 every grid point on the proxy at batch b with σ_b = σ·b/B, writes the choice with every row and its
 provenance to ``--out`` (strict JSON, any storage URI) and prints the row table. ``dpbert run
---tuned FILE`` applies the file: ``--set training.learning_rate=… --set training.clip_norm=…`` at
-the place ``--tuned`` stands among the ``--set`` options (a later ``--set`` wins), plus
+--tuned FILE`` applies the file when the run starts: ``--set training.learning_rate=… --set
+training.clip_norm=…`` at the place ``--tuned`` stands among the ``--set`` options (a later ``--set`` wins), plus
 ``training.tuned_from`` (the file, its sha256 and its provenance) where the configuration has it.
 Exit 2: a configuration without a public n, a bad grid or proxy batch, an unreadable ``--tuned`` file.
 """
@@ -59,18 +59,41 @@ def add_tune_parser(sub):
 
 
 class TunedAction(argparse.Action):
-    """``--tuned FILE``: the file's ``--set`` overrides, appended where the option stands."""
+    """``--tuned FILE``: remembers where it stands among the ``--set`` options; the file is read when
+    the command runs (:func:`apply_tuned`), never while the command line is parsed."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from dpbert.config import TrainingConfig
-        from dpbert.tuning.tune import tuned_overrides
+        tuned = list(getattr(namespace, "tuned_at", None) or [])
+        tuned.append((len(getattr(namespace, "overrides", None) or []), values))
+        namespace.tuned_at = tuned
+        if not tuned[:-1]:  # the command, once: apply the files, then run it
+            command = namespace.func
 
-        try:
-            extra = tuned_overrides(values, [f.name for f in dataclasses.fields(TrainingConfig)])
-        except (OSError, ValueError) as err:
-            raise argparse.ArgumentError(self, str(err)) from None
-        setattr(namespace, "overrides", list(getattr(namespace, "overrides", None) or []) + extra)
+            def run_tuned(args):
+                apply_tuned(args)
+                return command(args)
+
+            namespace.func = run_tuned
         setattr(namespace, self.dest, values)
+
+
+def apply_tuned(args) -> None:
+    """Insert each ``--tuned`` file's overrides (``dpbert.tuning.tune.tuned_overrides``) where it
+    stood among the ``--set`` options; a file that cannot be used is a ``UserError`` (exit 2)."""
+    from dpbert.config import TrainingConfig
+    from dpbert.tuning.tune import tuned_overrides
+    from dpbert_cli.commands import UserError
+
+    fields = [f.name for f in dataclasses.fields(TrainingConfig)]
+    overrides = list(args.overrides)
+    for at, path in reversed(getattr(args, "tuned_at", None) or []):
+        try:
+            overrides[at:at] = tuned_overrides(path, fields)
+        except OSError as err:
+            raise UserError(f"--tuned {path}: {err.strerror or 'cannot be read'}") from None
+        except ValueError as err:  # names the file
+            raise UserError(f"--tuned {err}") from None
+    args.overrides, args.tuned_at = overrides, []
 
 
 def add_tuned_argument(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ import pytest
 from dpbert.config import TrainingConfig, load_config
 from dpbert.tuning import tune as tune_lib
 from dpbert_cli.main import build_parser, main
+from dpbert_cli.tune import apply_tuned
 
 #: The built-in defaults (an empty configuration file).
 DEFAULTS = str(Path(__file__).resolve().parents[1] / "cli" / "builtin_defaults.yaml")
@@ -32,6 +33,8 @@ def test_run_tuned_applies_the_choice_where_it_stands_among_the_set_options(tmp_
     path = tune_lib.write_tuned(_result(), tmp_path / "tuned.json")
     args = build_parser().parse_args(["run", "--set", "training.learning_rate=1", "--tuned", path,
                                       "--set", "training.clip_norm=5"])
+    assert args.overrides == ["training.learning_rate=1", "training.clip_norm=5"]  # nothing read while parsing
+    apply_tuned(args)
     applied = [o for o in args.overrides if not o.startswith("training.tuned_from=")]
     assert applied == ["training.learning_rate=1", "training.learning_rate=0.003", "training.clip_norm=1.0",
                        "training.clip_norm=5"]
@@ -43,17 +46,19 @@ def test_run_tuned_applies_the_choice_where_it_stands_among_the_set_options(tmp_
 
 
 @pytest.mark.parametrize("text, named", [
+    (None, "--tuned"),
     ("not json", "not a tuning result"),
     (json.dumps({"schema": "other"}), "schema"),
     (json.dumps({**_result().to_dict(), "choice": {"learning_rate": 1e-3, "clip_norm": -1}}), "choice.clip_norm"),
 ])
 def test_a_bad_tuned_file_is_exit_2_naming_the_file(tmp_path, capsys, text, named):
     bad = tmp_path / "bad.json"
-    bad.write_text(text)
-    with pytest.raises(SystemExit) as exit_:
-        main(["run", "--tuned", str(bad)])
+    if text is not None:  # None: no such file
+        bad.write_text(text)
+    code = main(["run", "--output", str(tmp_path / "out"), "--tuned", str(bad)])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and str(bad) in err and named in err
+    assert code == 2 and str(bad) in err and named in err
+    assert not (tmp_path / "out").exists()  # refused before the run started
 
 
 def test_dpbert_tune_writes_the_choice_and_prints_the_rows(tmp_path, capsys, monkeypatch):
