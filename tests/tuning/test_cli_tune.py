@@ -45,6 +45,16 @@ def test_run_tuned_applies_the_choice_where_it_stands_among_the_set_options(tmp_
     assert build_parser().parse_args(["run"]).overrides == []  # the parser's default list is untouched
 
 
+def test_the_provenance_line_survives_the_override_parser(tmp_path):
+    from dpbert.config import parse_override
+
+    path = tune_lib.write_tuned(_result(), tmp_path / "tuned.json")
+    key, line = parse_override(tune_lib.tuned_overrides(path, ["tuned_from"])[-1])
+    assert key == "training.tuned_from" and line.startswith(f"{path} (sha256 ")
+    assert "public proxy, seed 7, b=8, sigma_b=0.15, T=30, grid 2x2; for B=64, sigma=1.2, epsilon_T=2.5" in line
+    assert len(tune_lib.tuned_overrides(path, [])) == 2  # a configuration without the field: the values only
+
+
 @pytest.mark.parametrize("text, named", [
     (None, "--tuned"),
     ("not json", "not a tuning result"),

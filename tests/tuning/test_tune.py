@@ -117,11 +117,24 @@ def _tune(config, tuner=tune_lib.Tuner):
     return tune_lib.tune(config, "synthetic", grid=GRID, proxy_batch=4, patients=10, accountant="rdp", tuner=tuner)
 
 
+class _Recording(tune_lib.Tuner):
+    """The shipped tuner, recording the training configuration of every proxy run."""
+    seen: list = []
+
+    def row_config(self, learning_rate, clip_norm, repeat):
+        tc = super().row_config(learning_rate, clip_norm, repeat)
+        self.seen.append((tc.batch_size, tc.noise_multiplier, tc.steps, tc.learning_rate, tc.clip_norm))
+        return tc
+
+
 def test_the_tuner_reads_nothing_private_and_records_its_choice_with_provenance(private, _guard):
     config, paths, _, _ = private
     _guard(paths)
-    result = _tune(config)
+    _Recording.seen = []
+    result = _tune(config, _Recording)
     assert _ARMED["hits"] == []
+    # Each proxy run: b = 4, σ_b = σ·b/B = 1.0·4/8, the planned T = 2, the grid point.
+    assert _Recording.seen == [(4, 0.5, 2, lr, c) for lr, c in GRID.points()]
     assert [(r["learning_rate"], r["clip_norm"]) for r in result.rows] == GRID.points()
     assert all(math.isfinite(r["heldout_loss"]) for r in result.rows)
     best = min(result.rows, key=lambda r: r["heldout_loss"])
