@@ -304,6 +304,9 @@ class TrainingConfig:
     #: Also train the non-private baseline on the same data in the same run.
     train_non_private_baseline: bool = False
     seed: int = 0
+    #: Where training.learning_rate / clip_norm came from: ``dpbert run --tuned FILE`` sets it to the
+    #: file, its sha256 and the public proxy that chose them (``dpbert.tuning``); no part of a chain.
+    tuned_from: Optional[str] = None
     #: Fixed noise seed: tests only. None = OS entropy.
     noise_seed: Optional[int] = None
     #: What DP-SGD trains (the union of the listed sets; everything else frozen: no gradient, no

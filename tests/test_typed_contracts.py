@@ -52,6 +52,8 @@ ALLOWLIST: Dict[Tuple[str, str], str] = {
     ("dpbert_cli/privatize.py", "json"): _ARGS,
     ("dpbert_cli/export.py", "public_checkpoint"): _ARGS,
     ("dpbert_cli/export.py", "no_public_positions"): _ARGS,
+    ("dpbert_cli/tune.py", "tuned_at"): _ARGS,
+    ("dpbert_cli/tune.py", "overrides"): _ARGS,
     # the DP-SGD stepper (or a test's stand-in): its worker layout exists only once built
     ("dpbert/model/engine/loop.py", "workers"): "the stepper or a test's stand-in; one worker without a layout",
     ("dpbert/model/integrity.py", "workers"): "the stepper or a test's stand-in; one worker without a layout",

@@ -394,6 +394,8 @@ def _properties(run: _Run, result, record: dict, records: list, epsilon: float, 
         "noise_multiplier": 0.0 if tc.non_private else tc.noise_multiplier,
         "effective_noise_multiplier": result.effective_noise_multiplier,
         "clip_norm": tc.clip_norm,
+        # Public provenance of the learning rate and clip norm (a public-proxy tuning file), or None.
+        "tuned_from": tc.tuned_from,
         "sampling_mode": plan.sampling,
         "sampling_rate": record.get("sampling_probability", plan.sampling_probability),
         "logical_batch": plan.batch_size,

@@ -23,9 +23,10 @@ def chain_training_config(tc):
     replicas = int(tc.replicas) // workers if processed else int(tc.replicas)
     strategy = "default" if processed and replicas == 1 else ("mirrored" if processed else tc.strategy)
     fields = {f.name for f in dataclasses.fields(tc)}
-    # Whether a SavedModel is also written is no part of the chain either.
+    # Whether a SavedModel is also written, and where the settings came from, are no part of it either.
     return dataclasses.replace(tc, replicas=replicas, strategy=strategy,
                                **({"workers": 1} if "workers" in fields else {}),
+                               **({"tuned_from": None} if "tuned_from" in fields else {}),
                                **({"export_saved_model": False} if "export_saved_model" in fields else {}))
 
 
