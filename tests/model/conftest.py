@@ -8,6 +8,9 @@ fraction of a second each on ``tiny_model``, replace the trace); the traced step
 tests that train for many steps (tests/model/test_train.py, test_stats_every.py) and in the
 integrity checks' rigs (test_integrity_checks.py). docs/development.md: the tiers.
 """
+import contextlib
+import warnings
+
 import numpy as np
 import pytest
 
@@ -37,13 +40,12 @@ def tiny_model(**overrides):
     return ModelConfig(**params)
 
 
-@pytest.fixture
-def eager_steps():
-    """The test's ``tf.function``s run eagerly (``tf.config.run_functions_eagerly``): the same
-    Python and the same ops, not traced. For runs of a few steps whose claim is about the loop,
-    the records or a check's verdict, not about the traced graph."""
-    import warnings
-
+@contextlib.contextmanager
+def eagerly():
+    """Inside the block ``tf.function``s run eagerly (``tf.config.run_functions_eagerly``): the
+    same Python and the same ops, not traced (XLA's ``jit_compile`` is not applied either). For
+    runs of a few steps whose claim is about the loop, the records, a check's verdict or the
+    values a step computes, not about the traced graph."""
     import tensorflow as tf
 
     before = tf.config.functions_run_eagerly()
@@ -54,6 +56,13 @@ def eager_steps():
             yield
     finally:
         tf.config.run_functions_eagerly(before)
+
+
+@pytest.fixture
+def eager_steps():
+    """The test runs inside :func:`eagerly`."""
+    with eagerly():
+        yield
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ positive control (no noise: the noise check fails)."""
 import json
 import subprocess
 import sys
+import types
 import uuid
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from dpbert.model import ghost, integrity, masking
 from dpbert.model.engine.build import GHOST
 from dpbert.model.engine.mlm import make_mlm_functions
 from tests.model import broken_mechanisms as broken
-from tests.model.conftest import SPECIALS, repetitive_corpus
+from tests.model.conftest import SPECIALS, eagerly, repetitive_corpus
 
 
 def _brute_embedding_sqr_norms(values, ids, rows):
@@ -68,46 +69,61 @@ def _rounds(mask_fn, step):
              "example_mask": mask[None, 3 * r:3 * r + 3]} for r in range(2)]
 
 
-def test_xla_step_equals_the_uncompiled_step():
+def _snapshot(stepper):
+    return types.SimpleNamespace(weights=[v.numpy() for v in stepper.model.trainable_variables],
+                                 norms=np.concatenate(stepper.last_unit_norms),
+                                 probes={name: getattr(stepper, name).numpy()
+                                         for name in ("noise_probe_clean", "noise_probe_update")})
+
+
+@pytest.fixture(scope="module")
+def uncompiled():
+    """The reference both tests below compare with, run once and eagerly (not compiled, not
+    traced): the step of the default configuration (this small model draws its noise inline), the
+    statistics of its first two steps and a snapshot after step 2 and after step 3."""
+    with eagerly():
+        stepper, mask_fn = _stepper(False)
+        stats = [stepper.run_step(_rounds(mask_fn, step)) for step in range(2)]
+        after_two = _snapshot(stepper)
+        stepper.run_step(_rounds(mask_fn, 2))
+        return types.SimpleNamespace(stepper=stepper, stats=stats, after_two=after_two,
+                                     after_three=_snapshot(stepper))
+
+
+def test_xla_step_equals_the_uncompiled_step(uncompiled):
     """Two steps (the second uses the noise drawn ahead): the same parameters, statistics, per-unit
     norms and noise-probe vectors at rtol 1e-5."""
-    runs = {}
-    for jit in (False, True):
-        stepper, mask_fn = _stepper(jit)
-        stats = [stepper.run_step(_rounds(mask_fn, step)) for step in range(2)]
-        runs[jit] = (stepper, stats, [v.numpy() for v in stepper.model.trainable_variables])
-    (eager, eager_stats, eager_w), (xla, xla_stats, xla_w) = runs[False], runs[True]
+    xla, mask_fn = _stepper(True)
+    xla_stats = [xla.run_step(_rounds(mask_fn, step)) for step in range(2)]
+    eager = uncompiled.after_two
     assert xla.executor._noise_buffers is not None and int(xla.executor._noise_buffer_step.numpy()) in (1, 2)  # pylint: disable=protected-access
-    for a, b in zip(eager_stats, xla_stats):
+    for a, b in zip(uncompiled.stats, xla_stats):
         assert a.keys() == b.keys()
         np.testing.assert_allclose([b[k] for k in a], [a[k] for k in a], rtol=1e-5)
-    for a, b in zip(eager_w, xla_w):
+    for a, b in zip(eager.weights, (v.numpy() for v in xla.model.trainable_variables)):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.concatenate(xla.last_unit_norms), np.concatenate(eager.last_unit_norms),
-                               rtol=1e-5)
-    for name in ("noise_probe_clean", "noise_probe_update"):
-        np.testing.assert_allclose(getattr(xla, name).numpy(), getattr(eager, name).numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.concatenate(xla.last_unit_norms), eager.norms, rtol=1e-5)
+    for name, value in eager.probes.items():
+        np.testing.assert_allclose(getattr(xla, name).numpy(), value, rtol=1e-5, atol=1e-7)
     assert int(xla.dp_step.numpy()) == 2
 
 
-def test_the_uncompiled_step_with_its_noise_drawn_ahead_releases_the_same_updates():
+def test_the_uncompiled_step_with_its_noise_drawn_ahead_releases_the_same_updates(uncompiled, eager_steps):
     """Eager, one replica: the next step's z drawn ahead on a thread (``noise_ahead``) is the z the
     inline draw makes — the same parameters and noise-probe vectors after three steps; by default a
-    model this small draws inline (below ``NOISE_AHEAD_MIN_COORDINATES``)."""
-    runs = {}
-    for ahead in (False, True):
-        stepper, mask_fn = _stepper(False, noise_ahead=ahead)
-        for step in range(3):
-            stepper.run_step(_rounds(mask_fn, step))
-        runs[ahead] = stepper
-    inline, drawn_ahead = runs[False], runs[True]
-    drawn_ahead._ahead.result()  # pylint: disable=protected-access  (the draw for step 4, on its thread)
-    assert inline.executor._noise_buffers is None and int(drawn_ahead.executor._noise_buffer_step.numpy()) == 3  # pylint: disable=protected-access
-    for a, b in zip(inline.model.trainable_variables, drawn_ahead.model.trainable_variables):
-        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-8)
-    for name in ("noise_probe_clean", "noise_probe_update"):
-        np.testing.assert_allclose(getattr(drawn_ahead, name).numpy(), getattr(inline, name).numpy(), rtol=1e-6)
-    assert _stepper(False)[0].executor._noise_buffers is None  # pylint: disable=protected-access
+    model this small draws inline (below ``NOISE_AHEAD_MIN_COORDINATES``). Both run eagerly: the
+    draw's values are compared, not its trace."""
+    drawn_ahead, mask_fn = _stepper(False, noise_ahead=True)
+    for step in range(3):
+        drawn_ahead.run_step(_rounds(mask_fn, step))
+    drawn_ahead.executor._ahead.result()  # pylint: disable=protected-access  (the draw for step 4, on its thread)
+    assert uncompiled.stepper.config.noise_ahead is None  # the default configuration
+    assert uncompiled.stepper.executor._noise_buffers is None and int(drawn_ahead.executor._noise_buffer_step.numpy()) == 3  # pylint: disable=protected-access
+    inline = uncompiled.after_three
+    for a, b in zip(inline.weights, drawn_ahead.model.trainable_variables):
+        np.testing.assert_allclose(b.numpy(), a, rtol=1e-6, atol=1e-8)
+    for name, value in inline.probes.items():
+        np.testing.assert_allclose(getattr(drawn_ahead, name).numpy(), value, rtol=1e-6)
 
 
 @pytest.mark.slow  # make test-slow: XLA beyond the step's equivalence (docs/development.md)
