@@ -633,13 +633,42 @@ class VertexConfig:
 @dataclasses.dataclass
 class PipelineConfig:
     name: str = "dpbert"
-    #: Where artifacts (pipeline_root) and the ML Metadata sqlite store go.
+    #: The local folder of the ML Metadata sqlite store and, unless pipeline_root says otherwise,
+    #: of the artifacts (<output_dir>/pipeline_root).
     output_dir: str = "dpbert_output"
+    #: Where a local run's artifacts and trainer state go: a local folder or gs://BUCKET/ROOT
+    #: (dpbert run --pipeline-root; ram:// and fake:// in tests). null = <output_dir>/pipeline_root.
+    pipeline_root: Optional[str] = None
     enable_cache: bool = True
 
     def validate(self, prefix: str):
+        from dpbert.storage import scheme
+
         _check(bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(), f"{prefix}.name",
                "must be alphanumeric (with - or _)", self.name)
+        _check(bool(str(self.output_dir).strip()) and not _MISTYPED_URI.match(str(self.output_dir)),
+               f"{prefix}.output_dir", "must be a local folder", self.output_dir)
+        if scheme(self.output_dir):
+            # MLMD's sqlite needs a local file system; the artifacts can go elsewhere.
+            raise ConfigError(f"{prefix}.output_dir (dpbert run --output) must be a local folder: it holds the ML "
+                              f"Metadata sqlite store, which cannot live on object storage; put the artifacts in a "
+                              f"bucket with --pipeline-root gs://BUCKET/ROOT ({prefix}.pipeline_root) and keep "
+                              f"--output local, got {self.output_dir!r}")
+        if self.pipeline_root is not None:
+            root = str(self.pipeline_root).strip()
+            kind = scheme(root)
+            local = kind == "" and not _MISTYPED_URI.match(root)
+            _check(bool(root) and (local or (kind in PIPELINE_ROOT_SCHEMES and bool(root[len(kind) + 3:].strip("/")))),
+                   f"{prefix}.pipeline_root",
+                   "must be a local folder or gs://BUCKET/ROOT (ram:// and fake:// in tests), or null for "
+                   f"<{prefix}.output_dir>/pipeline_root", self.pipeline_root)
+
+
+#: The object stores a local run's pipeline root may be on (``dpbert.storage``; ram:// and fake://
+#: are in-process stand-ins for tests).
+PIPELINE_ROOT_SCHEMES = ("gs", "ram", "fake")
+#: ``gs:/bucket``, ``gs:bucket``: a URI missing a slash, not a local folder named ``gs:``.
+_MISTYPED_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:(?!//)")
 
 
 @dataclasses.dataclass

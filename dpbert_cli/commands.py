@@ -34,12 +34,14 @@ def check_output_file(option: str, path: str) -> None:
 
 def load(args, preset: str = DEFAULT_PRESET):
     """The configuration of ``--config`` (else the built-in ``preset``: the demo for every
-    command), ``--set`` overrides, and the ``--corpus`` / ``--output`` shortcuts."""
+    command), ``--set`` overrides, and the ``--corpus`` / ``--output`` / ``--pipeline-root`` shortcuts."""
     overrides = list(args.overrides)
     if getattr(args, "corpus", None):
         overrides.append(f"corpus.path={args.corpus}")
     if getattr(args, "output", None):
         overrides.append(f"pipeline.output_dir={args.output}")
+    if getattr(args, "command", None) == "run" and args.pipeline_root:  # report's --pipeline-root reads a run
+        overrides.append(f"pipeline.pipeline_root={args.pipeline_root}")
     if getattr(args, "no_cache", False):  # dpbert run --no-cache
         overrides.append("pipeline.enable_cache=false")
     config = load_config(args.config, overrides, preset=None if args.config else preset)

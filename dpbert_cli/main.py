@@ -164,7 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     config_args(p)
     p.add_argument("--corpus", help="corpus path (directory of .txt, .jsonl or .csv); "
                                     "default: the embedded synthetic corpus")
-    p.add_argument("--output", help="output directory (artifacts + ML Metadata sqlite)")
+    p.add_argument("--output", help="local output directory (the ML Metadata sqlite; the artifacts too unless "
+                                    "--pipeline-root)")
+    p.add_argument("--pipeline-root", metavar="URI",
+                   help="where the artifacts and the trainer state go: gs://BUCKET/ROOT or a local folder "
+                        "(= --set pipeline.pipeline_root=URI; default OUTPUT/pipeline_root); the ML Metadata "
+                        "sqlite stays in --output (docs/running-on-vertex.md)")
     p.add_argument("--no-cache", action="store_true",
                    help="re-run every component instead of re-using TFX's cached outputs "
                         "(= --set pipeline.enable_cache=false); a changed corpus is re-read without it")

@@ -223,9 +223,9 @@ def planned(config: Config, dataset_size: Optional[int] = None) -> dict:
 
 
 def charged_chain(config: Config) -> Optional[dict]:
-    """The DP training chain under ``pipeline.output_dir`` that a run of ``config`` could resume,
-    with the most DP steps it would have charged once the run completes:
-    ``dpbert.stages.pretrain.chain_state`` plus ``steps_after`` = the ledger's executed steps +
+    """The DP training chain under the run's pipeline root (``pipeline.paths.output_paths``) that
+    a run of ``config`` could resume, with the most DP steps it would have charged once the run
+    completes: ``dpbert.stages.pretrain.chain_state`` plus ``steps_after`` = the ledger's executed steps +
     (the plan's steps − the checkpoint's step). Chains are matched by configuration
     (``pretrain.resume_key``, no artifact URIs: they are not known before the DAG runs), so a chain
     of another corpus with the same configuration counts too — conservative. None without one."""
@@ -237,7 +237,7 @@ def charged_chain(config: Config) -> Optional[dict]:
         return None
     key = resume_key(config.model, tc, config.privacy, config.membership.holdout_patient_fraction, False)
     steps = training_plan(config).steps
-    found = [c for c in chains(output_paths(config.pipeline.output_dir)[0])
+    found = [c for c in chains(output_paths(config.pipeline)[0])
              if c["key"] == key and not c["non_private"] and c["steps_executed"] > 0]
     for chain in found:
         chain["steps_after"] = chain["steps_executed"] + max(steps - chain["checkpoint_step"], 0)
@@ -298,12 +298,12 @@ def _dataset_entries(config: Config):
 def _vocab_cached(config: Config, entries, target) -> bool:
     """TFX will answer the vocabulary from its cache: an entry of this pipeline root with the same
     vocabulary configuration, cache on (if it does run, its own reservation still asks the gate)."""
-    from pipeline.paths import output_paths
+    from pipeline.paths import output_paths, root_key
 
-    pipeline_root = output_paths(config.pipeline.output_dir)[0]
+    pipeline_root = output_paths(config.pipeline)[0]
     return config.pipeline.enable_cache and any(
         e.get("stage") == "vocab" and e.get("config_key") == target.vocab_key
-        and os.path.abspath(str(e.get("pipeline_root"))) == pipeline_root for e in entries)
+        and root_key(str(e.get("pipeline_root"))) == pipeline_root for e in entries)
 
 
 def dataset_budget(config: Config, ledger: dict, chain: Optional[dict]) -> Optional[dict]:
@@ -326,7 +326,7 @@ def dataset_budget(config: Config, ledger: dict, chain: Optional[dict]) -> Optio
     if chain is not None:  # the resumed chain's own entry: its steps are in steps_after already
         own = os.path.basename(os.path.normpath(chain["state"]))
         entries = [e for e in entries if not (e.get("chain") and os.path.basename(os.path.normpath(e["chain"])) == own)]
-    pipeline_root = output_paths(config.pipeline.output_dir)[0]
+    pipeline_root = output_paths(config.pipeline)[0]
     cached = _vocab_cached(config, entries, target)
     planned = gate.planned_entries(ledger["vocab_event"], ledger["train_events"], target.vocab_key, pipeline_root,
                                    with_vocab=not cached)

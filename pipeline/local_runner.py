@@ -22,7 +22,8 @@ from tfx import v1 as tfx
 
 from dpbert import schema, storage
 from dpbert.config import Config
-from pipeline.pipeline import create_pipeline, output_paths
+from pipeline.paths import output_paths
+from pipeline.pipeline import create_pipeline
 
 log = logging.getLogger("dpbert")
 
@@ -216,7 +217,7 @@ def run_local(config: Config) -> dict:
     """Run the whole DAG; returns where the artifacts and the ML Metadata store are.
 
     Raises ``RunInterrupted`` after SIGINT/SIGTERM (the run marked cancelled in ML Metadata)."""
-    pipeline_root, metadata_path = output_paths(config.pipeline.output_dir)
+    pipeline_root, metadata_path = output_paths(config.pipeline)
     storage.storage_for(pipeline_root).makedirs(pipeline_root)
     pipeline = create_pipeline(config, pipeline_root, metadata_path)
     # MLMD's create times are in ms; a second of slack for clocks read differently.

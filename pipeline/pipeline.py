@@ -9,7 +9,6 @@ from tfx import v1 as tfx
 
 from dpbert.config import Config, MembershipConfig, section_to_json
 from pipeline.code_version import component_code_version
-from pipeline.paths import output_paths  # noqa: F401 -- re-exported: callers import it from here
 
 
 def _core_version(module: str) -> str:
