@@ -54,13 +54,13 @@ def plain_training_seconds(ids, vocab: int, sigma: float) -> dict:
 
     from dpbert import storage
     from dpbert.evaluate.whitebox import MASK_ID, SPECIAL_IDS
-    from dpbert.model.engine.build import build_training
+    from dpbert.model.engine.build import ChainOutputs, ModelStart, TrainingRows, build_training
 
     mc, tc = tiny_configs(sigma)
     uri = f"ram://dpbert-audit-power/{secrets.token_hex(6)}"
     t0 = time.perf_counter()
-    with build_training(ids, list(SPECIAL_IDS), vocab, mc, tc, uri, resume=False, progress=False,
-                        mask_token_id=MASK_ID, export_saved_model=False) as training:
+    with build_training(TrainingRows(ids, list(SPECIAL_IDS), MASK_ID), ModelStart(mc, vocab), tc,
+                        ChainOutputs(uri, resume=False, export_saved_model=False, progress=False)) as training:
         t1 = time.perf_counter()
         training.loop.run()
     end = time.perf_counter()

@@ -81,15 +81,16 @@ def run_loop(model_config, vocab: int, batch: int, accumulation: int, steps: int
     import secrets
 
     from dpbert import storage
-    from dpbert.model.engine.build import build_training
+    from dpbert.model.engine.build import ChainOutputs, ModelStart, RunHooks, TrainingRows, build_training
 
     ids, tc = _rows_and_config(model_config, vocab, batch, accumulation, steps, mode, trainable, seed)
     hook = timing_hook()
     uri = f"ram://dpbert-bench/{secrets.token_hex(6)}"
     try:
-        with build_training(ids, [0, 1, 2, 3, 4], vocab, model_config, tc, uri, resume=False, progress=False,
-                            mask_token_id=4, export_saved_model=False, new_token_ids=new_token_ids,
-                            hooks=[hook] + list(hooks)) as training:
+        with build_training(TrainingRows(ids, [0, 1, 2, 3, 4], 4),
+                            ModelStart(model_config, vocab, new_token_ids=new_token_ids), tc,
+                            ChainOutputs(uri, resume=False, export_saved_model=False, progress=False),
+                            hooks=RunHooks([hook] + list(hooks))) as training:
             training.loop.run()
     finally:
         store = storage.storage_for(uri)
@@ -107,7 +108,7 @@ def interleaved(model_config, vocab: int, batch: int, accumulation: int, steps: 
     import secrets
 
     from dpbert import storage
-    from dpbert.model.engine.build import build_training
+    from dpbert.model.engine.build import ChainOutputs, ModelStart, TrainingRows, build_training
 
     total = warmup + steps
     out = {mode: {"seconds": []} for mode in ("nondp", "dp")}
@@ -119,8 +120,8 @@ def interleaved(model_config, vocab: int, batch: int, accumulation: int, steps: 
                                        jit_compile=jit)
             uris.append(f"ram://dpbert-bench/{secrets.token_hex(6)}")
             training = stack.enter_context(build_training(
-                ids, [0, 1, 2, 3, 4], vocab, model_config, tc, uris[-1], resume=False, progress=False, mask_token_id=4,
-                export_saved_model=False, new_token_ids=new_token_ids))
+                TrainingRows(ids, [0, 1, 2, 3, 4], 4), ModelStart(model_config, vocab, new_token_ids=new_token_ids), tc,
+                ChainOutputs(uris[-1], resume=False, export_saved_model=False, progress=False)))
             loops[mode] = training.loop
             for hook in training.loop.hooks:
                 hook.on_start(training.loop)

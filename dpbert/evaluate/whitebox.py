@@ -218,7 +218,7 @@ def enrol(token_ids: np.ndarray, example_ids, patient_keys, enrolled: int, tag: 
 
 
 def _probe_factory(canaries: Canaries, canary_dims: int, rng: np.random.Generator, info: dict):
-    """``build_training(audit_probe=)``: the probe on d' random coordinates of the largest trained piece."""
+    """``NoiseSpec(audit_probe=)``: the probe on d' random coordinates of the largest trained piece."""
     from dpbert.mechanism import step as step_lib
 
     def factory(selection):
@@ -250,18 +250,23 @@ def _run(rows, ids, keys, special_token_ids, vocab_size, model_config, tc, plan,
          canary_dims: int, rng, positive_control: bool, build_kwargs: dict, hooks, first_canary_row: int):
     """Build the configured loop with the canaries enrolled and the probe, run it; (hook, info, event)."""
     from dpbert import storage
-    from dpbert.model.engine.build import build_training
+    from dpbert.model.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows,
+                                           build_training)
 
     box: list = []
     info: dict = {}
     probe = ProbeHook(box, plan.steps, canaries.m, positive_control)
     output_dir = build_kwargs.pop("output_dir", None) or f"ram://dpbert-whitebox-audit/{secrets.token_hex(8)}"
+    outputs = ChainOutputs(output_dir, resume=False, export_saved_model=False,
+                           progress=build_kwargs.pop("progress", True))
+    strategy = build_kwargs.pop("strategy", None)
+    train_rows = TrainingRows(rows, special_token_ids, build_kwargs.pop("mask_token_id", None), ids, keys)
+    start = ModelStart(model_config, vocab_size, **build_kwargs)  # the model's start keywords only
     try:
-        with build_training(rows, special_token_ids, vocab_size, model_config, tc, output_dir, plan, resume=False,
-                            export_saved_model=False, example_ids=ids, patient_keys=keys,
-                            hooks=[probe] + list(hooks),
-                            sampler_factory=canary_sampler_factory(canaries, first_canary_row, box),
-                            audit_probe=_probe_factory(canaries, canary_dims, rng, info), **build_kwargs) as training:
+        with build_training(train_rows, start, tc, outputs, plan,
+                            NoiseSpec(audit_probe=_probe_factory(canaries, canary_dims, rng, info)),
+                            RunHooks([probe] + list(hooks), canary_sampler_factory(canaries, first_canary_row, box)),
+                            strategy) as training:
             box[0].stepper = training.stepper
             training.loop.run()
             info.update(noise_multiplier_applied=float(training.stepper.config.effective_noise_multiplier),

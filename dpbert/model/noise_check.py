@@ -172,7 +172,8 @@ def _run_loop(tc, model, ids, keys, units: int, group_size: int, noise_mode: str
     """Build the shipped loop on a throw-away ``ram://`` chain and run it; (result fields, hook)."""
     from dpbert import storage
     from dpbert.mechanism.replicas import strategy_name
-    from dpbert.model.engine.build import build_training, digest
+    from dpbert.model.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows,
+                                           build_training, digest)
     from dpbert.model.integrity import IntegrityCheckFailed
     from dpbert.privacy.plan import plan_training
 
@@ -180,10 +181,11 @@ def _run_loop(tc, model, ids, keys, units: int, group_size: int, noise_mode: str
     probe = NoiseProbeHook()
     output_dir = f"ram://dpbert-noise-check/{secrets.token_hex(8)}"
     try:
-        with build_training(ids, list(SPECIALS), VOCAB_SIZE, model, tc, output_dir, plan, resume=False,
-                            progress=False, mask_token_id=MASK_ID, noise_mode=noise_mode, export_saved_model=False,
-                            strategy=strategy, patient_keys=keys, hooks=[probe],
-                            noise_probe_coordinates=ALL_COORDINATES) as training:
+        with build_training(TrainingRows(ids, list(SPECIALS), MASK_ID, patient_keys=keys),
+                            ModelStart(model, VOCAB_SIZE), tc,
+                            ChainOutputs(output_dir, resume=False, export_saved_model=False, progress=False), plan,
+                            NoiseSpec(noise_mode, probe_coordinates=ALL_COORDINATES), RunHooks([probe]),
+                            strategy) as training:
             failure = None
             try:
                 training.loop.run()

@@ -37,7 +37,8 @@ import numpy as np
 
 from dpbert import schema, storage
 from dpbert.model import bert as bert_lib
-from dpbert.model.engine.build import build_training, finish
+from dpbert.model.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows, build_training,
+                                       finish)
 from dpbert.model.engine.chain import HeldStateLock, StateDirectoryBusy, state_lock  # noqa: F401
 from dpbert.model.engine.devices import (configure_logical_cpus, make_strategy, mirrored_strategy,  # noqa: F401
                                          multi_worker_strategy)
@@ -89,12 +90,11 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     same arguments. ``hooks``: extra loop hooks (``dpbert.model.engine.hooks.Hook``), run after
     the built-in ones (tests: ``CrashAfter(k)`` stops like a crash after k steps).
     """
-    with build_training(token_ids, special_token_ids, vocab_size, model_config, training_config, output_dir,
-                        plan, resume, progress, mask_token_id=mask_token_id, noise_mode=noise_mode,
-                        export_saved_model=export_saved_model, strategy=strategy, vocab_tokens=vocab_tokens,
-                        public_checkpoint_dir=public_checkpoint_dir, example_ids=example_ids,
-                        initial_weights=initial_weights, patient_keys=patient_keys, charge_limit=charge_limit,
-                        held_lock=held_lock, new_token_ids=new_token_ids, hooks=hooks) as training:
+    rows = TrainingRows(token_ids, special_token_ids, mask_token_id, example_ids, patient_keys)
+    start = ModelStart(model_config, vocab_size, vocab_tokens, public_checkpoint_dir, initial_weights, new_token_ids)
+    outputs = ChainOutputs(output_dir, resume, held_lock, export_saved_model, progress, charge_limit)
+    with build_training(rows, start, training_config, outputs, plan, NoiseSpec(noise_mode), RunHooks(tuple(hooks)),
+                        strategy) as training:
         training.loop.run()
         return finish(training)
 

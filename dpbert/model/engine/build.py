@@ -4,9 +4,14 @@ trainer (``train_mlm``), the white-box audit, the noise check and the benchmarks
 loop, each with its own extra hooks. ``finish`` saves the released model and returns the
 ``TrainResult``.
 
+Its inputs are typed: the rows (``TrainingRows``), the model and where it starts
+(``ModelStart``), ``training_config`` and the sampling plan, the chain and what it writes
+(``ChainOutputs``), the mechanism's spec beyond the configuration (``NoiseSpec``), the caller's
+hooks (``RunHooks``) and the strategy.
+
 The chief (rank 0) takes the chain's lease before it reads anything of the state directory and
 holds it until :meth:`Training.close` (``with build_training(...) as training``); a caller that
-locked first (the trainer stage, which plans under the lock) passes its ``held_lock``.
+locked first (the trainer stage, which plans under the lock) passes its ``ChainOutputs.held_lock``.
 """
 from __future__ import annotations
 
@@ -24,10 +29,10 @@ import tensorflow as tf
 
 from dpbert import schema, storage
 from dpbert.accounting.sigma import accounted_sigma
-from dpbert.model import bert as bert_lib
 from dpbert.mechanism import gaussian, replicas
 from dpbert.mechanism import step as step_lib
 from dpbert.mechanism.clipping import ClippingPath
+from dpbert.model import bert as bert_lib
 from dpbert.model import ghost, integrity, sampling
 from dpbert.model import trainable as trainable_lib
 from dpbert.model.engine import hooks as hooks_lib
@@ -47,6 +52,72 @@ log = logging.getLogger("dpbert.model.train")
 GHOST = ClippingPath(clipped_sum=lambda *args, **kwargs: ghost.clipped_gradient_sum(*args, **kwargs),
                      is_registered=lambda layer: ghost.is_registered(layer),
                      whole=trainable_lib.Selection.whole)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainingRows:
+    """The rows to train on: ``token_ids`` ``[n, L]`` (pad id 0); ``special_token_ids``: mapping
+    name → id (with ``[MASK]``) or a sequence of ids plus ``mask_token_id``; ``example_ids`` ``[n]``:
+    each row's own record id (default the row index), which keys its MLM masks; ``patient_keys``
+    ``[n]``: each row's patient, required by a plan with ``unit == "patient"``."""
+
+    token_ids: np.ndarray
+    special_token_ids: Union[Mapping[str, int], Sequence[int]]
+    mask_token_id: Optional[int] = None
+    example_ids: Optional[np.ndarray] = None
+    patient_keys: Optional[Sequence[str]] = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelStart:
+    """The model and where it starts: ``config`` (``ModelConfig``) and ``vocab_size``;
+    ``vocab_tokens`` and ``public_checkpoint_dir`` for ``model.init: minilm``; ``initial_weights``:
+    the MLM model's starting weights (a public start; a resumed run restores its checkpoint over
+    them); ``new_token_ids``: the ids the DP vocabulary appended (``training.trainable`` new_tokens)."""
+
+    config: Any
+    vocab_size: int
+    vocab_tokens: Optional[Sequence[str]] = None
+    public_checkpoint_dir: Any = None
+    initial_weights: Optional[list] = None
+    new_token_ids: Optional[Sequence[int]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseSpec:
+    """The mechanism's specification beyond ``training_config``: ``mode`` once | paper
+    (``DPSGDConfig.noise_mode``); ``audit_probe(selection) -> AuditProbe``: the white-box audit's
+    probe on a trained piece (``dpbert.evaluate.whitebox``); ``probe_coordinates``: the run-time
+    noise check's probe coordinates per trained piece (the noise check takes them all)."""
+
+    mode: str = "once"
+    audit_probe: Optional[Callable[[Any], step_lib.AuditProbe]] = None
+    probe_coordinates: int = integrity.NOISE_COORDINATES_PER_VARIABLE
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainOutputs:
+    """The training chain and what the run writes: ``output_dir`` (local, ``gs://``, ``ram://``);
+    ``resume`` from its checkpoint; ``held_lock``: ``state_lock(output_dir)``'s value when the
+    caller already holds the lease; ``export_saved_model`` (None: ``training.export_saved_model``);
+    ``progress`` on the console; ``charge_limit(σ_accounted, steps_needed) -> L``: the most DP steps
+    the budget covers for this chain, asked once (a step past L is refused before its entry)."""
+
+    output_dir: Any
+    resume: bool = True
+    held_lock: Optional[HeldStateLock] = None
+    export_saved_model: Optional[bool] = None
+    progress: bool = True
+    charge_limit: Optional[Callable[[float, int], int]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunHooks:
+    """The caller's extensions: loop ``hooks`` (run after the built-in ones) and the
+    ``sampler_factory(SamplerSpec) -> sampler`` (tests inject PRF coins; the audit enrols canaries)."""
+
+    hooks: Sequence[hooks_lib.Hook] = ()
+    sampler_factory: SamplerFactory = default_sampler
 
 
 @dataclasses.dataclass
@@ -143,14 +214,15 @@ def _check_plan(plan: Optional[TrainingPlan], tc, n: int) -> TrainingPlan:
     return plan
 
 
-def _model_spec(model_config, tc, vocab_size: int, vocab_tokens, public_checkpoint_dir):
-    if model_config.init != "minilm":
-        return bert_lib.spec_from_config(model_config, vocab_size, tc.mask_probability)
+def _model_spec(start: ModelStart, tc):
+    if start.config.init != "minilm":
+        return bert_lib.spec_from_config(start.config, start.vocab_size, tc.mask_probability)
     from dpbert.model import init_public
 
-    if vocab_tokens is None:
+    if start.vocab_tokens is None:
         raise ValueError("model.init=minilm needs vocab_tokens (the new vocabulary's token strings)")
-    return init_public.spec_for_public(model_config, vocab_size, tc.mask_probability, public_checkpoint_dir)
+    return init_public.spec_for_public(start.config, start.vocab_size, tc.mask_probability,
+                                       start.public_checkpoint_dir)
 
 
 def _run_config(spec, tc, plan: TrainingPlan, inputs: Inputs, model_config, noise_mode: str, names, lora_spec):
@@ -164,7 +236,7 @@ def _run_config(spec, tc, plan: TrainingPlan, inputs: Inputs, model_config, nois
         # The accounted σ depends on the diagnostics: a resume must not change them.
         "diagnostics": dataclasses.asdict(diagnostics.config_of(tc)),
     }
-    if getattr(plan, "unit", "tuple") == "patient":  # only then: a tuple-level state directory resumes as before
+    if plan.unit == "patient":  # only then: a tuple-level state directory resumes as before
         run_config.update(unit="patient", max_contributions=plan.max_contributions)
     if names != ["all"]:  # only then: an existing state directory resumes as before
         run_config["trainable"] = {"sets": names, "lora_rank": None if lora_spec is None else lora_spec.rank,
@@ -172,22 +244,32 @@ def _run_config(spec, tc, plan: TrainingPlan, inputs: Inputs, model_config, nois
     return run_config
 
 
-def _build_models(spec, tc, model_config, strategy, vocab_tokens, public_checkpoint_dir, initial_weights,
-                  names, lora_spec, new_token_ids, steps: int):
+def _trainable(tc, start: ModelStart):
+    """(the trained sets' names, the LoRA spec or None), refused early when they cannot be built."""
+    names = trainable_lib.validate_names(list(tc.trainable))
+    lora_spec = bert_lib.LoRASpec(int(tc.lora_rank), float(tc.lora_alpha)) if trainable_lib.needs_lora(names) else None
+    if "new_tokens" in names and start.new_token_ids is None:
+        raise ValueError("training.trainable new_tokens needs a public or public+dp vocabulary (its "
+                         "token_sources.json says which token ids the DP vocabulary appended)")
+    return names, lora_spec
+
+
+def _build_models(spec, tc, start: ModelStart, strategy, names, lora_spec, steps: int):
     """(models, selection, optimizer) in the strategy's scope."""
     with strategy.scope():
         models = bert_lib.build_bert(spec, seed=tc.seed)
-        if initial_weights is not None:
-            models.mlm.set_weights(initial_weights)
+        if start.initial_weights is not None:
+            models.mlm.set_weights(start.initial_weights)
             log.info("initialised from the given (public) weights")
-        elif model_config.init == "minilm":
+        elif start.config.init == "minilm":
             from dpbert.model import init_public
 
-            init_stats = init_public.init_from_checkpoint(models, vocab_tokens, public_checkpoint_dir, tc.seed)
+            init_stats = init_public.init_from_checkpoint(models, start.vocab_tokens, start.public_checkpoint_dir,
+                                                          tc.seed)
             log.info("initialised from the public checkpoint: %s", init_stats)
         if lora_spec is not None:  # adapters (B = 0) on the start above, which becomes the frozen base
             models = bert_lib.add_lora(models, lora_spec, seed=tc.seed)
-        selection = trainable_lib.select(models, names, new_token_ids)
+        selection = trainable_lib.select(models, names, start.new_token_ids)
         optimizer = make_optimizer(tc, steps)
     log.info("training.trainable %s: %d trained parameters of %d", ",".join(names), selection.size,
              bert_lib.count_parameters(spec))
@@ -212,33 +294,31 @@ def _sampler_spec(inputs: Inputs, plan: TrainingPlan, tc, groups, chain: Trainin
 
 
 def _patient_groups(plan: TrainingPlan, patient_keys, n: int):
-    if getattr(plan, "unit", "tuple") != "patient":
+    if plan.unit != "patient":
         return None
     if patient_keys is None or len(patient_keys) != n:
         raise ValueError(f"a patient-unit plan needs patient_keys for each of the {n} rows")
     return sampling.group_rows(patient_keys)
 
 
-def _stepper(models, optimizer, selection, spec, inputs: Inputs, tc, plan: TrainingPlan, strategy, noise_mode: str,
-             audit_probe: Optional[Callable[[Any], step_lib.AuditProbe]] = None,
-             probe_coordinates: int = integrity.NOISE_COORDINATES_PER_VARIABLE):
+def _stepper(models, optimizer, selection, spec, inputs: Inputs, tc, plan: TrainingPlan, strategy, noise: NoiseSpec):
     """(DPSGDTrainStep, mask_fn, diagnostics config, whether DP diagnostics are released)."""
     diag = diagnostics.config_of(tc)
     release = diag.enabled and not tc.non_private
-    k = plan.max_contributions if getattr(plan, "unit", "tuple") == "patient" else 1
+    k = plan.max_contributions if plan.unit == "patient" else 1
     dp_config = gaussian.DPSGDConfig(
         clip_norm=tc.clip_norm, noise_multiplier=tc.noise_multiplier, expected_batch_size=plan.expected_batch_size,
-        non_private=tc.non_private, noise_mode=noise_mode, noise_seed=tc.noise_seed, replicas=plan.replicas,
+        non_private=tc.non_private, noise_mode=noise.mode, noise_seed=tc.noise_seed, replicas=plan.replicas,
         accumulation_steps=plan.accumulation_steps, loss_bound=diag.loss_bound if release else None, group_size=k,
-        jit_compile=bool(getattr(tc, "jit_compile", False)))
+        jit_compile=bool(tc.jit_compile))
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, inputs.specials, inputs.mask_id,
                                                                   tc.mask_probability)
     stepper = step_lib.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn, loss_fn=loss_fn,
                                       clipping=GHOST, metrics_fn=metrics_fn, strategy=strategy,
                                       noise_probe=None if tc.non_private else integrity.make_noise_probe(
-                                          selection.pieces, probe_coordinates, seed=tc.noise_seed),
+                                          selection.pieces, noise.probe_coordinates, seed=tc.noise_seed),
                                       selection=selection,
-                                      audit_probe=None if audit_probe is None else audit_probe(selection))
+                                      audit_probe=None if noise.audit_probe is None else noise.audit_probe(selection))
     return stepper, mask_fn, diag, release
 
 
@@ -273,45 +353,38 @@ def _standard_hooks(tc, plan, stepper, optimizer, checkpoint, manager, chain, st
                     hooks_lib.CheckpointHook(checkpoint, manager, tc.checkpoint_every, start_step if found else None)]
 
 
-def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int], Sequence[int]],
-                   vocab_size: int, model_config, training_config, output_dir,
-                   plan: Optional[TrainingPlan] = None, resume: bool = True, progress: bool = True, *,
-                   mask_token_id: Optional[int] = None, noise_mode: str = "once", export_saved_model: Optional[bool] = None,
-                   strategy: Optional[tf.distribute.Strategy] = None, vocab_tokens: Optional[Sequence[str]] = None,
-                   public_checkpoint_dir=None, example_ids: Optional[np.ndarray] = None,
-                   initial_weights: Optional[list] = None, patient_keys: Optional[Sequence[str]] = None,
-                   charge_limit: Optional[Callable[[float, int], int]] = None,
-                   held_lock: Optional[HeldStateLock] = None, new_token_ids: Optional[Sequence[int]] = None,
-                   hooks: Sequence[hooks_lib.Hook] = (),
-                   sampler_factory: SamplerFactory = default_sampler,
-                   audit_probe: Optional[Callable[[Any], step_lib.AuditProbe]] = None,
-                   noise_probe_coordinates: int = integrity.NOISE_COORDINATES_PER_VARIABLE) -> Training:
-    """Compose one training run (arguments: ``dpbert.model.train.train_mlm``). ``hooks`` run after
-    the built-in ones; ``sampler_factory(SamplerSpec) -> sampler`` (tests inject e.g. PRF coins);
-    ``audit_probe(selection) -> AuditProbe``: the white-box audit's probe on a trained piece
-    (``dpbert.evaluate.whitebox``); ``noise_probe_coordinates``: the run-time noise check's probe
-    coordinates per trained piece (the noise check, ``dpbert.model.noise_check``, takes them all)."""
-    started, tc = time.time(), training_config
-    names = trainable_lib.validate_names(list(getattr(tc, "trainable", ["all"])))
-    lora_spec = bert_lib.LoRASpec(int(tc.lora_rank), float(tc.lora_alpha)) if trainable_lib.needs_lora(names) else None
-    if "new_tokens" in names and new_token_ids is None:
-        raise ValueError("training.trainable new_tokens needs a public or public+dp vocabulary (its "
-                         "token_sources.json says which token ids the DP vocabulary appended)")
-    inputs = validate_inputs(token_ids, special_token_ids, vocab_size, model_config, example_ids, mask_token_id,
-                             patient_keys)
-    # The strategy first: MultiWorkerMirroredStrategy must exist before TensorFlow runs an op.
-    strategy = strategy or make_strategy(tc.strategy, tc.replicas)
-    workers, rank = replicas.worker_layout(strategy)
-    if workers > 1 and tc.sampling != "poisson":
-        raise ValueError("training.sampling must be poisson with several worker processes")
-    plan = _check_plan(plan, tc, inputs.token_ids.shape[0])
-    groups = _patient_groups(plan, patient_keys, inputs.token_ids.shape[0])
-    stack = contextlib.ExitStack()
-    try:
-        lease = _lock(stack, output_dir, held_lock) if rank == 0 else None  # only the chief writes the chain
-        chain = TrainingChain(str(output_dir), chief=rank == 0)
-        spec = _model_spec(model_config, tc, vocab_size, vocab_tokens, public_checkpoint_dir)
-        chain.prepare(_run_config(spec, tc, plan, inputs, model_config, noise_mode, names, lora_spec), resume)
+class _Composer:
+    """One ``build_training`` call, composed in order: :meth:`validate` (nothing read or written
+    yet), :meth:`step` (the lease, the chain, the models and the DP-SGD step), :meth:`loop`."""
+
+    def __init__(self, rows: TrainingRows, start: ModelStart, tc, outputs: ChainOutputs, noise: NoiseSpec,
+                 hooks: RunHooks):
+        self.rows, self.start, self.tc, self.outputs, self.noise, self.hooks = rows, start, tc, outputs, noise, hooks
+        self.started = time.time()
+        self.stack = contextlib.ExitStack()
+
+    def validate(self, plan: Optional[TrainingPlan], strategy):
+        tc, rows = self.tc, self.rows
+        self.names, self.lora_spec = _trainable(tc, self.start)
+        self.inputs = validate_inputs(rows.token_ids, rows.special_token_ids, self.start.vocab_size, self.start.config,
+                                      rows.example_ids, rows.mask_token_id, rows.patient_keys)
+        # The strategy first: MultiWorkerMirroredStrategy must exist before TensorFlow runs an op.
+        self.strategy = strategy or make_strategy(tc.strategy, tc.replicas)
+        self.workers, self.rank = replicas.worker_layout(self.strategy)
+        if self.workers > 1 and tc.sampling != "poisson":
+            raise ValueError("training.sampling must be poisson with several worker processes")
+        n = self.inputs.token_ids.shape[0]
+        self.plan = _check_plan(plan, tc, n)
+        self.groups = _patient_groups(self.plan, rows.patient_keys, n)
+
+    def step(self):
+        tc, out = self.tc, self.outputs
+        # Only the chief writes the chain, under its lease.
+        self.lease = _lock(self.stack, out.output_dir, out.held_lock) if self.rank == 0 else None
+        self.chain = TrainingChain(str(out.output_dir), chief=self.rank == 0)
+        self.spec = _model_spec(self.start, tc)
+        self.chain.prepare(_run_config(self.spec, tc, self.plan, self.inputs, self.start.config, self.noise.mode,
+                                       self.names, self.lora_spec), out.resume)
         if tc.noise_seed is None:
             # Dropout draws its masks per batch SLOT from TensorFlow's global RNG. Keyed by a public
             # seed (another stage may have called set_random_seed in this process) that would be the
@@ -319,43 +392,66 @@ def build_training(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, 
             # independent of the data, so adding/removing one example leaves the others' mask
             # distribution unchanged. The initialisation keeps its own explicit seeds (training.seed).
             tf.random.set_seed(secrets.randbits(31))
-        models, selection, optimizer = _build_models(spec, tc, model_config, strategy, vocab_tokens,
-                                                     public_checkpoint_dir, initial_weights, names, lora_spec,
-                                                     new_token_ids, plan.steps)
-        stepper, mask_fn, diag, release = _stepper(models, optimizer, selection, spec, inputs, tc, plan, strategy,
-                                                   noise_mode, audit_probe, noise_probe_coordinates)
+        self.models, self.selection, self.optimizer = _build_models(
+            self.spec, tc, self.start, self.strategy, self.names, self.lora_spec, self.plan.steps)
+        self.stepper, self.mask_fn, self.diag, self.release = _stepper(
+            self.models, self.optimizer, self.selection, self.spec, self.inputs, tc, self.plan, self.strategy,
+            self.noise)
+
+    def loop(self) -> Training:
+        tc, plan, stepper, chain, out = self.tc, self.plan, self.stepper, self.chain, self.outputs
         gradient_sigma = stepper.mechanism.noise_multiplier  # σ of the released sum, as the mechanism adds it
         # What the accountant must charge per step: the gradient and the released diagnostics together.
-        accounted = accounted_sigma(gradient_sigma, diagnostics=diag) if release else gradient_sigma
-        checkpoint = tf.train.Checkpoint(model=models.mlm, optimizer=optimizer, dp_step=stepper.dp_step)
-        manager, start_step, found = _restore(checkpoint, chain, stepper, optimizer, resume)
+        accounted = accounted_sigma(gradient_sigma, diagnostics=self.diag) if self.release else gradient_sigma
+        checkpoint = tf.train.Checkpoint(model=self.models.mlm, optimizer=self.optimizer, dp_step=stepper.dp_step)
+        manager, start_step, found = _restore(checkpoint, chain, stepper, self.optimizer, out.resume)
         step_log = chain.step_log(start_step, None if tc.non_private else accounted)
         step_limit = None
-        if chain.chief and charge_limit is not None and not tc.non_private:
+        if chain.chief and out.charge_limit is not None and not tc.non_private:
             # Asked with what this chain will have charged when the run completes (earlier runs'
             # executed steps, lost ones included, plus the steps from the checkpoint to the plan's end).
-            step_limit = int(charge_limit(accounted, step_log.count + plan.steps - start_step))
-        sampler = sampler_factory(_sampler_spec(inputs, plan, tc, groups, chain, workers, rank, start_step))
-        source = BatchSource(sampler, mask_fn, inputs.token_ids, inputs.example_ids,
-                             secrets.randbits(64) if tc.noise_seed is None else int(tc.noise_seed) * 7919 + 17,
-                             plan.micro_batch, groups, plan.max_contributions if groups is not None else 1)
+            step_limit = int(out.charge_limit(accounted, step_log.count + plan.steps - start_step))
+        source = self._source(start_step)
         # Run-time integrity checks (sampler vs the plan's q over the EXACT n, brute-force clipping, noise).
         checks = integrity.RunChecks(stepper, sampling_mode=tc.sampling, units=source.units,
                                      q=plan.sampling_probability, batch_size=tc.batch_size,
                                      every=tc.integrity_check_every, seed=tc.noise_seed,
                                      output_dir=chain.uri if chain.chief else None)
-        _log_plan(plan, tc, groups is not None, start_step)
-        loop = TrainLoop(source, stepper, step_log, checks,
-                         _standard_hooks(tc, plan, stepper, optimizer, checkpoint, manager, chain, start_step, found,
-                                         diag, release, gradient_sigma, progress, groups is not None) + list(hooks),
+        _log_plan(plan, tc, self.groups is not None, start_step)
+        built = _standard_hooks(tc, plan, stepper, self.optimizer, checkpoint, manager, chain, start_step, found,
+                                self.diag, self.release, gradient_sigma, out.progress, self.groups is not None)
+        loop = TrainLoop(source, stepper, step_log, checks, built + list(self.hooks.hooks),
                          start_step=start_step, steps_planned=plan.steps, step_limit=step_limit,
-                         accounted_sigma=accounted, lock_check=None if lease is None else lease.check,
-                         stats_every=int(getattr(tc, "stats_every", 1)))
-        return Training(tc, plan, inputs, strategy, spec, models, selection, optimizer, stepper, chain, source, checks,
-                        loop, noise_mode, gradient_sigma, accounted, release,
-                        bool(tc.export_saved_model if export_saved_model is None else export_saved_model), started, stack)
+                         accounted_sigma=accounted, lock_check=None if self.lease is None else self.lease.check,
+                         stats_every=int(tc.stats_every))
+        export = bool(tc.export_saved_model if out.export_saved_model is None else out.export_saved_model)
+        return Training(tc, plan, self.inputs, self.strategy, self.spec, self.models, self.selection, self.optimizer,
+                        stepper, chain, source, checks, loop, self.noise.mode, gradient_sigma, accounted,
+                        self.release, export, self.started, self.stack)
+
+    def _source(self, start_step: int) -> BatchSource:
+        tc, plan, inputs, groups = self.tc, self.plan, self.inputs, self.groups
+        sampler = self.hooks.sampler_factory(_sampler_spec(inputs, plan, tc, groups, self.chain, self.workers,
+                                                           self.rank, start_step))
+        return BatchSource(sampler, self.mask_fn, inputs.token_ids, inputs.example_ids,
+                           secrets.randbits(64) if tc.noise_seed is None else int(tc.noise_seed) * 7919 + 17,
+                           plan.micro_batch, groups, plan.max_contributions if groups is not None else 1)
+
+
+def build_training(rows: TrainingRows, model: ModelStart, training_config, chain: ChainOutputs,
+                   plan: Optional[TrainingPlan] = None, noise: NoiseSpec = NoiseSpec(), hooks: RunHooks = RunHooks(),
+                   strategy: Optional[tf.distribute.Strategy] = None) -> Training:
+    """Compose one training run (module docstring; the arguments' fields: the dataclasses above and
+    ``dpbert.model.train.train_mlm``). ``plan``: the ``TrainingPlan`` the budget was checked
+    against (default planned from ``training.dataset_size`` or the exact n); ``strategy``: a ready
+    strategy (default from ``training.strategy``). Use the result as a context manager."""
+    composer = _Composer(rows, model, training_config, chain, noise, hooks)
+    composer.validate(plan, strategy)
+    try:
+        composer.step()
+        return composer.loop()
     except BaseException:
-        stack.close()
+        composer.stack.close()
         raise
 
 

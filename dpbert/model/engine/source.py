@@ -19,8 +19,8 @@ the source's units (rows, or patient groups): a probe hook sees which units took
 
 The sampler is made by a factory from a :class:`SamplerSpec` (:func:`default_sampler`); tests
 inject another one (e.g. PRF coins, the same batches in every worker layout) through
-``build_training(sampler_factory=...)``. Units an audit enrols (canary rows or patients) take part
-simply by building the source over the augmented rows.
+``build_training``'s ``RunHooks(sampler_factory=...)``. Units an audit enrols (canary rows or
+patients) take part simply by building the source over the augmented rows.
 """
 from __future__ import annotations
 
