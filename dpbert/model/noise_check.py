@@ -16,16 +16,8 @@ statistics of that check (Σz², Σz, lag-1 products of z = (B·G − S)/(σC)) 
 logical batch size, σ the gradient's effective noise multiplier). The gradients are real (rows
 with masked tokens), not zero: S is subtracted, so the check holds on a step that trains.
 
-Tolerance, from the sampling distribution of a sample std (not tuned): for m iid N(0, s²)
-values, ŝ² = Σx²/m has Var(ŝ²) = 2s⁴/m, so ŝ/s has relative standard error ≈ 1/√(2m) (delta
-method). The check passes when |ŝ/s − 1| ≤ z/√(2m) with z = 4 (two-sided false-failure
-probability ≈ 6e-5); the 95% confidence interval ŝ/(1 ± 1.96/√(2m)) is reported. With
-m ≳ 10⁵ the tolerance is ~1%, while noise added once per shard would be √(P·T) times larger
-(≥ 41% off for P·T = 2). It also checks the mean is 0 (|Σz|/√m ≤ z·ŝ/s), that consecutive steps'
-noise is uncorrelated (|Σ z_t·z_{t+1}|/pairs ≤ z/√pairs over disjoint pairs of steps) and that
-all replicas hold identical weights after the steps. The run-time checks' own verdicts (at their
-1e-6 levels) are reported alongside (``integrity_checks``); a failure there does not stop the
-measurement.
+The tolerance (z = 4 on the sample std's relative error 1/√(2m), from its sampling
+distribution, not tuned) and the other statistics: docs/audits.md, "The noise-std test".
 
 CLI (its own process, so P logical CPUs can be configured before TensorFlow starts)::
 
@@ -43,10 +35,8 @@ The expected std is still σC/B (one draw per logical batch: ``dpbert.mechanism.
 or WσC/B; ``replicas_in_sync`` then compares a digest of every worker's parameters after the steps.
 Positive controls: the broken placements are test fixtures (``tests/model/broken_mechanisms.py``)
 that the test worker script ``tests/model/multi_worker_worker.py`` applies around
-:func:`noise_check` in its own worker processes; they must FAIL the check.
-
-Child processes (``--replicas P`` and ``--workers W``) run this checkout's module from any folder
-(``dpbert.launch.cluster.module_command``).
+:func:`noise_check` in its own worker processes; they must FAIL the check. Child processes run
+this checkout's module from any folder (``dpbert.launch.cluster.module_command``).
 """
 from __future__ import annotations
 
