@@ -614,7 +614,8 @@ def _plan_shape(config, plan, dp_count: bool, args) -> int:
     rate, how = _shape_rate(config, plan, args)
     tc, k = config.training, plan.max_contributions if config.privacy.unit == "patient" else 1
     chosen = shape.plan_shape(plan.dataset_size, args.target_epsilon, tc.delta, _compute_budget(args.compute, rate),
-                              args.min_steps or shape.DEFAULT_MIN_STEPS, k, multiple=tc.replicas * tc.accumulation_steps,
+                              shape.ShapeGrid(args.min_steps or shape.DEFAULT_MIN_STEPS, k,
+                                              multiple=tc.replicas * tc.accumulation_steps),
                               sigma_scale=accounted_sigma(1.0, tc), tuples_per_second=rate)
     best = chosen.chosen
     configured = dataclasses.replace(config, training=dataclasses.replace(

@@ -42,7 +42,6 @@ TO_SHRINK = {
     ("dpbert/evaluate/membership.py", "run_attack_results"): "group attack settings",
     ("dpbert/privacy/vocab_audit.py", "vocab_distinguishing_test"): "group test settings",
     ("dpbert/trainer_workers.py", "invocation"): "group worker settings",
-    ("dpbert/accounting/shape.py", "plan_shape"): "a PlanRequest dataclass",
     ("dpbert/stages/audit.py", "audit_training"): "group audit settings",
     ("dpbert/local_privacy/pretrain.py", "build_objective_batch"): "group batch settings",
     ("dpbert/local_privacy/experiments.py", "run_classification"): "group run settings",

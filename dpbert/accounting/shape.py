@@ -160,18 +160,30 @@ def shape_of(n: int, batch_size: int, steps: int, k: int, target_epsilon: float,
                  seconds=None if tuples_per_second is None else work / tuples_per_second)
 
 
-def plan_shape(n: int, target_epsilon: float, delta: float, budget: int, min_steps: int = DEFAULT_MIN_STEPS,
-               k: int = 1, steps_grid: Optional[Sequence[int]] = None, batch_grid: Optional[Sequence[int]] = None,
-               multiple: int = 1, sigma_scale: float = 1.0, tuples_per_second: Optional[float] = None,
+@dataclasses.dataclass(frozen=True)
+class ShapeGrid:
+    """The candidates :func:`plan_shape` searches (:func:`candidate_shapes`' arguments after ``n``
+    and ``budget``): T ≥ ``min_steps``, ``k`` tuples per unit per step, B a multiple of
+    ``multiple``, optional explicit ``steps_grid`` / ``batch_grid``."""
+    min_steps: int = DEFAULT_MIN_STEPS
+    k: int = 1
+    steps_grid: Optional[Sequence[int]] = None
+    batch_grid: Optional[Sequence[int]] = None
+    multiple: int = 1
+
+
+def plan_shape(n: int, target_epsilon: float, delta: float, budget: int, grid: ShapeGrid = ShapeGrid(),
+               sigma_scale: float = 1.0, tuples_per_second: Optional[float] = None,
                epsilon_of: Optional[EpsilonOf] = None) -> ShapePlan:
-    """The shape with the smallest σ/B among :func:`candidate_shapes` (ties: fewer tuple-steps,
-    then more steps). ``n``: the public units the plan samples from (after the holdout); ``budget``
-    in tuple-steps (:func:`budget_tuple_steps`); ``epsilon_of`` default: PLD at ``delta``.
-    ValueError (naming the inputs) when no candidate fits the budget."""
+    """The shape with the smallest σ/B among :func:`candidate_shapes` over ``grid`` (ties: fewer
+    tuple-steps, then more steps). ``n``: the public units the plan samples from (after the
+    holdout); ``budget`` in tuple-steps (:func:`budget_tuple_steps`); ``epsilon_of`` default: PLD
+    at ``delta``. ValueError (naming the inputs) when no candidate fits the budget."""
+    min_steps, k, multiple = grid.min_steps, grid.k, grid.multiple
     target_epsilon = _checks.positive("target_epsilon", target_epsilon)
     delta = _checks.probability("delta", delta)
     sigma_scale = _checks.positive("sigma_scale", sigma_scale)
-    pairs = candidate_shapes(n, budget, min_steps, k, steps_grid, batch_grid, multiple)
+    pairs = candidate_shapes(n, budget, min_steps, k, grid.steps_grid, grid.batch_grid, multiple)
     if not pairs:
         raise ValueError(f"no shape fits: the compute budget {budget:,} tuple-steps is below T_min = {min_steps} "
                          f"steps × k = {k} × {multiple} unit(s) (the smallest batch); raise the budget or "

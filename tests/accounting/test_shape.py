@@ -76,14 +76,14 @@ def _rdp_of(delta):
 ])
 def test_the_chosen_shape_is_the_brute_force_smallest_noise_batch_ratio(n, target, budget, min_steps, k):
     delta = 1e-5
-    plan = shape.plan_shape(n, target, delta, budget, min_steps, k, epsilon_of=_rdp_of(delta))
+    plan = shape.plan_shape(n, target, delta, budget, shape.ShapeGrid(min_steps, k), epsilon_of=_rdp_of(delta))
     assert _disagreements(plan, n, target, delta, budget, min_steps, k, max_steps=2 * min_steps) == []
     for alt in plan.alternatives:  # every row of the table: its σ is the bisection's at that (B, T)
         assert alt.epsilon <= target + 1e-12 and alt.batch_size * alt.steps * k <= budget
         assert alt.sigma_accounted == pytest.approx(_brute_sigma(target, alt.batch_size / n, alt.steps, delta), rel=1e-3)
     # Positive control: a planner that forgets k in the budget picks a batch k× too large — caught.
     if k > 1:
-        broken = shape.plan_shape(n, target, delta, budget, min_steps, 1, epsilon_of=_rdp_of(delta))
+        broken = shape.plan_shape(n, target, delta, budget, shape.ShapeGrid(min_steps, 1), epsilon_of=_rdp_of(delta))
         assert _disagreements(broken, n, target, delta, budget, min_steps, k, max_steps=2 * min_steps)
 
 
@@ -91,7 +91,7 @@ def test_the_chosen_shape_meets_the_target_by_an_independent_dp_accounting_call(
     """n = 30,000, ε = 1, δ = 1e-5 (the reference table in docs/training.md): B = 7,500, T = 64
     needs σ = 7.646; dp-accounting's own PLD accountant, called here, gives ε within 1e-3 of 1."""
     n, target, delta = 30_000, 1.0, 1e-5
-    plan = shape.plan_shape(n, target, delta, budget=480_000, min_steps=64, steps_grid=(64,))
+    plan = shape.plan_shape(n, target, delta, budget=480_000, grid=shape.ShapeGrid(64, steps_grid=(64,)))
     c = plan.chosen
     assert (c.batch_size, c.steps) == (7_500, 64)
     assert c.noise_multiplier == pytest.approx(7.646, abs=1e-3)
@@ -127,7 +127,7 @@ def test_epsilon_does_not_depend_on_k():
         epsilons.add(dpsgd_epsilon(0.8, plan.sampling_probability, plan.steps, 1e-5, max_contributions=k,
                                    user_level=True))
         example_level.add(repr(events.dpsgd_dp_event(0.8, plan.sampling_probability, plan.steps, "poisson", k)))
-        chosen = shape.plan_shape(30_000, 1.0, 1e-5, 100_000 * k, 20, k, epsilon_of=_rdp_of(1e-5)).chosen
+        chosen = shape.plan_shape(30_000, 1.0, 1e-5, 100_000 * k, shape.ShapeGrid(20, k), epsilon_of=_rdp_of(1e-5)).chosen
         plans.add((chosen.batch_size, chosen.steps, chosen.sigma_accounted, chosen.noise_batch_ratio))
     assert len(recorded) == 1 and len(epsilons) == 1 and len(plans) == 1
     assert len(example_level) == 3
@@ -144,7 +144,7 @@ def test_candidates_keep_the_constraints():
                                   batch_grid=(500, 1_000, 5_000))
     assert grid == [(500, 10), (1_000, 10)] + [(500, 40), (1_000, 40)]
     with pytest.raises(ValueError, match="no shape fits.*T_min = 50"):
-        shape.plan_shape(1_000, 1.0, 1e-5, budget=99, min_steps=50, k=2)
+        shape.plan_shape(1_000, 1.0, 1e-5, budget=99, grid=shape.ShapeGrid(50, 2))
 
 
 def test_the_budget_in_tuple_steps():
