@@ -679,18 +679,26 @@ def _summary(values: np.ndarray) -> dict:
             "max": float(np.max(values)), "n_infinite": int(values.size - finite.size)}
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class InContext:
+    """The in-context query of :func:`evaluate_exposure`: held-out carrier rows ``contexts``
+    ``[N, max_seq_length]``, each canary queried in ``contexts_per_canary`` of them
+    (:func:`canary_context_queries`, carriers and gaps drawn with ``context_seed``)."""
+    contexts: np.ndarray
+    contexts_per_canary: int = 16
+    context_seed: int = 0
+
+
 def evaluate_exposure(canaries: CanarySet, score_fn: ScoreFn, max_seq_length: int, *,
                       counts: Optional[Sequence[int]] = None, extrapolate: bool = True,
                       max_reference: Optional[int] = None, batch_size: int = 64,
-                      ties: str = "average", contexts: Optional[np.ndarray] = None,
-                      contexts_per_canary: int = 16, context_seed: int = 0) -> dict:
+                      ties: str = "average", in_context: Optional[InContext] = None) -> dict:
     """Exposure of every canary and per-group summaries. Contains no token of any canary.
 
-    ``contexts``: held-out carrier rows ``[N, max_seq_length]`` for canaries inserted into
-    training text (:func:`insert_canaries`): each is queried in ``contexts_per_canary`` of them
-    (:func:`canary_context_queries`, carriers and gaps drawn with ``context_seed``). ``None``:
-    the standalone ``[CLS] canary [SEP]`` query, right only for canaries trained as examples of
-    their own (:func:`canary_examples`, the audit's); see docs/audits.md.
+    ``in_context``: for canaries inserted into training text (:func:`insert_canaries`), the
+    carriers each is queried in (:class:`InContext`). ``None``: the standalone ``[CLS] canary
+    [SEP]`` query, right only for canaries trained as examples of their own
+    (:func:`canary_examples`, the audit's); see docs/audits.md.
 
     ``counts``: realised insertion counts from :func:`insert_canaries` (reported per canary and
     as the group's mean occurrences). Returns ``{"log2_reference_size", "query": {"form":
@@ -703,6 +711,9 @@ def evaluate_exposure(canaries: CanarySet, score_fn: ScoreFn, max_seq_length: in
     unlike the rank exposure that saturates at ``log2 |R|``) and ``[c.included for c in canaries]``.
     """
     canary_list = canaries.canaries
+    contexts = None if in_context is None else in_context.contexts
+    contexts_per_canary = 16 if in_context is None else in_context.contexts_per_canary
+    context_seed = 0 if in_context is None else in_context.context_seed
     scores = score_canaries(canary_list, score_fn, max_seq_length, batch_size, contexts=contexts,
                             contexts_per_canary=contexts_per_canary,
                             rng=np.random.default_rng(context_seed))

@@ -148,15 +148,15 @@ def carrier_rows(tokenizer_dir: str, max_seq_length: int, tuple_words: Optional[
 def _exposure_for(model_dir: str, canary_set, counts):
     """Exposure of the canaries inserted into training text: queried in context (carriers).
     Returns (exposure report, the model's score function, the models)."""
-    from dpbert.evaluate.canary import evaluate_exposure, mlm_score_fn
+    from dpbert.evaluate.canary import InContext, evaluate_exposure, mlm_score_fn
     from dpbert.model.bert import load_bert
 
     models = load_bert(storage.join(model_dir, schema.MODEL_DIR))
     score_fn = mlm_score_fn(models.mlm, models.spec.max_predictions)
     contexts = carrier_rows(storage.join(model_dir, schema.TOKENIZER_DIR), models.spec.max_seq_length)
     return evaluate_exposure(canary_set, score_fn, models.spec.max_seq_length, counts=counts,
-                             max_reference=MAX_REFERENCE, contexts=contexts,
-                             contexts_per_canary=CONTEXTS_PER_CANARY), score_fn, models
+                             max_reference=MAX_REFERENCE,
+                             in_context=InContext(contexts, CONTEXTS_PER_CANARY)), score_fn, models
 
 
 def _plot(groups, path):

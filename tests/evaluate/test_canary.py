@@ -490,7 +490,7 @@ def test_exposure_of_canaries_inserted_in_text_is_measured_in_context():
     memorised = [(c.tokens, c.secret_index, c.secret) for c in cs if c.occurrences >= 50]
     score_fn = _in_text_memoriser(memorised, V, 32, min_content=L // 2)
     carriers = make_examples([L] * 40, L, np.random.default_rng(33))
-    in_context = C.evaluate_exposure(cs, score_fn, L, contexts=carriers, contexts_per_canary=4,
+    in_context = C.evaluate_exposure(cs, score_fn, L, in_context=C.InContext(carriers, 4),
                                      max_reference=150)
     standalone = C.evaluate_exposure(cs, score_fn, L, max_reference=150)
     assert in_context["query"] == {"form": "in_context", "contexts_per_canary": 4,
