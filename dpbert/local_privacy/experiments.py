@@ -11,6 +11,7 @@ default public checkpoint (``dpbert.local_privacy.embeddings.load_embeddings``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -50,12 +51,17 @@ def public_pretraining_ids(tokenizer, max_seq_length: int, patients: int = 60, s
 
 
 def run_classification(embeddings, etas: Sequence[float], *, pretrain_steps: int = 150, epochs: int = 3,
-                       max_seq_length: int = 64, num_layers: int = 2, num_heads: int = 4, seed: int = 0,
+                       max_seq_length: int = 64, encoder=None, seed: int = 0,
                        objectives: Sequence[str] = ("vanilla", "prob", "denoising"), batch_size: int = 32,
                        log=_log) -> Dict[str, object]:
     """Fine-tuning accuracy on original vs privatized BC5CDR "has a Chemical" sentences, for a
-    randomly initialised encoder and for encoders pre-trained with each objective at each η."""
+    randomly initialised encoder and for encoders pre-trained with each objective at each η.
+    ``encoder``: the layers and heads (``pretrain.Encoder``; default 2 layers, 4 heads); its
+    ``pad_id`` is the tokenizer's."""
     from dpbert.local_privacy import finetune, pretrain
+
+    encoder = pretrain.Encoder(num_heads=4) if encoder is None else encoder
+    num_layers, num_heads = encoder.num_layers, encoder.num_heads
 
     tokenizer = embeddings.tokenizer
     mechanism = embeddings.mechanism()
@@ -74,9 +80,9 @@ def run_classification(embeddings, etas: Sequence[float], *, pretrain_steps: int
         def factory(eta):
             key = (objective, "mlm" if math.isinf(eta) else eta)
             if key not in cache:
-                result = pretrain.pretrain(public, mechanism, objective, eta, mask_id=specials.mask, keep_ids=keep,
-                                           steps=pretrain_steps, batch_size=batch_size, num_layers=num_layers,
-                                           num_heads=num_heads, pad_id=specials.pad, seed=seed)
+                result = pretrain.pretrain(public, mechanism, pretrain.Objective(objective, specials.mask, keep), eta,
+                                           encoder=dataclasses.replace(encoder, pad_id=specials.pad),
+                                           steps=pretrain_steps, batch_size=batch_size, seed=seed)
                 cache[key] = result.models.mlm.get_weights()
                 pretrain_log.append(result.to_dict())
                 log(f"pre-trained {objective} at η={eta:g}: loss {pretrain_log[-1]['initial_loss']:.2f} → "

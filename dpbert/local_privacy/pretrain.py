@@ -80,13 +80,40 @@ def select_masked_positions(token_ids, maskable: np.ndarray, rng: np.random.Gene
     return positions, valid
 
 
-def build_objective_batch(objective: str, token_ids, mechanism: DchiMechanism, eta: float,
-                          rng: SeedLike, *, mask_id: int, keep_ids: Sequence[int],
-                          mask_probability: float = 0.15, max_predictions: int = 20,
-                          num_samples: int = 5, mask_inputs: bool = True) -> MlmBatch:
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """One pre-training objective (``name`` in :data:`OBJECTIVES`, module docstring) and how its
+    batches mask: ``mask_id`` replaces ``mask_probability`` of the tokens not in ``keep_ids``
+    (unless ``mask_inputs`` is False for ``denoising``); ``prob`` draws ``num_samples`` labels."""
+    name: str
+    mask_id: int
+    keep_ids: Sequence[int]
+    mask_probability: float = 0.15
+    num_samples: int = 5
+    mask_inputs: bool = True
+
+    def __post_init__(self):
+        if self.name not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.name!r}")
+        object.__setattr__(self, "keep_ids", tuple(int(i) for i in self.keep_ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoder:
+    """The shape of the small BERT :func:`pretrain` builds (:func:`build_frozen_bert`)."""
+    num_layers: int = 2
+    num_heads: int = 2
+    intermediate_size: Optional[int] = None
+    dropout: float = 0.1
+    pad_id: int = 0
+
+
+def build_objective_batch(objective: Objective, token_ids, mechanism: DchiMechanism, eta: float,
+                          rng: SeedLike, *, max_predictions: int = 20) -> MlmBatch:
     """(inputs, labels) of one objective (module docstring) for ``[B, L]`` public token ids."""
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    spec = objective
+    objective, mask_id, keep_ids = spec.name, spec.mask_id, spec.keep_ids
+    mask_probability, num_samples, mask_inputs = spec.mask_probability, spec.num_samples, spec.mask_inputs
     eta = check_eta(eta)
     rng = make_rng(rng)
     original = np.asarray(token_ids, dtype=np.int64)
@@ -167,12 +194,10 @@ def weighted_mlm_loss(labels, weights, logits):
     return -tf.reduce_sum(weights * picked) / tf.maximum(used, 1.0)
 
 
-def pretrain(token_ids, mechanism: DchiMechanism, objective: str, eta: float, *, mask_id: int,
-             keep_ids: Sequence[int], steps: int = 100, batch_size: int = 32, learning_rate: float = 1e-3,
-             num_layers: int = 2, num_heads: int = 2, intermediate_size: Optional[int] = None,
-             num_samples: int = 5, mask_probability: float = 0.15, dropout: float = 0.1, pad_id: int = 0,
-             mask_inputs: bool = True, seed: SeedLike = 0, models=None) -> PretrainResult:
-    """Privacy-adaptive pre-training of a small BERT on public ``[n, L]`` token ids.
+def pretrain(token_ids, mechanism: DchiMechanism, objective: Objective, eta: float, *,
+             encoder: Encoder = Encoder(), steps: int = 100, batch_size: int = 32,
+             learning_rate: float = 1e-3, seed: SeedLike = 0, models=None) -> PretrainResult:
+    """Privacy-adaptive pre-training of a small BERT (``encoder``) on public ``[n, L]`` token ids.
 
     Each step draws ``batch_size`` sequences and builds a fresh batch (fresh noise) with
     ``build_objective_batch``. ``models``: continue training these (built by
@@ -184,10 +209,11 @@ def pretrain(token_ids, mechanism: DchiMechanism, objective: str, eta: float, *,
     token_ids = np.asarray(token_ids, np.int32)
     rng = make_rng(seed)
     if models is None:
-        models = build_frozen_bert(mechanism.table, max_seq_length=token_ids.shape[1], num_layers=num_layers,
-                                   num_heads=num_heads, intermediate_size=intermediate_size,
-                                   mask_probability=mask_probability, dropout=dropout, pad_id=pad_id,
-                                   seed=int(rng.integers(1 << 30)))
+        models = build_frozen_bert(mechanism.table, max_seq_length=token_ids.shape[1],
+                                   num_layers=encoder.num_layers, num_heads=encoder.num_heads,
+                                   intermediate_size=encoder.intermediate_size,
+                                   mask_probability=objective.mask_probability, dropout=encoder.dropout,
+                                   pad_id=encoder.pad_id, seed=int(rng.integers(1 << 30)))
     if models.spec.hidden_size != mechanism.dim:
         raise ValueError(f"model hidden size {models.spec.hidden_size} != embedding dimension {mechanism.dim}")
     mlm = models.mlm
@@ -208,11 +234,9 @@ def pretrain(token_ids, mechanism: DchiMechanism, objective: str, eta: float, *,
     M = models.spec.max_predictions
     for _ in range(int(steps)):
         rows = rng.integers(0, token_ids.shape[0], size=min(batch_size, token_ids.shape[0]))
-        batch = build_objective_batch(objective, token_ids[rows], mechanism, eta, rng, mask_id=mask_id,
-                                      keep_ids=keep_ids, mask_probability=mask_probability, max_predictions=M,
-                                      num_samples=num_samples, mask_inputs=mask_inputs)
+        batch = build_objective_batch(objective, token_ids[rows], mechanism, eta, rng, max_predictions=M)
         losses.append(float(step(batch.input_ids, batch.masked_positions, batch.labels, batch.weights)))
-    return PretrainResult(models, objective, float(eta), losses, time.time() - start)
+    return PretrainResult(models, objective.name, float(eta), losses, time.time() - start)
 
 
 def mlm_accuracy(models, token_ids, mechanism: DchiMechanism, objective: str, eta: float, *, mask_id: int,
@@ -221,9 +245,9 @@ def mlm_accuracy(models, token_ids, mechanism: DchiMechanism, objective: str, et
     rng = make_rng(seed)
     hits = total = 0.0
     token_ids = np.asarray(token_ids, np.int32)
+    spec = Objective(objective, mask_id, keep_ids)
     for start in range(0, token_ids.shape[0], batch_size):
-        batch = build_objective_batch(objective, token_ids[start:start + batch_size], mechanism, eta, rng,
-                                      mask_id=mask_id, keep_ids=keep_ids,
+        batch = build_objective_batch(spec, token_ids[start:start + batch_size], mechanism, eta, rng,
                                       max_predictions=models.spec.max_predictions)
         logits = models.mlm({"input_ids": batch.input_ids, "masked_positions": batch.masked_positions},
                             training=False).numpy()
@@ -233,5 +257,5 @@ def mlm_accuracy(models, token_ids, mechanism: DchiMechanism, objective: str, et
     return {"accuracy": hits / max(total, 1.0), "predictions": int(total)}
 
 
-__all__ = ["OBJECTIVES", "MlmBatch", "build_objective_batch", "select_masked_positions", "privatize_sequences",
-           "build_frozen_bert", "pretrain", "weighted_mlm_loss", "PretrainResult", "mlm_accuracy"]
+__all__ = ["OBJECTIVES", "Objective", "Encoder", "MlmBatch", "build_objective_batch", "select_masked_positions",
+           "privatize_sequences", "build_frozen_bert", "pretrain", "weighted_mlm_loss", "PretrainResult", "mlm_accuracy"]

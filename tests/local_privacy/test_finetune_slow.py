@@ -43,14 +43,14 @@ def test_original_beats_majority_and_small_eta_hurts(word_table):
 def test_pretrain_then_finetune_runs(word_table):
     from dpbert.local_privacy import finetune
     from dpbert.local_privacy.experiments import public_pretraining_ids
-    from dpbert.local_privacy.pretrain import pretrain
+    from dpbert.local_privacy.pretrain import Encoder, Objective, pretrain
 
     tokenizer = word_table.tokenizer
     mechanism = word_table.mechanism()
     ids = public_pretraining_ids(tokenizer, 32, patients=4)
     assert ids.shape[1] == 32 and (ids[:, 0] == 2).all() and (ids[:, -1] == 3).all()
-    result = pretrain(ids, mechanism, "denoising", 20.0, mask_id=4, keep_ids=[0, 2, 3], steps=10, batch_size=8,
-                      num_layers=1, seed=0)
+    result = pretrain(ids, mechanism, Objective("denoising", 4, [0, 2, 3]), 20.0, encoder=Encoder(num_layers=1),
+                      steps=10, batch_size=8, seed=0)
     task = finetune.chemical_sentence_task(tokenizer, max_seq_length=32)
     small = {k: v[:200] for k, v in task.items()}
     scores = finetune.finetune_and_evaluate(result.models, small["train_ids"], small["train_labels"],

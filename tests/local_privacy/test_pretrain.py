@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from dpbert.local_privacy.pretrain import OBJECTIVES, build_objective_batch
+from dpbert.local_privacy.pretrain import OBJECTIVES, Encoder, Objective, build_objective_batch
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 KEEP = [PAD, CLS, SEP]
@@ -36,8 +36,8 @@ def _check_common(batch, ids):
 def test_infinite_eta_all_objectives_are_plain_mlm(separated_embeddings, objective):
     ids = _corpus()
     mechanism = separated_embeddings.mechanism()
-    batch = build_objective_batch(objective, ids, mechanism, math.inf, 0, mask_id=MASK, keep_ids=KEEP,
-                                  max_predictions=3, num_samples=4)
+    batch = build_objective_batch(Objective(objective, MASK, KEEP, num_samples=4), ids, mechanism, math.inf, 0,
+                                  max_predictions=3)
     used, rows = _check_common(batch, ids)
     assert np.all(batch.input_ids[rows, batch.masked_positions][used] == MASK)
     unmasked = np.ones_like(ids, bool)
@@ -52,10 +52,10 @@ def test_small_eta_labels_differ_by_objective(separated_embeddings):
     ids = _corpus(n=64)
     mechanism = separated_embeddings.mechanism()
     eta = 1.0  # most tokens change (one-hot table, d = 34)
-    kwargs = dict(mask_id=MASK, keep_ids=KEEP, max_predictions=3)
-    vanilla = build_objective_batch("vanilla", ids, mechanism, eta, 1, **kwargs)
-    denoising = build_objective_batch("denoising", ids, mechanism, eta, 1, **kwargs)
-    prob = build_objective_batch("prob", ids, mechanism, eta, 1, num_samples=8, **kwargs)
+    kwargs = dict(max_predictions=3)
+    vanilla = build_objective_batch(Objective("vanilla", MASK, KEEP), ids, mechanism, eta, 1, **kwargs)
+    denoising = build_objective_batch(Objective("denoising", MASK, KEEP), ids, mechanism, eta, 1, **kwargs)
+    prob = build_objective_batch(Objective("prob", MASK, KEEP, num_samples=8), ids, mechanism, eta, 1, **kwargs)
     for batch in (vanilla, denoising, prob):
         _check_common(batch, ids)
     used, rows = _check_common(vanilla, ids)
@@ -75,14 +75,14 @@ def test_small_eta_labels_differ_by_objective(separated_embeddings):
     distinct = [len(set(row)) for row in prob.labels[used_p]]
     assert np.mean(distinct) > 2
     # Denoising without masking leaves the privatized token visible.
-    visible = build_objective_batch("denoising", ids, mechanism, eta, 1, mask_inputs=False, **kwargs)
+    visible = build_objective_batch(Objective("denoising", MASK, KEEP, mask_inputs=False), ids, mechanism, eta, 1,
+                                    **kwargs)
     assert not np.any(visible.input_ids == MASK)
 
 
 def test_bad_objective(separated_embeddings):
     with pytest.raises(ValueError):
-        build_objective_batch("nope", _corpus(), separated_embeddings.mechanism(), 1.0, 0, mask_id=MASK,
-                              keep_ids=KEEP)
+        build_objective_batch(Objective("nope", MASK, KEEP), _corpus(), separated_embeddings.mechanism(), 1.0, 0)
 
 
 def test_pretrain_keeps_the_embedding_frozen_and_learns(toy_embeddings):
@@ -90,8 +90,8 @@ def test_pretrain_keeps_the_embedding_frozen_and_learns(toy_embeddings):
 
     mechanism = toy_embeddings.mechanism()
     ids = np.tile(_corpus(n=8, seed=3), (4, 1))
-    result = pretrain(ids, mechanism, "prob", 50.0, mask_id=MASK, keep_ids=KEEP, steps=40, batch_size=16,
-                      learning_rate=3e-3, dropout=0.0, num_samples=3, seed=0)
+    result = pretrain(ids, mechanism, Objective("prob", MASK, KEEP, num_samples=3), 50.0,
+                      encoder=Encoder(dropout=0.0), steps=40, batch_size=16, learning_rate=3e-3, seed=0)
     table = result.models.mlm.get_layer("word_embeddings").get_weights()[0]
     assert np.array_equal(table, mechanism.table)
     assert "word_embeddings" not in {v.name.split("/")[0] for v in result.models.mlm.trainable_variables}
