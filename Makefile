@@ -50,8 +50,13 @@ test-slow: venv browser
 test-all: venv browser
 	$(PY) -m pytest -q $(PYTEST_XDIST) tests
 
+# The benchmarks that finish in minutes (every benchmark and its command: docs/benchmarks.md; the
+# others run for tens of minutes to hours): the dataset budget's rules side by side (accounting only,
+# seconds) and the DP-SGD step ÷ the non-DP step on the tiny model (--quick: 3 timed steps per mode;
+# 3 min 21 s on 2 cores at load 6-7, 2026-11-28).
 bench: venv
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/budget_filter_rules.py
+	$(PY) benchmarks/dpsgd_step.py --quick --configs tiny --skip-trainable
 
 lock:
 	uv pip compile --python-version 3.10 --python-platform x86_64-manylinux_2_36 \

@@ -1,4 +1,5 @@
-"""The whole tiny DAG with its pipeline root and the dataset ledger on ``gs://``, served by
+"""The whole tiny DAG, ``dpbert run --output DIR --pipeline-root gs://…`` in-process, with its
+pipeline root and the dataset ledger on ``gs://``, served by
 fake-gcs-server (tests/gcs_server.py) — every gs:// client the run uses: dpbert.storage
 (google-cloud-storage), TFX and TensorFlow (tf.io.gfile's built-in GCS filesystem), Beam's gcsio.
 The corpus is the tiny DAG's synthetic notes read as a user's dataset (``corpus.path``): the
@@ -74,8 +75,9 @@ def test_the_whole_dag_runs_on_gcs(tmp_path):
     for part in ("CorpusIngest/tuples/", "DPVocabularyGen/vocabulary/", "MLMPretrainer/model/",
                  "PrivacyAccountant/report/", "_trainer_state/"):
         assert any(name.startswith(part) for name in gcs), part
-    ledger = result["ledger"]                                  # <ledger>/<id>.json (and its previous generation)
-    assert ledger in result["ledger_objects"] and set(result["ledger_objects"]) <= {ledger, ledger + ".previous"}
+    ledger = result["ledger"]  # <ledger>/<id>.json, its previous generation, the folder's corpus index
+    index = f"gs://{BUCKET}/ledgers/.index.json"
+    assert ledger in result["ledger_objects"] and set(result["ledger_objects"]) <= {ledger, ledger + ".previous", index}
     assert ledger == f"gs://{BUCKET}/ledgers/{DATASET_ID}.json" and result["ledger_entries"] >= 1
     assert result["uris_on_gcs"], "every output artifact ML Metadata records lies under the gs:// root"
 
@@ -277,24 +279,23 @@ def _beam_shims():
     gcsio.GcsIO.copy_batch, gcsio.GcsIO.delete_batch = copy_batch, delete_batch
 
 
-def _run_dag(corpus, pipeline_root, metadata_path, ledger):
-    """The tiny DAG in this process (as tests/e2e/test_dag_ram.py: Beam in memory, one trainer
-    worker) on ``corpus`` as the user dataset DATASET_ID, its ledger folder ``ledger`` (the
-    synthetic corpus's ledger is kept off Cloud Storage by design); returns the config."""
-    from tfx import v1 as tfx
+def _run_dag(corpus, output_dir, pipeline_root, ledger):
+    """``dpbert run --output OUTPUT_DIR [--pipeline-root PIPELINE_ROOT]`` in this process (as
+    tests/e2e/test_dag_ram.py: Beam in memory, one trainer worker) on ``corpus`` as the user
+    dataset DATASET_ID, its ledger folder ``ledger`` (the synthetic corpus's ledger is kept off
+    Cloud Storage by design); None: the default root ``OUTPUT_DIR/pipeline_root``."""
+    from dpbert_cli.main import main
 
-    from dpbert.config import load_config
-    from pipeline.local_runner import components_argv
-    from pipeline.pipeline import create_pipeline
-
-    config = load_config(None, TINY_DAG + [
-        f"pipeline.output_dir={os.path.dirname(metadata_path)}", f"corpus.path={corpus}",
-        f"corpus.dataset_id={DATASET_ID}", f"privacy.ledger={ledger}",
-        "beam.direct_running_mode=in_memory", "beam.direct_num_workers=1", "training.workers=1",
-    ], preset="demo")
-    with components_argv():
-        tfx.orchestration.LocalDagRunner().run(create_pipeline(config, pipeline_root, metadata_path))
-    return config
+    args = ["run", "--corpus", str(corpus), "--output", str(output_dir)]
+    if pipeline_root is not None:
+        args += ["--pipeline-root", pipeline_root]
+    for override in TINY_DAG + [f"corpus.dataset_id={DATASET_ID}", f"privacy.ledger={ledger}",
+                                "beam.direct_running_mode=in_memory", "beam.direct_num_workers=1",
+                                "training.workers=1"]:
+        args += ["--set", override]
+    code = main(args)
+    if code != 0:
+        raise RuntimeError(f"dpbert {' '.join(args)}: exit {code}")
 
 
 def normalised(names):
@@ -347,12 +348,12 @@ def _audited_gcs_run(work, corpus, pipeline_root, ledger_folder):
     audit.allowed = (str(scratch), os.devnull, *(metadata_path + s for s in ("", "-journal", "-wal", "-shm")))
     audit.violations, audit.armed = [], True
     try:
-        config = _run_dag(corpus, pipeline_root, metadata_path, ledger_folder)
+        _run_dag(corpus, out, pipeline_root, ledger_folder)
     finally:
         audit.armed = False
     after = {"cwd": _snapshot(cwd), "home": _snapshot(home)}
     diff = {k: sorted(set(after[k]) ^ set(before[k])) for k in after}
-    return config, metadata_path, {
+    return metadata_path, {
         "violations": [f"{e} {p}\n{s}" for e, p, s in audit.violations],
         "snapshots_unchanged": after == before, "snapshot_diff": diff, "local_output": sorted(os.listdir(out))}
 
@@ -376,11 +377,11 @@ def inside(work_dir: str):
     corpus = str(infra / "notes.jsonl")  # the tiny DAG's synthetic notes, read as a user's corpus
     write_jsonl(generate_notes(24, 2, 2, seed=7), corpus)
     root = f"gs://{BUCKET}"
-    _, metadata_path, result = _audited_gcs_run(work, corpus, f"{root}/pipeline_root", f"{root}/ledgers")
+    metadata_path, result = _audited_gcs_run(work, corpus, f"{root}/pipeline_root", f"{root}/ledgers")
     ledger = identity.ledger_uri(f"{root}/ledgers", DATASET_ID)
     run = metadata.get_run(metadata.open_store(metadata_path))
     local = work / "local"
-    _run_dag(corpus, str(local / "pipeline_root"), str(local / "metadata.sqlite"), str(work / "local-ledgers"))
+    _run_dag(corpus, local, None, str(work / "local-ledgers"))  # the default root: local/pipeline_root
     result.update({
         "gcs_objects": normalised(_gcs_objects(f"{root}/pipeline_root")),
         "local_objects": normalised(_local_files(str(local / "pipeline_root"))),
