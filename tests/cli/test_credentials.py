@@ -137,8 +137,9 @@ def test_one_line_and_exit_4_without_credentials(command, no_credentials, dpbert
     args = list(COMMANDS[command])
     if command in ("run", "budget"):
         args += ["--set", f"corpus.path={corpus}"]
-    if command == "run":
-        args += ["--output", str(tmp_path / "out")]
+    if command == "run":  # the corpus's 4 patients declared, so no size warning precedes the one line
+        args += ["--output", str(tmp_path / "out"), "--set", "training.dataset_patients=4",
+                 "--set", "training.batch_size=2", "--set", "vocab.source=public"]
     code, _, err = dpbert_main(*args)
     uri = LEDGER if command in ("run", "budget", "ledger") else ROOT
     assert problems(code, err, uri + "/") == []
