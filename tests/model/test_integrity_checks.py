@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from dpbert.config import ModelConfig, TrainingConfig
+from dpbert.config import TrainingConfig
 from dpbert.mechanism import clipping, gaussian
 from dpbert.mechanism import step as step_lib
 from dpbert.model import bert as bert_lib
@@ -28,7 +28,7 @@ from dpbert.privacy.plan import plan_training
 from dpbert.stages.pretrain import training_record
 
 from . import broken_mechanisms as broken
-from .conftest import SPECIALS, repetitive_corpus
+from .conftest import SPECIALS, repetitive_corpus, tiny_model
 
 VOCAB = 40
 
@@ -261,10 +261,12 @@ NEW_IDS = [35, 36, 37, 38, 39]
 
 
 @pytest.fixture(scope="module")
-def noise_rig(tmp_path_factory):
+def noise_rig():
     """The real step training [bias, head, new_tokens] (every LayerNorm γ/β and bias, the
-    mlm_transform kernel, the appended tokens' rows), its draw and add replaced, while it traces,
-    by ``broken_mechanisms.SwitchableNoise`` (honest until switched)."""
+    mlm_transform kernel, the appended tokens' rows), built with its draw and add replaced by
+    ``broken_mechanisms.SwitchableNoise`` (honest until switched). Its tests run it eagerly
+    (``noise_steps``): each is one to four steps, the check's verdict on the update is tested;
+    the traced step's noise is checked by the real run below and by tests/model/test_stats_every.py."""
     spec = bert_lib.BertSpec(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                              max_seq_length=16, max_predictions=3, dropout=0.0, attention_dropout=0.0)
     models = bert_lib.build_bert(spec, seed=0)
@@ -277,10 +279,13 @@ def noise_rig(tmp_path_factory):
                                           loss_fn=loss_fn, metrics_fn=metrics_fn, selection=selection,
                                           noise_probe=integrity.make_noise_probe(selection.pieces, seed=3),
                                           clipping=GHOST)
-        out = types.SimpleNamespace(stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB),
-                                    switch=switch)
-        _run(out, tmp_path_factory.mktemp("trace"), 1, every=0)
-    return out
+    return types.SimpleNamespace(stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB), switch=switch)
+
+
+@pytest.fixture
+def noise_steps(noise_rig, eager_steps):
+    """The noise rig, its steps and checks run eagerly for this test."""
+    return noise_rig
 
 
 def _run(rig, tmp_path, steps, every=1):
@@ -344,9 +349,10 @@ def test_clipping_check_catches_2c_on_one_small_piece_and_2c_in_the_step_only(ri
         assert errors["clipped_piece"] < 1e-5 and errors["summed"] > 0.5 and errors["summed_norm"] > 0.5
 
 
-def test_clipping_check_per_patient_with_dropout_on(tmp_path):
+def test_clipping_check_per_patient_with_dropout_on(tmp_path, eager_steps):
     """k = 2 rows per patient, dropout on: the brute force sums the patient's rows' gradients and
-    both sides run without dropout (the step's own masks cannot be replayed)."""
+    both sides run without dropout (the step's own masks cannot be replayed). Eagerly: the check's
+    values are tested (traced: the rig above)."""
     spec = bert_lib.BertSpec(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                              max_seq_length=16, max_predictions=3, dropout=0.1, attention_dropout=0.1)
     models = bert_lib.build_bert(spec, seed=1)
@@ -365,7 +371,8 @@ def test_clipping_check_per_patient_with_dropout_on(tmp_path):
     assert clip["max_relative_error"]["norm"] < 1e-5
 
 
-def test_noise_check_passes_the_real_draw_per_variable(noise_rig, tmp_path):
+def test_noise_check_passes_the_real_draw_per_variable(noise_steps, tmp_path):
+    noise_rig = noise_steps
     results = _run(noise_rig, tmp_path, 4, every=2).finish()
     noise = results["noise"]
     names = [p.name for p in noise_rig.stepper.selection.pieces]
@@ -381,9 +388,10 @@ def _one(names, word, exclude=()):
 
 
 @pytest.mark.parametrize("broken_piece", ["layer_norm_gamma", "bias", "new_token_rows", "mlm_transform_kernel"])
-def test_noise_check_catches_no_noise_on_one_piece(noise_rig, tmp_path, broken_piece):
+def test_noise_check_catches_no_noise_on_one_piece(noise_steps, tmp_path, broken_piece):
     """Positive controls: no noise on ONE LayerNorm γ, one bias (not the output bias), the appended
     tokens' rows, the mlm_transform kernel — each a few % of the trained coordinates."""
+    noise_rig = noise_steps
     names = [p.name for p in noise_rig.stepper.selection.pieces]
     target = {"layer_norm_gamma": _one(names, ["gamma"]),
               "bias": _one(names, ["bias"], exclude=["mlm_output", "rows"]),
@@ -401,7 +409,8 @@ def test_noise_check_catches_no_noise_on_one_piece(noise_rig, tmp_path, broken_p
 
 
 @pytest.mark.parametrize("control", ["drawn_not_added", "half_sigma", "stuck_step"])
-def test_noise_check_catches_noise_not_added_half_sigma_and_a_stuck_step(noise_rig, tmp_path, control):
+def test_noise_check_catches_noise_not_added_half_sigma_and_a_stuck_step(noise_steps, tmp_path, control):
+    noise_rig = noise_steps
     switch = noise_rig.switch
     try:
         if control == "drawn_not_added":
@@ -420,7 +429,7 @@ def test_noise_check_catches_noise_not_added_half_sigma_and_a_stuck_step(noise_r
         switch.reset()
 
 
-def test_no_noise_on_the_new_token_rows_fails_the_real_train_mlm(tmp_path):
+def test_no_noise_on_the_new_token_rows_fails_the_real_train_mlm(tmp_path, eager_steps):
     """The real ``train_mlm`` ([bias, head, new_tokens], the demo's set): no noise on the appended
     tokens' rows (~10 % of the trained coordinates) stops the run at its first step."""
     with broken.no_noise_on(lambda name: "word_embeddings" in name and "rows" in name):
@@ -431,14 +440,16 @@ def test_no_noise_on_the_new_token_rows_fails_the_real_train_mlm(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the real training run
+# The honest run is traced (the shipped step and the check's traced function); each positive
+# control below stops its run within 16 steps and runs eagerly (``eager_steps``): the verdict is
+# tested, on the same loop, checks and broken mechanism, without a trace of its own.
 def _train(out, new_token_ids=None, **overrides):
     params = dict(batch_size=16, steps=8, learning_rate=3e-3, warmup_steps=2, clip_norm=1.0, noise_multiplier=0.3,
                   checkpoint_every=8, noise_seed=1, integrity_check_every=4)
     params.update(overrides)
     tc = TrainingConfig(**params)
     plan = plan_training(tc, 64)
-    model = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
-    return tc, plan, train_mlm(repetitive_corpus(), SPECIALS, VOCAB, model, tc, out, plan=plan, progress=False,
+    return tc, plan, train_mlm(repetitive_corpus(), SPECIALS, VOCAB, tiny_model(), tc, out, plan=plan, progress=False,
                                export_saved_model=False, new_token_ids=new_token_ids)
 
 
@@ -517,10 +528,11 @@ def _no_exact_count(message: str, *counts):
     assert not any(re.search(rf"(?<![\d.e-]){c}(?![\d.])", head) for c in counts), head
 
 
-def test_train_mlm_stops_when_the_sampler_runs_at_4q(tmp_path, monkeypatch):
+def test_train_mlm_stops_when_the_sampler_runs_at_4q(tmp_path, monkeypatch, eager_steps):
     monkeypatch.setattr(sampling, "PoissonSampler", _FourQSampler)
     with pytest.raises(IntegrityCheckFailed, match="units per step") as failure:
-        _train(tmp_path)  # q = 1/4, the sampler draws every row: enough draws, p ≈ 0 at step 4
+        # q = 1/4, the sampler draws every row: enough draws, p ≈ 0 at the run's end (step 4)
+        _train(tmp_path, steps=4, integrity_check_every=8)
     _no_exact_count(str(failure.value), 64, 256)
     saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())["units_per_step"]
     assert saved["ran"] and not saved["passed"] and saved["z"] > 6 and saved["steps"] == 4
@@ -528,7 +540,8 @@ def test_train_mlm_stops_when_the_sampler_runs_at_4q(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("sampler", ["fixed_size", "one_unit_always"])
-def test_train_mlm_stops_on_a_fixed_size_sampler_and_on_a_unit_in_every_batch(tmp_path, monkeypatch, sampler):
+def test_train_mlm_stops_on_a_fixed_size_sampler_and_on_a_unit_in_every_batch(tmp_path, monkeypatch, sampler,
+                                                                             eager_steps):
     """Positive controls that pass the mean test: batches of exactly nq = 16 units (dispersion 0),
     and Poisson at q plus one unit in every batch (its participation q^T = 2e-10 at T = 16)."""
     cls = {"fixed_size": broken.FixedSizeSampler, "one_unit_always": broken.OneUnitAlwaysSampler}[sampler]
@@ -536,7 +549,8 @@ def test_train_mlm_stops_on_a_fixed_size_sampler_and_on_a_unit_in_every_batch(tm
     wire_hooks(monkeypatch)
     with pytest.raises(IntegrityCheckFailed, match="spread is too small" if sampler == "fixed_size" else
                        "more steps than Binomial") as failure:
-        _train(tmp_path, steps=16, integrity_check_every=8)
+        # fixed size: caught at the look of step 8; one unit always: at the look of the run's end
+        _train(tmp_path, steps=16, integrity_check_every=8 if sampler == "fixed_size" else 32)
     _no_exact_count(str(failure.value), 64, 16)
     saved = json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())
     if sampler == "fixed_size":
@@ -547,7 +561,7 @@ def test_train_mlm_stops_on_a_fixed_size_sampler_and_on_a_unit_in_every_batch(tm
         assert saved["units_per_step"]["passed"]
 
 
-def test_train_mlm_stops_when_the_exact_diagnostics_are_released(tmp_path, monkeypatch):
+def test_train_mlm_stops_when_the_exact_diagnostics_are_released(tmp_path, monkeypatch, eager_steps):
     """Positive control of the release check on the real run: the exact batch sizes (and every
     other diagnostic sum) released. (Noise at σ/2: the unit-level test above.)"""
     wire_hooks(monkeypatch)
@@ -559,7 +573,7 @@ def test_train_mlm_stops_when_the_exact_diagnostics_are_released(tmp_path, monke
 
 
 @pytest.mark.parametrize("control", ["2C_on_one_piece", pytest.param("2C_in_the_step_only", marks=pytest.mark.slow)])
-def test_train_mlm_stops_on_2c_on_one_small_piece_and_on_2c_in_the_step_only(tmp_path, control):
+def test_train_mlm_stops_on_2c_on_one_small_piece_and_on_2c_in_the_step_only(tmp_path, control, eager_steps):
     """The shipped loop, checked at its first step (eager check): 2C on the attention query bias in
     the clipping path (the step and ``clip()``), or 2C in the step's accumulate only. The honest
     run passes: ``test_train_mlm_honest_run_passes_every_check_and_its_event_matches_what_ran``.
