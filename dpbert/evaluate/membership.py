@@ -560,16 +560,28 @@ def _log_gradient_features(g: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(g, 0.0) + 1e-30)
 
 
+@dataclasses.dataclass(frozen=True)
+class AttackSettings:
+    """How the attacks query the model: the masking of :func:`sample_losses` /
+    :func:`gradient_features` (``special_token_ids`` never masked, ``mask_token_id``,
+    ``mask_probability``, ``num_masks`` draws per sample), the share of patients the white-box
+    attacker fits on, and the batch size."""
+    special_token_ids: Sequence[int] = SPECIAL_IDS
+    mask_token_id: int = MASK_ID
+    mask_probability: float = 0.15
+    num_masks: int = 1
+    attacker_train_fraction: float = ATTACKER_TRAIN_FRACTION
+    batch_size: int = 32
+
+
 def run_attack_results(models, token_ids, patient_ids: Sequence[Hashable],
                        admission_ids: Optional[Sequence[Optional[Hashable]]], is_member, seed: int = 0, *,
-                       special_token_ids: Sequence[int] = SPECIAL_IDS, mask_token_id: int = MASK_ID,
-                       mask_probability: float = 0.15, num_masks: int = 1,
-                       attacker_train_fraction: float = ATTACKER_TRAIN_FRACTION,
-                       attacks: Sequence[str] = ATTACKS, batch_size: int = 32,
+                       settings: AttackSettings = AttackSettings(), attacks: Sequence[str] = ATTACKS,
                        classifier_factory: Optional[Callable[[int], object]] = None) -> Dict[str, AttackResult]:
     """The attacks of :func:`run_attacks` as :class:`AttackResult` objects (scores, decisions).
     The white-box attacks are left out (with a warning) when a class has fewer than two patients;
     ``classifier_factory(seed)`` replaces their logistic regression (tests)."""
+    num_masks, batch_size = settings.num_masks, settings.batch_size
     unknown = sorted(set(attacks) - set(ATTACKS))
     if unknown:
         raise ValueError(f"unknown attacks {unknown} (known: {', '.join(ATTACKS)})")
@@ -582,8 +594,8 @@ def run_attack_results(models, token_ids, patient_ids: Sequence[Hashable],
         raise ValueError("admission_ids and token_ids differ in length")
     if y.all() or not y.any():
         raise ValueError("need both member and non-member samples")
-    mask_kwargs = dict(special_token_ids=special_token_ids, mask_token_id=mask_token_id,
-                       mask_probability=mask_probability)
+    mask_kwargs = dict(special_token_ids=settings.special_token_ids, mask_token_id=settings.mask_token_id,
+                       mask_probability=settings.mask_probability)
     results: Dict[str, AttackResult] = {}
     if {"S-BBA", "A-BBA", "P-BBA"} & set(attacks):
         losses = sample_losses(models, ids, seed, num_masks=num_masks, batch_size=batch_size, **mask_kwargs)
@@ -599,7 +611,7 @@ def run_attack_results(models, token_ids, patient_ids: Sequence[Hashable],
             results["P-BBA"] = group_threshold_attack(losses, y, list(patient_ids), threshold, "P-BBA")
     white_box = [a for a in ("S-AWBA", "S-GWBA") if a in attacks]
     try:
-        fit_idx, eval_idx = (attacker_split(patient_ids, y, attacker_train_fraction, seed) if white_box
+        fit_idx, eval_idx = (attacker_split(patient_ids, y, settings.attacker_train_fraction, seed) if white_box
                              else (None, None))
     except TooFewPatientsError as err:
         log.warning("membership: %s skipped: %s", " and ".join(white_box), err)
@@ -640,7 +652,7 @@ def _summary_or_skipped(result: Optional[AttackResult], max_roc_points: int) -> 
 
 
 __all__ = [
-    "ATTACKS", "SPECIAL_IDS", "AttackResult", "select_samples", "advantage", "auc", "roc_curve", "downsample_curve",
+    "ATTACKS", "SPECIAL_IDS", "AttackResult", "AttackSettings", "select_samples", "advantage", "auc", "roc_curve", "downsample_curve",
     "max_advantage", "advantage_bound", "group_privacy", "loss_threshold_attack", "group_means",
     "group_threshold_attack", "attacker_split", "logistic_attack", "sample_losses",
     "attention_concentration", "masked_summaries", "attention_features", "attention_feature_names",

@@ -118,8 +118,9 @@ def evaluate_models(tuples_dir: str, model_dirs: Dict[str, str], holdout_fractio
         specials = [tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS]
         results[label] = membership.run_attacks(
             models, token_ids, sample_patients, sample_admissions, np.asarray(sample_members), seed,
-            special_token_ids=specials, mask_token_id=tokenizer.token_to_id("[MASK]"),
-            mask_probability=_mask_probability(uri))
+            settings=membership.AttackSettings(special_token_ids=specials,
+                                               mask_token_id=tokenizer.token_to_id("[MASK]"),
+                                               mask_probability=_mask_probability(uri)))
         log.info("membership[%s]: %s", label, {a: (r["advantage"], r["auc"]) for a, r in results[label].items()})
     return {"results": results, "n_members": int(sample_members.sum()),
             "n_non_members": int((~sample_members).sum())}
