@@ -16,6 +16,7 @@ cannot show: docs/audits.md ("The vocabulary test in detail").
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 import time
@@ -26,7 +27,7 @@ from scipy import special, stats
 
 from dpbert.privacy import histogram
 
-__all__ = ["clopper_pearson_lower", "clopper_pearson_upper", "vocab_distinguishing_test"]
+__all__ = ["Pair", "clopper_pearson_lower", "clopper_pearson_upper", "vocab_distinguishing_test"]
 
 #: The neighbouring pair the test draws, in words (the claimed (ε, δ) is that of this pair's
 #: mechanism: one tuple's, k = 1; a per-patient ε_V with k tuples per patient is larger and is not
@@ -151,17 +152,24 @@ def _fresh_release(fresh_trials: int, trials: int, fresh: int, released_fresh: i
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """The neighbouring pair D, D′ :func:`vocab_distinguishing_test` runs on and the privacy-loss
+    levels declared for it (see its Args: ``fresh_words``, ``existing_count``, ``levels``)."""
+    fresh_words: Optional[int] = None
+    existing_count: Optional[int] = None
+    levels: Optional[Sequence[float]] = None
+
+
 def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, threshold_mode: str = "correct",
-                              *, threshold_delta_fraction: float = 1.0, fresh_words: Optional[int] = None,
-                              existing_count: Optional[int] = None, trials: int = 100_000,
-                              beta: float = 0.05, levels: Optional[Sequence[float]] = None,
-                              seed: Optional[int] = None, mechanism: Optional[Callable] = None,
-                              chunk_words: int = CHUNK_WORDS) -> Dict[str, object]:
+                              *, threshold_delta_fraction: float = 1.0, pair: Pair = Pair(),
+                              trials: int = 100_000, beta: float = 0.05, seed: Optional[int] = None,
+                              mechanism: Optional[Callable] = None) -> Dict[str, object]:
     """Run the distinguishing test (docs/audits.md) for the vocabulary configuration
     (``vocab.sigma``, ``vocab.delta``, ``privacy.tuple_words``, ``vocab.threshold_mode``,
     ``vocab.threshold_delta_fraction``; unit = one tuple).
 
-    Args:
+    Args (``fresh_words``, ``existing_count`` and ``levels`` are the fields of ``pair``):
       fresh_words: ℓ, the added tuple's words absent from D (default N: the worst case for the
         threshold); the other N − ℓ are in D with count ``existing_count`` (default
         ceil(C + 4σ): released almost surely, so their privacy loss is the Gaussian's).
@@ -183,6 +191,7 @@ def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, thre
     δ_G(ε; σ, √(N − ℓ)) + 1 − (1 − p)^ℓ, an upper bound on the truth), seconds.
     """
     t_start = time.perf_counter()
+    fresh_words, existing_count, levels = pair.fresh_words, pair.existing_count, pair.levels
     n_words = int(tuple_words)
     report = histogram.histogram_report(sigma, delta, n_words, threshold_mode,
                                         threshold_delta_fraction=threshold_delta_fraction)
@@ -211,8 +220,8 @@ def vocab_distinguishing_test(sigma: float, delta: float, tuple_words: int, thre
     fresh_slots = np.arange(counts_d.size, counts_d.size + fresh)
 
     rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
-    run_d = _run(mechanism, counts_d, trials, sigma, threshold, rng, chunk_words)
-    run_dp = _run(mechanism, counts_d_prime, trials, sigma, threshold, rng, chunk_words)
+    run_d = _run(mechanism, counts_d, trials, sigma, threshold, rng, CHUNK_WORDS)
+    run_dp = _run(mechanism, counts_d_prime, trials, sigma, threshold, rng, CHUNK_WORDS)
     loss_d = _privacy_loss(*run_d, trials, existing_slots, counts_d, fresh_slots[:0], sigma, threshold)
     loss_dp = _privacy_loss(*run_dp, trials, existing_slots, counts_d, fresh_slots, sigma, threshold)
 

@@ -64,7 +64,7 @@ def _broken_noise(words, counts, sigma, threshold, rng):
 
 
 def test_gaussian_part_privacy_loss_tail_flags_a_broken_noise_and_not_the_honest_one():
-    kwargs = dict(sigma=4.0, delta=1e-5, tuple_words=16, fresh_words=0, trials=20_000)
+    kwargs = dict(sigma=4.0, delta=1e-5, tuple_words=16, pair=va.Pair(fresh_words=0), trials=20_000)
     honest = va.vocab_distinguishing_test(seed=5, **kwargs)
     broken = va.vocab_distinguishing_test(seed=5, mechanism=_broken_noise, **kwargs)
     assert honest["claimed_epsilon"] == pytest.approx(4.377, abs=0.01)
