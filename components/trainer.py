@@ -49,12 +49,12 @@ def MLMPretrainer(
     ``kubeflow.custom_job``), the replicas of a Vertex AI custom job this step submits and waits
     for. Either way the chief's result becomes this artifact's.
     """
-    from dpbert.trainer_workers import invocation, train
+    from dpbert.trainer_workers import Sections, invocation, train
 
     tc = section_from_json(TrainingConfig, training_config)
     root = received_root(pipeline_root, model.uri)
-    inv = invocation(tuples.uri, vocabulary.uri, model.uri, model_config, training_config, privacy_config,
-                     membership_config, pipeline_root=root, canaries_dir=None if canaries is None else canaries.uri,
+    inv = invocation(tuples.uri, vocabulary.uri, model.uri,
+                     Sections(model_config, training_config, privacy_config, membership_config), pipeline_root=root, canaries_dir=None if canaries is None else canaries.uri,
                      non_private=bool(non_private),
                      # The vocabulary's DP record: the trainer refuses any step the budget does not cover.
                      vocab_event=get_property(vocabulary, schema.DP_EVENT),

@@ -286,17 +286,26 @@ def result_uri_for(pipeline_root: str) -> str:
     return storage.join(pipeline_root, STATE_ROOT, "_worker_results", f"{uuid.uuid4().hex}.json")
 
 
-def invocation(tuples_dir: str, vocabulary_dir: str, model_dir: str, model_config: str, training_config: str,
-               privacy_config: str, membership_config: str, *, pipeline_root: str, canaries_dir: Optional[str] = None,
-               non_private: bool = False, vocab_event=None, ledger_target: str = "") -> Invocation:
+@dataclasses.dataclass(frozen=True)
+class Sections:
+    """The trainer's configuration sections (JSON, as the component got them)."""
+    model: str
+    training: str
+    privacy: str
+    membership: str
+
+
+def invocation(tuples_dir: str, vocabulary_dir: str, model_dir: str, sections: Sections, *, pipeline_root: str,
+               canaries_dir: Optional[str] = None, non_private: bool = False, vocab_event=None,
+               ledger_target: str = "") -> Invocation:
     """What every worker process of the trainer component is given (its private state root marked)."""
     from dpbert.model.engine.chain import mark_state_root_private
 
     if isinstance(vocab_event, (dict, list)):
         vocab_event = json.dumps(vocab_event)
     mark_state_root_private(pipeline_root)
-    return Invocation(tuples_dir, vocabulary_dir, model_dir, model_config, training_config, privacy_config,
-                      membership_config, pipeline_root, result_uri_for(pipeline_root), canaries_dir,
+    return Invocation(tuples_dir, vocabulary_dir, model_dir, sections.model, sections.training, sections.privacy,
+                      sections.membership, pipeline_root, result_uri_for(pipeline_root), canaries_dir,
                       bool(non_private), vocab_event, ledger_target)
 
 
