@@ -227,6 +227,10 @@ class ModelConfig:
 
 #: The sets ``training.trainable`` accepts (``dpbert.model.trainable``).
 TRAINABLE_SETS = ("all", "lora", "bias", "head", "new_tokens")
+#: ``training.optimizer``: AdamW, or DP-AdamBC (``dpbert.mechanism.adam_bc``).
+OPTIMIZERS = ("adamw", "adamw_bc")
+#: ``training.clipping``: flat (clip at C) or normalized (g/(‖g‖ + r), ``dpbert.mechanism.gaussian``).
+CLIP_RULES = ("flat", "normalized")
 
 
 @dataclasses.dataclass
@@ -276,6 +280,16 @@ class TrainingConfig:
     learning_rate: float = 1e-3
     warmup_steps: int = 10
     weight_decay: float = 0.01
+    #: adamw | adamw_bc: DP-AdamBC (Tang et al. 2024), Adam's second moment minus the variance
+    #: Φ = (σ·Δ/B)² of the noise the mechanism adds (docs/training.md, "Optimizer and clipping options").
+    optimizer: str = "adamw"
+    #: γ′ of adamw_bc: the floor of v̂ − Φ under the square root (units of a gradient coordinate²).
+    adam_bc_gamma: float = 1e-8
+    #: flat: each unit's gradient clipped to clip_norm (sensitivity C) | normalized: Bu et al. 2023's
+    #: automatic clipping g/(‖g‖ + clip_stability), sensitivity 1 (clip_norm unused).
+    clipping: str = "flat"
+    #: r of normalized clipping (> 0).
+    clip_stability: float = 0.01
     mask_probability: float = 0.15
     checkpoint_every: int = 50
     #: Run-time integrity checks (``dpbert.model.integrity``): at the first step of a run and every
@@ -397,6 +411,17 @@ class TrainingConfig:
         _check(self.integrity_check_every >= 0, f"{prefix}.integrity_check_every", "must be >= 0 (0 = off)",
                self.integrity_check_every)
         _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)
+        self._validate_optimizer(prefix)
+
+    def _validate_optimizer(self, prefix: str):
+        _check(self.optimizer in OPTIMIZERS, f"{prefix}.optimizer", f"must be one of {', '.join(OPTIMIZERS)}",
+               self.optimizer)
+        _check(self.adam_bc_gamma > 0 and math.isfinite(self.adam_bc_gamma), f"{prefix}.adam_bc_gamma",
+               "must be a finite number > 0", self.adam_bc_gamma)
+        _check(self.clipping in CLIP_RULES, f"{prefix}.clipping", f"must be one of {', '.join(CLIP_RULES)}",
+               self.clipping)
+        _check(self.clip_stability > 0 and math.isfinite(self.clip_stability), f"{prefix}.clip_stability",
+               "must be a finite number > 0", self.clip_stability)
 
 
 @dataclasses.dataclass

@@ -101,12 +101,14 @@ def canary_rows(count: int, length: int) -> np.ndarray:
 
 @dataclasses.dataclass
 class Canaries:
-    """m canaries of norm C on d' coordinates (``whitebox_audit.canary_layout(key, m, d')``);
+    """m canaries of norm Δ on d' coordinates (``whitebox_audit.canary_layout(key, m, d')``);
     ``included`` [m]; ``enrolled``: the included canaries' indices, in the order of their units."""
 
     key: int
     m: int
     dims: int  # set when the probe's piece is chosen (``_probe_factory``)
+    #: Δ, a unit's largest clipped contribution: the mechanism's sensitivity (C, or 1 under
+    #: normalized clipping), set from the built step (``_run``) before any canary is summed.
     clip_norm: float
     included: np.ndarray
 
@@ -268,6 +270,7 @@ def _run(rows, ids, keys, special_token_ids, vocab_size, model_config, tc, plan,
                             RunHooks([probe] + list(hooks), canary_sampler_factory(canaries, first_canary_row, box)),
                             strategy) as training:
             box[0].stepper = training.stepper
+            canaries.clip_norm = float(training.stepper.mechanism.sensitivity)  # Δ, as the mechanism clips
             training.loop.run()
             info.update(noise_multiplier_applied=float(training.stepper.config.effective_noise_multiplier),
                         steps_executed=int(training.loop.step_log.count), clipping_path=training.stepper.clipping_path,
@@ -391,7 +394,7 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
                                                            for s in root.spawn(4)]
     if seed is not None and tc.noise_seed is None:
         tc = dataclasses.replace(tc, noise_seed=noise_seed % (2 ** 31))
-    cans = Canaries(canary_key, m, 0, float(tc.clip_norm),
+    cans = Canaries(canary_key, m, 0, math.nan,  # Δ: the mechanism's sensitivity, set once it is built
                     one_run.draw_inclusion(m, np.random.default_rng(inclusion_seed)))
     rows, ids, keys = enrol(token_ids, example_ids, patient_keys, int(cans.enrolled.size), secrets.token_hex(6))
     t0 = time.perf_counter()
@@ -413,6 +416,7 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
         **power, consistent=bool(lower <= upper + 1e-9), canaries=m, confidence=1.0 - float(beta), beta=float(beta),
         delta=delta, steps=int(T), q=float(q), expected_batch_size=float(plan.expected_batch_size),
         dataset_size=int(plan.dataset_size), sigma_claimed=sigma, clip_norm=float(tc.clip_norm),
+        sensitivity=float(cans.clip_norm), clipping=tc.clipping,
         audited_unit=unit, max_contributions=int(plan.max_contributions) if unit == "patient" else 1,
         canary_units=f"each canary one {unit} of its own (one empty row), Poisson-sampled by the run's sampler at q",
         loop="dpbert.model.engine.build.build_training → TrainLoop (the trainer's loop)",

@@ -1,7 +1,8 @@
 """Per-unit clipping for the Gaussian sum mechanism (``dpbert.mechanism.gaussian``).
 
-A clipping path returns, for one replica's micro-batch, Σ_u min(1, C/‖∇ℓ_u‖)·∇ℓ_u per trained
-piece, the per-row losses, the unclipped per-unit norms and the model's outputs:
+A clipping path returns, for one replica's micro-batch, Σ_u w_u·∇ℓ_u per trained piece (w_u =
+min(1, C/‖∇ℓ_u‖), or the mechanism's ``clip_factors`` of the same norms under normalized
+clipping), the per-row losses, the unclipped per-unit norms and the model's outputs:
 
 * ``ghost`` (the default, the trainer's): ``dpbert.model.ghost`` — one forward pass, ONE
   backward pass, ghost norms and book-keeping. The model layer hands it in as a
@@ -39,7 +40,8 @@ class ClippingPath:
     """The ghost-norm clipping of the model layer, as the mechanism calls it.
 
     ``clipped_sum(model, inputs, loss_fn, example_mask, clip_norm, *, training, group_size,
-    selection, static_shapes) -> (grads, losses, norms, outputs)`` (``ghost.clipped_gradient_sum``);
+    selection, static_shapes[, clip_factors]) -> (grads, losses, norms, outputs)``
+    (``ghost.clipped_gradient_sum``);
     ``is_registered(layer) -> bool``: the layer has an exact per-unit norm; ``whole(variables)``:
     the selection that trains every variable (``trainable.Selection.whole``)."""
 
@@ -128,13 +130,15 @@ def _registry_generator(tape, registry, training):
 
 
 def tfp_two_pass_clipped_gradients(model: tf_keras.Model, registry: lr.LayerRegistry, inputs,
-                                   loss_fn: Callable, example_mask, clip_norm: float, training: bool = True):
+                                   loss_fn: Callable, example_mask, clip_norm: float, training: bool = True,
+                                   clip_factors: Optional[Callable] = None):
     """Sum of per-example clipped gradients for one (micro-)batch, via ghost norms.
 
     ``loss_fn(model_outputs) -> [b]`` per-example losses. ``example_mask`` ``[b]`` (1 real, 0
     padding). Returns ``(grads, per_example_loss, norms, outputs)``: ``grads`` is the list (in
-    ``model.trainable_variables`` order) of Σ_i mask_i·min(1, C/‖∇ℓ_i‖)·∇ℓ_i, ``norms`` the
-    unclipped per-example gradient norms ``[b]``.
+    ``model.trainable_variables`` order) of Σ_i mask_i·w_i·∇ℓ_i, w_i = min(1, C/‖∇ℓ_i‖) or
+    ``clip_factors(norms)`` (normalized clipping), ``norms`` the unclipped per-example gradient
+    norms ``[b]``.
     """
     variables = model.trainable_variables
     example_mask = tf.cast(example_mask, tf.float32)
@@ -152,7 +156,8 @@ def tfp_two_pass_clipped_gradients(model: tf_keras.Model, registry: lr.LayerRegi
     base_grads = tape.gradient(summed, base_vars, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     sqr_norms = tf.add_n([fn(grad) for (_, fn), grad in zip(generated, base_grads)])
     norms = tf.sqrt(tf.maximum(sqr_norms, 0.0))
-    weights = tf.stop_gradient(clip_norm / tf.maximum(norms, clip_norm) * example_mask)
+    factors = clip_norm / tf.maximum(norms, clip_norm) if clip_factors is None else clip_factors(norms)
+    weights = tf.stop_gradient(factors * example_mask)
     with tape:
         weighted = tf.reduce_sum(weights * losses)
     grads = tape.gradient(weighted, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)

@@ -2,16 +2,18 @@
 
 One logical batch β (units Poisson-sampled at q by ``dpbert.model.sampling``)::
 
-    g_u = ∇ℓ_u · min(1, C / ‖∇ℓ_u‖)           per-unit clipping, ‖g_u‖ ≤ C   (clipped_sum)
+    g_u = ∇ℓ_u · min(1, C / ‖∇ℓ_u‖)           per-unit clipping, ‖g_u‖ ≤ C = Δ   (clipped_sum)
     S   = Σ_{u∈β} g_u                            summed over micro-rounds and replicas
-    ĝ   = (S + z) / B,   z ~ N(0, σ²C²I)         one draw (draw_noise, add_noise), B public (normalise)
+    ĝ   = (S + z) / B,   z ~ N(0, σ²Δ²I)         one draw (draw_noise, add_noise), B public (normalise)
 
 A unit is one tuple (ℓ_u: the mean cross-entropy over its masked positions) or one patient's
 ≤ k tuples (``group_size`` k: the SUMMED gradient of its rows is clipped as one vector). Padded
-rows have ℓ = 0 and add exactly 0. Adding or removing one unit changes S by at most C in L2
-(``sensitivity``), so S + z is the Gaussian mechanism with noise multiplier σ
-(``noise_multiplier``: what the accountant charges per step) and the update's per-coordinate
-noise std is σC/B (``noise_std``: what the run-time and the CLI noise checks measure).
+rows have ℓ = 0 and add exactly 0. Adding or removing one unit changes S by at most Δ in L2
+(``sensitivity``: C; Δ = 1 under ``clip_rule = normalized``, g_u = ∇ℓ_u / (‖∇ℓ_u‖ + r), Bu et al.
+2023), so S + z is the Gaussian mechanism with noise multiplier σ (``noise_multiplier``: what the
+accountant charges per step) and the update's per-coordinate noise std is σΔ/B (``noise_std``:
+what the run-time and the CLI noise checks measure; its square Φ, ``update_noise_variance``, is
+what DP-AdamBC subtracts: docs/training.md, "Optimizer and clipping options").
 
 z is drawn once per logical batch, AFTER the replicas' clipped sums are SUMmed
 (``dpbert.mechanism.replicas``), by one stateless normal over every trained coordinate keyed by
@@ -35,11 +37,14 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from dpbert import config as config_lib
 from dpbert.mechanism import clipping as clipping_lib
 
 log = logging.getLogger(__name__)
 
 NOISE_MODES = ("once", "paper")
+#: flat: g·min(1, C/‖g‖), sensitivity C | normalized: g/(‖g‖ + r), sensitivity 1 (Bu et al. 2023).
+CLIP_RULES = config_lib.CLIP_RULES
 _LOGGED_PATHS = set()
 
 
@@ -71,6 +76,10 @@ class DPSGDConfig:
     #: compiled; uncompiled, on one replica when the trained pieces hold >=
     #: ``replicas.NOISE_AHEAD_MIN_COORDINATES``.
     noise_ahead: Optional[bool] = None
+    #: ``CLIP_RULES``: flat (clip at C) | normalized (g/(‖g‖ + clip_stability): sensitivity 1, C unused).
+    clip_rule: str = "flat"
+    #: r of the normalized rule (> 0): a unit's weight 1/(‖g‖ + r) stays ≤ 1/r for a tiny gradient.
+    clip_stability: float = 0.01
 
     def __post_init__(self):
         if int(self.group_size) < 1:
@@ -81,6 +90,10 @@ class DPSGDConfig:
             raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
         if self.clipping not in clipping_lib.CLIPPING_PATHS:
             raise ValueError(f"clipping must be one of {clipping_lib.CLIPPING_PATHS}, got {self.clipping!r}")
+        if self.clip_rule not in CLIP_RULES:
+            raise ValueError(f"clip_rule must be one of {CLIP_RULES}, got {self.clip_rule!r}")
+        if self.clip_rule == "normalized" and not (self.clip_stability > 0 and math.isfinite(self.clip_stability)):
+            raise ValueError(f"clip_stability must be > 0, got {self.clip_stability}")
         if self.jit_compile and self.clipping != "ghost" and not self.non_private:
             raise ValueError("jit_compile needs clipping = ghost (tensorflow-privacy's embedding norm is not "
                              "fixed-shape)")
@@ -102,9 +115,15 @@ class DPSGDConfig:
         return self.noise_multiplier
 
     @property
+    def sensitivity(self) -> float:
+        """Δ: the L2 bound on one unit's clipped contribution — C (flat), or 1 (normalized:
+        ‖g/(‖g‖ + r)‖ = ‖g‖/(‖g‖ + r) < 1 for every g, since r > 0)."""
+        return 1.0 if self.clip_rule == "normalized" else float(self.clip_norm)
+
+    @property
     def noise_std(self) -> float:
-        """Per-coordinate std of the noise in the averaged update: σ_eff · C / B."""
-        return self.effective_noise_multiplier * self.clip_norm / self.expected_batch_size
+        """Per-coordinate std of the noise in the averaged update: σ_eff · Δ / B."""
+        return self.effective_noise_multiplier * self.sensitivity / self.expected_batch_size
 
 
 def initial_seed(noise_seed: Optional[int]) -> tf.Tensor:
@@ -125,6 +144,8 @@ def _log_path(config: DPSGDConfig):
         return
     detail = ("ghost norms + book-keeping (one forward, one backward)" if config.clipping == "ghost"
               else "tensorflow-privacy registry ghost norms + second backward pass")
+    if config.clip_rule == "normalized":
+        detail += f"; NORMALIZED clipping g/(||g|| + {config.clip_stability:g}), sensitivity 1 (clip_norm unused)"
     if config.group_size > 1:
         detail += f"; USER-LEVEL: per-patient clipping of the summed gradient of <= {config.group_size} tuples"
     _log_once(f"dpbert DP-SGD: per-example clipping path = {config.clipping}: {detail}; "
@@ -156,8 +177,10 @@ class GaussianSumMechanism:
     # ---------------------------------------------------------------- what the privacy argument uses
     @property
     def sensitivity(self) -> float:
-        """L2 sensitivity of the released sum S to one unit: C (∞ for the non-private baseline)."""
-        return math.inf if self.config.non_private else float(self.config.clip_norm)
+        """Δ: L2 sensitivity of the released sum S to one unit — C, 1 under normalized clipping (∞
+        for the non-private baseline). Every reader of the sensitivity (the noise and clipping
+        checks, the white-box audit's canary norm) takes it from here."""
+        return math.inf if self.config.non_private else self.config.sensitivity
 
     @property
     def noise_multiplier(self) -> float:
@@ -166,13 +189,30 @@ class GaussianSumMechanism:
 
     @property
     def sum_noise_std(self) -> float:
-        """Per-coordinate std of z: σ · C."""
-        return self.noise_multiplier * float(self.config.clip_norm)
+        """Per-coordinate std of z: σ · Δ."""
+        return self.noise_multiplier * self.config.sensitivity
 
     @property
     def noise_std(self) -> float:
-        """Per-coordinate std of the noise in the update (S + z)/B: σ · C / B."""
+        """Per-coordinate std of the noise in the update (S + z)/B: σ · Δ / B."""
         return self.config.noise_std
+
+    @property
+    def update_noise_variance(self) -> float:
+        """Φ = (σ·Δ / B)²: the per-coordinate variance of the noise in the update the optimizer is
+        handed — the std of the draw this mechanism adds (``sum_noise_std``, σ the gradient's own,
+        not the accounted σ_eff that also covers the released diagnostics) over the divisor its
+        release uses (``divisor``, the public B). 0 for the non-private baseline (no noise)."""
+        if self.config.non_private:
+            return 0.0
+        return (self.sum_noise_std / self.divisor([])) ** 2
+
+    def clip_factors(self, norms):
+        """Each unit's weight from its gradient norm: min(1, C/‖g‖) (flat), 1/(‖g‖ + r) (normalized)."""
+        if self.config.clip_rule == "normalized":
+            return 1.0 / (norms + float(self.config.clip_stability))
+        clip = self.config.clip_norm
+        return clip / tf.maximum(norms, clip)
 
     # ---------------------------------------------------------------- clip-and-sum (one replica)
     def clip(self, inputs, loss_fn, example_mask, training: bool = True):
@@ -181,10 +221,16 @@ class GaussianSumMechanism:
             grads, losses, norms, outputs = self.ghost.clipped_sum(
                 self.model, inputs, loss_fn, example_mask, self.config.clip_norm, training=training,
                 group_size=int(self.config.group_size), selection=self.selection,
-                static_shapes=self.config.jit_compile)
+                static_shapes=self.config.jit_compile, **self._factors_kwargs())
             return [clipping_lib.dense(g) for g in grads], losses, norms, outputs
         return clipping_lib.tfp_two_pass_clipped_gradients(self.model, self.registry, inputs, loss_fn, example_mask,
-                                                           self.config.clip_norm, training=training)
+                                                           self.config.clip_norm, training=training,
+                                                           **self._factors_kwargs())
+
+    def _factors_kwargs(self) -> dict:
+        """What the clipping paths are handed: flat, nothing (their own min(1, C/‖g‖), the same
+        ops as ever); normalized, ``clip_factors`` (the same ghost norms, one backward pass)."""
+        return {"clip_factors": self.clip_factors} if self.config.clip_rule == "normalized" else {}
 
     def clipped_sum(self, inputs, loss_fn, example_mask):
         """One replica's micro-batch: ``(Σ_u g_u per piece, per-row losses, per-unit norms, outputs,
@@ -199,12 +245,14 @@ class GaussianSumMechanism:
             norms = tf.zeros_like(unit_mask)
         else:
             grads, losses, norms, outputs = self.clip(inputs, loss_fn, example_mask)
-            clipped = tf.reduce_sum(tf.cast(norms > self.config.clip_norm, tf.float32) * unit_mask)
+            # A unit is clipped when its weight is < 1: ‖g‖ > C (flat), ‖g‖ + r > 1 (normalized).
+            shrunk = self.config.clip_norm if self.config.clip_rule == "flat" else 1.0 - self.config.clip_stability
+            clipped = tf.reduce_sum(tf.cast(norms > shrunk, tf.float32) * unit_mask)
         return grads, losses, norms, outputs, {"clipped": clipped, "units": tf.reduce_sum(unit_mask)}
 
     # ---------------------------------------------------------------- the one draw, after the SUM
     def draw_noise(self):
-        """THE draw z ~ N(0, σ²C²I) of this DP step, one tensor per trained piece: ONE stateless
+        """THE draw z ~ N(0, σ²Δ²I) of this DP step, one tensor per trained piece: ONE stateless
         normal over every trained coordinate keyed by (seed, DP step) and split into the pieces in
         order (one kernel, not one per piece: each stateless draw traces ~50 graph ops)."""
         step_seed = tf.random.experimental.stateless_fold_in(self.noise_seed, self.dp_step.read_value())

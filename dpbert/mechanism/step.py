@@ -7,7 +7,7 @@ released update handed to the optimizer — and the run-time probes on it.
 replica's clipped sum to replica-local accumulators (one traced function); then one traced apply
 SUMs them over the replicas, adds the mechanism's one draw, divides by B (non-private: by the
 real count), applies the optimizer to the trained pieces, zeroes the accumulators and counts the
-DP step. Statistics stay on the device until read (``read=False``, ``read_stats``: several
+DP step. A ``DPAdamBC`` optimizer is handed the mechanism's Φ (``update_noise_variance``). Statistics stay on the device until read (``read=False``, ``read_stats``: several
 steps' in one transfer, ``training.stats_every``).
 
 ``prepare_fn(features) -> (model_inputs, targets)`` runs inside the replica and is deterministic:
@@ -33,6 +33,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from dpbert.mechanism import adam_bc
 from dpbert.mechanism import clipping as clipping_lib
 from dpbert.mechanism import gaussian
 from dpbert.mechanism.clipping import ClippingPath
@@ -179,6 +180,8 @@ class DPSGDTrainStep:
             self.mechanism = self.mechanism_class(config, model, self.selection, clipping, self.variables, seed,
                                                   explicit_selection=selection is not None)
             self.clipping_path, self.dp_step = self.mechanism.clipping_path, self.mechanism.dp_step
+            if isinstance(optimizer, adam_bc.DPAdamBC):  # Φ: the noise THIS mechanism adds, ÷ its divisor
+                optimizer.set_noise_variance(self.mechanism.update_noise_variance)
             self.accumulators = [
                 tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name=f"acc_{i}",
                             synchronization=tf.VariableSynchronization.ON_READ,

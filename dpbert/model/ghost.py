@@ -396,7 +396,8 @@ def is_registered(layer) -> bool:
 
 def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, example_mask, clip_norm: float,
                          training: bool = True, group_size: int = 1,
-                         selection: Optional["trainable_lib.Selection"] = None, static_shapes: bool = False):
+                         selection: Optional["trainable_lib.Selection"] = None, static_shapes: bool = False,
+                         clip_factors: Optional[Callable] = None):
     """S = Σ_i mask_i·min(1, C/‖∇ℓ_i‖)·∇ℓ_i in ``model.trainable_variables`` order.
 
     ``selection`` (``dpbert.model.trainable``): only its pieces are trained — the norms are those
@@ -413,6 +414,9 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
 
     ``static_shapes``: only ops whose output shapes are fixed by the input shapes (the embedding
     norm by :func:`embedding_sqr_norm_static`), as an XLA-compiled step on a TPU needs.
+
+    ``clip_factors(norms) -> weights``: the mechanism's own per-unit weights from the same norms
+    (normalized clipping, ``dpbert.mechanism.gaussian``); None: min(1, C/‖g‖).
     """
     example_mask = tf.cast(example_mask, tf.float32)
     k = int(group_size)
@@ -455,7 +459,7 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
         start += len(e.base)
     sqr = tf.add_n([e.sqr_norm_fn(g) for e, g in zip(entries, per_entry)])
     norms = tf.sqrt(tf.maximum(sqr, 0.0))
-    factors = clip_norm / tf.maximum(norms, clip_norm)
+    factors = clip_norm / tf.maximum(norms, clip_norm) if clip_factors is None else clip_factors(norms)
     if k > 1:  # every row of a group gets its group's clip factor
         factors = tf.repeat(factors, k)
     weights = tf.stop_gradient(factors * example_mask)

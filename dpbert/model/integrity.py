@@ -242,10 +242,11 @@ class NoiseCheck:
 
     name = "noise"
 
-    def __init__(self, sigma: float, clip_norm: float, divisor: float, groups: Sequence,
+    def __init__(self, sigma: float, sensitivity: float, divisor: float, groups: Sequence,
                  alpha: float = stats.FALSE_ALARM):
-        """``groups``: ``[(name, number of probe coordinates)]`` in the probe's order."""
-        self.std = float(sigma) * float(clip_norm)
+        """``sensitivity``: the mechanism's Δ (C, or 1 under normalized clipping); ``groups``:
+        ``[(name, number of probe coordinates)]`` in the probe's order."""
+        self.std = float(sigma) * float(sensitivity)
         self.divisor = float(divisor)
         self.alpha = float(alpha)
         self.names = [str(name) for name, _ in groups]
@@ -276,7 +277,8 @@ class NoiseCheck:
             self.pending = None
 
     def result(self, look: int = 1) -> dict:
-        out = {"statistic": "z = (B*update - S)/(sigma*C) per coordinate: chi-square per variable and pooled, "
+        out = {"statistic": "z = (B*update - S)/(sigma*Delta) per coordinate (Delta: the mechanism's sensitivity): "
+                            "chi-square per variable and pooled, "
                             "mean, lag-1 products", "expected_std": self.std, "values": int(self.count),
                "pairs": int(self.pairs), "variables": len(self.names)}
         if self.count == 0:
@@ -302,15 +304,16 @@ class NoiseCheck:
         parts = []
         for name in result["failed"][:6]:
             if name in result["per_variable"]:
-                parts.append(f"{name}: std {result['per_variable'][name]['std_ratio']:.3f} x sigma*C")
+                parts.append(f"{name}: std {result['per_variable'][name]['std_ratio']:.3f} x sigma*Delta")
             elif name == "all variables":
-                parts.append(f"all variables: std {result['pooled']['std_ratio']:.3f} x sigma*C")
+                parts.append(f"all variables: std {result['pooled']['std_ratio']:.3f} x sigma*Delta")
             elif name == "mean":
                 parts.append(f"mean {result['mean_z']:.2f} standard errors")
             else:
                 parts.append(f"lag-1 correlation {result['lag1']:.3f}")
         more = len(result["failed"]) - len(parts)
-        return ("the noise handed to the optimizer is not N(0, (sigma*C/B)^2) per coordinate, independent across "
+        return ("the noise handed to the optimizer is not N(0, (sigma*Delta/B)^2) per coordinate (Delta: the "
+                "mechanism's sensitivity), independent across "
                 f"steps (p < {result['level']:.1e} each): " + "; ".join(parts) + (f"; {more} more" if more > 0 else ""))
 
 
@@ -410,7 +413,11 @@ class ClippingCheck:
     def __init__(self, stepper: step_lib.DPSGDTrainStep, seed: Optional[int] = None, eager_first: bool = True):
         self.stepper, self.eager_first = stepper, bool(eager_first)
         self.k = int(stepper.config.group_size)
-        self.clip_norm = float(stepper.config.clip_norm)
+        #: Δ, the mechanism's sensitivity (C; 1 under normalized clipping): the bound of a clipped
+        #: unit and the scale of the comparisons' absolute slack.
+        self.bound = float(stepper.mechanism.sensitivity)
+        #: r of normalized clipping (None: flat, clipped at Δ = C), the brute force's own rule.
+        self.stability = float(stepper.config.clip_stability) if stepper.config.clip_rule == "normalized" else None
         self.rng = _rng(seed, 2)
         self.compare_step = dropout_free(stepper.model)
         pieces = getattr(getattr(stepper, "selection", None), "pieces", None)
@@ -426,7 +433,7 @@ class ClippingCheck:
         self.failed: Optional[str] = None
 
     def _build(self):
-        stepper, clip = self.stepper, self.clip_norm
+        stepper, clip, stability = self.stepper, self.bound, self.stability
 
         def squares(tensors):
             return tf.stack([tf.reduce_sum(tf.square(tf.convert_to_tensor(t))) for t in tensors])
@@ -445,7 +452,9 @@ class ClippingCheck:
             # are no part of the clipped unit), aligned with the step's variables.
             brute = [tf.convert_to_tensor(g) for g in stepper.selection.gradients(tape, loss)]
             brute_norm = tf.sqrt(tf.reduce_sum(squares(brute)))
-            expected = [clip / tf.maximum(brute_norm, clip) * b for b in brute]  # min(1, C/‖g‖)·g
+            # min(1, C/‖g‖)·g, or g/(‖g‖ + r) under normalized clipping
+            factor = clip / tf.maximum(brute_norm, clip) if stability is None else 1.0 / (brute_norm + stability)
+            expected = [factor * b for b in brute]
             # The step's clipping path on the same micro-batch, only that unit's slots unmasked.
             grads, _, norms, _ = stepper.clip(inputs, lambda o: stepper.loss_fn(targets, o), mask, training=False)
             # What the step's own accumulate (replayed on this round) left in this replica's accumulators.
@@ -513,12 +522,16 @@ class ClippingCheck:
                 summed, summed_diff)
 
     def _relative(self, a: float, b: float) -> float:
-        return abs(a - b) / max(abs(a), abs(b), CLIP_ATOL * self.clip_norm)
+        return abs(a - b) / max(abs(a), abs(b), CLIP_ATOL * self.bound)
+
+    def _clipped_norm(self, norm: float) -> float:
+        """The norm of a unit's clipped contribution when its gradient has ``norm``."""
+        return min(norm, self.bound) if self.stability is None else norm / (norm + self.stability)
 
     def _worst_piece(self, key: str, diff_sq: np.ndarray, expected_sq: np.ndarray) -> float:
         """The largest per-piece relative error, each piece against its own expected clipped part
         (a piece below ``PIECE_FLOOR`` of the unit's clipped norm against that floor)."""
-        floor = max(PIECE_FLOOR * math.sqrt(float(expected_sq.sum())), CLIP_ATOL * self.clip_norm)
+        floor = max(PIECE_FLOOR * math.sqrt(float(expected_sq.sum())), CLIP_ATOL * self.bound)
         errors = np.sqrt(diff_sq) / np.maximum(np.sqrt(expected_sq), floor)
         worst = int(np.argmax(errors)) if errors.size else 0
         if errors.size and errors[worst] > self.errors.get(key, 0.0):
@@ -527,12 +540,12 @@ class ClippingCheck:
 
     def _errors(self, pending: tuple) -> Dict[str, float]:
         r, p, j, brute, path_norm, replay_norm, expected, clip_diff, summed, summed_diff = pending
-        unit = max(min(brute, self.clip_norm), CLIP_ATOL * self.clip_norm)
+        unit = max(self._clipped_norm(brute), CLIP_ATOL * self.bound)
         errors = {"norm": self._relative(path_norm, brute),
                   "clipped": math.sqrt(clip_diff.sum()) / unit,
                   "clipped_piece": self._worst_piece("clipped_piece", clip_diff, expected),
-                  # Dropout-robust: the replayed sum's norm is min(the norm the step used, C).
-                  "summed_norm": self._relative(math.sqrt(summed.sum()), min(replay_norm, self.clip_norm))}
+                  # Dropout-robust: the replayed sum's norm is the clipped norm of the norm the step used.
+                  "summed_norm": self._relative(math.sqrt(summed.sum()), self._clipped_norm(replay_norm))}
         if self.compare_step:
             errors.update(summed=math.sqrt(summed_diff.sum()) / unit,
                           summed_piece=self._worst_piece("summed_piece", summed_diff, expected),
@@ -610,7 +623,7 @@ class RunChecks:
         if probe is not None:
             pieces = getattr(getattr(stepper, "selection", None), "pieces", None)
             names = [pieces[i].name if pieces is not None else f"variable {i}" for i, _ in probe.groups()]
-            self.noise = NoiseCheck(stepper.config.effective_noise_multiplier, stepper.config.clip_norm,
+            self.noise = NoiseCheck(stepper.config.effective_noise_multiplier, stepper.mechanism.sensitivity,
                                     stepper.config.expected_batch_size,
                                     [(name, c.size) for name, (_, c) in zip(names, probe.groups())])
         self.clipping = ClippingCheck(stepper, seed, eager_first=self.every > 1) if self.every > 0 else None

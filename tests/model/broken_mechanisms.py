@@ -25,7 +25,8 @@ Sampler (claims Poisson at q):
 Released diagnostics:
   ``exact_release``         the exact sums released (no noise)
   ``scaled_release(f)``     noise at f × the claimed std
-Clipping (a factor may be a tf.Variable: 1.0 honest, switched later without a new trace):
+Clipping (a factor may be a tf.Variable: 1.0 honest, switched later without a new trace; under
+normalized clipping "at f·C" reads "f·g/(‖g‖ + r)", a bound of f·Δ):
   ``piece_clipped_at(f, match)``  the clipping path (``clip()``, so the step too) clips the pieces
                             whose name matches at f·C, the others at C
   ``step_clips_at(f)``      the step's accumulate (``clipped_sum``) clips at f·C; ``clip()`` itself
@@ -119,7 +120,7 @@ class SwitchableNoise:
                 def draw_noise(self):
                     counter = tf.where(switch.stuck, tf.constant(0, tf.int64), self.dp_step.read_value())
                     seed = tf.random.experimental.stateless_fold_in(self.noise_seed, counter)
-                    std = self.config.effective_noise_multiplier * self.config.clip_norm
+                    std = self.sum_noise_std  # σ·Δ, the honest draw's (Δ = C, or 1 when normalized)
                     return [switch.scale[i] * std * tf.random.stateless_normal(
                                 v.shape, tf.random.experimental.stateless_fold_in(seed, i), dtype=v.dtype,
                                 alg="philox") for i, v in enumerate(self.variables)]
@@ -165,7 +166,7 @@ def _replica_draw(mechanism):
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
     seed = tf.random.experimental.stateless_fold_in(mechanism.noise_seed, mechanism.dp_step.read_value())
     seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(replica, tf.int64) + 1)
-    std = mechanism.config.effective_noise_multiplier * mechanism.config.clip_norm
+    std = mechanism.sum_noise_std
     return [std * tf.random.stateless_normal(v.shape, tf.random.experimental.stateless_fold_in(seed, i),
                                              dtype=v.dtype, alg="philox") for i, v in enumerate(mechanism.variables)]
 
@@ -247,11 +248,16 @@ def exact_release():
 
 
 # --------------------------------------------------------------------------- clipping
-def _ghost_sum(mechanism, inputs, loss_fn, example_mask, clip_norm, training):
+def _ghost_sum(mechanism, inputs, loss_fn, example_mask, factor, training):
+    """The ghost clipped sum with each unit's bound at factor·Δ: clipped at factor·C (flat), or
+    factor·g/(‖g‖ + r) (normalized clipping); factor 1 is the honest mechanism's."""
+    extra = {}
+    if mechanism.config.clip_rule == "normalized":
+        extra["clip_factors"] = lambda norms: factor * mechanism.clip_factors(norms)
     grads, losses, norms, outputs = ghost.clipped_gradient_sum(
-        mechanism.model, inputs, loss_fn, example_mask, clip_norm, training=training,
+        mechanism.model, inputs, loss_fn, example_mask, factor * mechanism.config.clip_norm, training=training,
         group_size=int(mechanism.config.group_size), selection=mechanism.selection,
-        static_shapes=mechanism.config.jit_compile)
+        static_shapes=mechanism.config.jit_compile, **extra)
     return [tf.convert_to_tensor(g) for g in grads], losses, norms, outputs
 
 
@@ -262,7 +268,7 @@ def piece_clipped_at(factor, match: Callable[[str], bool]):
         class PieceClippedAt(base):
             def clip(self, inputs, loss_fn, example_mask, training=True):
                 grads, losses, norms, outputs = super().clip(inputs, loss_fn, example_mask, training)
-                loose = _ghost_sum(self, inputs, loss_fn, example_mask, factor * self.config.clip_norm, training)[0]
+                loose = _ghost_sum(self, inputs, loss_fn, example_mask, factor, training)[0]
                 return ([wide if match(name) else g for g, wide, name in zip(grads, loose, piece_names(self))],
                         losses, norms, outputs)
 
@@ -278,7 +284,7 @@ def step_clips_at(factor):
         class StepClipsAt(base):
             def clipped_sum(self, inputs, loss_fn, example_mask):
                 self.clip = lambda inputs, loss_fn, mask, training=True: _ghost_sum(
-                    self, inputs, loss_fn, mask, factor * self.config.clip_norm, training)
+                    self, inputs, loss_fn, mask, factor, training)
                 try:
                     return super().clipped_sum(inputs, loss_fn, example_mask)
                 finally:

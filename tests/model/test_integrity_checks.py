@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 from dpbert.config import TrainingConfig
-from dpbert.mechanism import clipping, gaussian
+from dpbert.mechanism import adam_bc, clipping, gaussian
 from dpbert.mechanism import step as step_lib
 from dpbert.model import bert as bert_lib
 from dpbert.model import ghost, integrity, sampling
@@ -589,3 +589,120 @@ def test_train_mlm_stops_on_2c_on_one_small_piece_and_on_2c_in_the_step_only(tmp
     else:
         assert saved["max_relative_error"]["clipped_piece"] < 1e-5 and saved["max_relative_error"]["summed"] > 0.5
     assert not (tmp_path / "train_result.json").exists()
+
+
+# ------------------------------------------------------------------------------ the optimizer and clipping options
+#: The DPSGDConfig of each option (training.clipping normalized; training.optimizer adamw_bc): the
+#: positive controls above must still be caught under each. Normalized clipping at C = 0.5: a check
+#: reading clip_norm instead of the mechanism's sensitivity (Δ = 1) would be off by 2. adamw_bc
+#: clips at C = 0.1, below every unit's norm, so a bound of 2C changes the clipped sum.
+MODES = {"normalized": dict(clip_rule="normalized", clip_stability=0.01, clip_norm=0.5), "adamw_bc": dict(clip_norm=0.1)}
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def mode_rig(request):
+    """The real step on the tiny dropout-free BERT under one option (DP-AdamBC: its Φ from the
+    mechanism), built with three switches installed (honest until switched): ``piece_clip`` (the
+    attention query bias at that many Δ in ``clip()``, ``broken.piece_clipped_at``),
+    ``step_clip`` (every unit at that many Δ in the step's accumulate only,
+    ``broken.step_clips_at``) and ``switch`` (``broken.SwitchableNoise``). Not traced here: the
+    tests run it eagerly (``eager_steps``), the traced step is the flat rig's concern above."""
+    mode = request.param
+    piece_clip, step_clip = tf.Variable(1.0, trainable=False), tf.Variable(1.0, trainable=False)
+    spec = bert_lib.BertSpec(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                             max_seq_length=16, max_predictions=3, dropout=0.0, attention_dropout=0.0)
+    models = bert_lib.build_bert(spec, seed=0)
+    mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, sorted(SPECIALS.values()), 4, 0.15)
+    config = gaussian.DPSGDConfig(noise_multiplier=0.5, expected_batch_size=8.0, noise_seed=3, **MODES[mode])
+    optimizer = adam_bc.DPAdamBC(learning_rate=0.01, weight_decay=0.0, jit_compile=False) if mode == "adamw_bc" \
+        else tf_keras.optimizers.SGD(0.01)
+    switch = broken.SwitchableNoise(len(models.mlm.trainable_variables))
+    with broken.piece_clipped_at(piece_clip, _query_bias), broken.step_clips_at(step_clip), switch.install():
+        stepper = step_lib.DPSGDTrainStep(models.mlm, optimizer, config, prepare_fn=prepare_fn, loss_fn=loss_fn,
+                                          metrics_fn=metrics_fn, clipping=GHOST,
+                                          noise_probe=integrity.make_noise_probe(models.mlm.trainable_variables, seed=3))
+    assert stepper.mechanism.sensitivity == (1.0 if mode == "normalized" else 0.1)  # normalized: Δ = 1 ≠ C = 0.5
+    assert mode != "adamw_bc" or optimizer.noise_variance == stepper.mechanism.update_noise_variance > 0
+    return types.SimpleNamespace(mode=mode, stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB),
+                                 piece_clip=piece_clip, step_clip=step_clip, switch=switch)
+
+
+#: Each control: (switch it on, what the failure says).
+def _mode_switches(rig) -> dict:
+    gamma = _one([p.name for p in rig.stepper.selection.pieces], ["gamma"])
+    return {"2x_on_one_piece": (lambda: rig.piece_clip.assign(2.0), r"clipping.*clipped_piece relative error"),
+            "2x_in_the_step_only": (lambda: rig.step_clip.assign(2.0), r"clipping.*summed relative error"),
+            "no_noise_on_one_piece": (lambda: rig.switch.silence(rig.stepper, lambda n: n == gamma),
+                                      rf"noise.*{re.escape(gamma)}: std 0\.000"),
+            "drawn_not_added": (lambda: rig.switch.added.assign(False), "all variables: std 0.000"),
+            "half_sigma": (lambda: rig.switch.scale.assign(tf.fill(rig.switch.scale.shape, 0.5)),
+                           r"all variables: std 0\.[45]"),
+            "stuck_step": (lambda: rig.switch.stuck.assign(True), r"lag-1 correlation (0\.9|1\.0)")}
+
+
+def _mode_controls(rig, tmp_path, controls, match: str):
+    """Switch ``controls`` on together, run (a failure matching ``match`` raised), switch them
+    off; returns the checks' record (every check's verdict at the failing look)."""
+    switches = _mode_switches(rig)
+    clipping_control = any(c.startswith("2x") for c in controls)
+    try:
+        for control in controls:
+            switches[control][0]()
+        with pytest.raises(IntegrityCheckFailed, match=match):
+            # A noise control needs no brute-force clipping check; the stuck step needs two steps.
+            _run(rig, tmp_path, 2 if "stuck_step" in controls else 1, every=1 if clipping_control else 0).finish()
+    finally:
+        rig.piece_clip.assign(1.0)
+        rig.step_clip.assign(1.0)
+        rig.switch.reset()
+    return json.loads((tmp_path / integrity.INTEGRITY_FILE).read_text())
+
+
+def test_each_option_passes_honestly_and_catches_2x_on_one_piece_and_no_noise_on_one_piece(mode_rig, tmp_path,
+                                                                                          eager_steps):
+    """Normalized clipping: the honest step passes the brute-force clipping check (its own rule,
+    g/(‖g‖ + r)) and the noise check (std σ·Δ/B, Δ = 1 the mechanism's); 2Δ on the query bias
+    alone and no noise on one LayerNorm γ, switched on together, are each caught by its own check.
+    DP-AdamBC (the flat mechanism, another optimizer): the honest noise check passes and no
+    noise on one γ is caught. Each control alone, and the others: the slow tier below."""
+    normalized = mode_rig.mode == "normalized"
+    results = _run(mode_rig, tmp_path, 1, every=1 if normalized else 0).finish()
+    assert results["noise"]["passed"] and abs(results["noise"]["std_ratio"] - 1) < 0.1, results["noise"]
+    if normalized:
+        assert results["clipping"]["passed"] and results["clipping"]["checks"] == 1, results["clipping"]
+    gamma = _one([p.name for p in mode_rig.stepper.selection.pieces], ["gamma"])
+    controls = ("2x_on_one_piece", "no_noise_on_one_piece") if normalized else ("no_noise_on_one_piece",)
+    saved = _mode_controls(mode_rig, tmp_path, controls, "clipping" if normalized else "noise")
+    assert saved["noise"]["failed"] == [gamma] and saved["noise"]["per_variable"][gamma]["std_ratio"] == 0.0
+    if normalized:
+        assert not saved["clipping"]["passed"] and _query_bias(saved["clipping"]["worst_piece"]["clipped_piece"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("control", ["2x_on_one_piece", "2x_in_the_step_only", "no_noise_on_one_piece",
+                                     "drawn_not_added", "half_sigma", "stuck_step"])
+def test_each_option_catches_each_clipping_and_noise_control_alone(mode_rig, tmp_path, eager_steps, control):
+    _mode_controls(mode_rig, tmp_path, (control,), _mode_switches(mode_rig)[control][1])
+
+
+#: The TrainingConfig keys of each option, for the shipped loop.
+MODE_KEYS = {"normalized": dict(clipping="normalized", clip_norm=0.5), "adamw_bc": dict(optimizer="adamw_bc")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("control", ["honest", "4q_sampler", "exact_diagnostics"])
+@pytest.mark.parametrize("mode", list(MODE_KEYS))
+def test_train_mlm_under_each_option_passes_honestly_and_stops_on_4q_and_on_exact_diagnostics(
+        tmp_path, monkeypatch, mode, control):
+    wire_hooks(monkeypatch)
+    if control == "honest":
+        _, _, result = _train(tmp_path, **MODE_KEYS[mode])
+        assert all(result.integrity_checks[name]["passed"] for name in ALL_CHECKS), result.integrity_checks
+        return
+    if control == "4q_sampler":
+        monkeypatch.setattr(sampling, "PoissonSampler", _FourQSampler)
+        with pytest.raises(IntegrityCheckFailed, match="units per step"):
+            _train(tmp_path, **MODE_KEYS[mode])
+        return
+    with broken.exact_release(), pytest.raises(IntegrityCheckFailed, match="released_diagnostics"):
+        _train(tmp_path, **MODE_KEYS[mode])

@@ -33,7 +33,7 @@ from dpbert.mechanism import gaussian, replicas
 from dpbert.mechanism import step as step_lib
 from dpbert.mechanism.clipping import ClippingPath
 from dpbert.model import bert as bert_lib
-from dpbert.model import ghost, integrity, sampling
+from dpbert.model import ghost, integrity, optimizers, sampling
 from dpbert.model import trainable as trainable_lib
 from dpbert.model.engine import hooks as hooks_lib
 from dpbert.model.engine.chain import HeldStateLock, TrainingChain, _norm, state_lock
@@ -241,6 +241,8 @@ def _run_config(spec, tc, plan: TrainingPlan, inputs: Inputs, model_config, nois
     if names != ["all"]:  # only then: an existing state directory resumes as before
         run_config["trainable"] = {"sets": names, "lora_rank": None if lora_spec is None else lora_spec.rank,
                                    "lora_alpha": None if lora_spec is None else lora_spec.alpha}
+    if tc.clipping != "flat":  # the sensitivity changes: only then, so a flat state directory resumes as before
+        run_config["clipping"] = {"rule": tc.clipping, "stability": tc.clip_stability}
     return run_config
 
 
@@ -310,7 +312,7 @@ def _stepper(models, optimizer, selection, spec, inputs: Inputs, tc, plan: Train
         clip_norm=tc.clip_norm, noise_multiplier=tc.noise_multiplier, expected_batch_size=plan.expected_batch_size,
         non_private=tc.non_private, noise_mode=noise.mode, noise_seed=tc.noise_seed, replicas=plan.replicas,
         accumulation_steps=plan.accumulation_steps, loss_bound=diag.loss_bound if release else None, group_size=k,
-        jit_compile=bool(tc.jit_compile))
+        jit_compile=bool(tc.jit_compile), clip_rule=tc.clipping, clip_stability=tc.clip_stability)
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, inputs.specials, inputs.mask_id,
                                                                   tc.mask_probability)
     stepper = step_lib.DPSGDTrainStep(models.mlm, optimizer, dp_config, prepare_fn=prepare_fn, loss_fn=loss_fn,
@@ -349,6 +351,7 @@ def _standard_hooks(tc, plan, stepper, optimizer, checkpoint, manager, chain, st
                                                plan.expected_batch_size).get("loss") if release else None
         built.append(hooks_lib.ProgressHook("DP-SGD" if not tc.non_private else "SGD (non-private)",
                                             "exact (private)" if tc.non_private else "DP estimate", step_std))
+    built += optimizers.hooks(tc, optimizer, stepper, chain.tensorboard_dir if chain.chief else None)
     return built + [hooks_lib.IntegrityHook(),
                     hooks_lib.CheckpointHook(checkpoint, manager, tc.checkpoint_every, start_step if found else None)]
 

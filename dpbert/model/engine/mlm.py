@@ -11,6 +11,7 @@ import tf_keras
 from dpbert.mechanism import clipping
 from dpbert.model import bert as bert_lib
 from dpbert.model import masking
+from dpbert.model import optimizers
 
 MASK_TOKEN_NAMES = ("[MASK]", "<mask>", "MASK")
 
@@ -35,11 +36,10 @@ class WarmupLinearDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_optimizer(training_config, total_steps: int):
-    """AdamW (decoupled weight decay, not on LayerNorm or biases) with ``WarmupLinearDecay``."""
+    """``training.optimizer`` (AdamW or DP-AdamBC: ``dpbert.model.optimizers``; decoupled weight
+    decay, not on LayerNorm or biases) with ``WarmupLinearDecay``."""
     schedule = WarmupLinearDecay(training_config.learning_rate, training_config.warmup_steps, total_steps)
-    optimizer = tf_keras.optimizers.AdamW(learning_rate=schedule, weight_decay=training_config.weight_decay,
-                                          beta_1=0.9, beta_2=0.999, epsilon=1e-6, jit_compile=False)
-    optimizer.exclude_from_weight_decay(var_names=["layer_norm", "bias"])
+    optimizer = optimizers.make(training_config, schedule)
     optimizer.dpbert_schedule = schedule
     return optimizer
 
