@@ -372,18 +372,24 @@ def test_run_attacks_end_to_end_on_a_tiny_bert():
     admissions[0] = None  # a tuple without admission takes no part in A-BBA
     split = split_patients(patients, 0.5, bytes(range(32)))
     member = split.is_train(patients)
-    # Over-fit the members (non-private, eager: a few seconds).
-    optimizer = tf_keras.optimizers.Adam(1e-2)
-    for step in range(60):
-        masked = masking.mask_with_seed(ids[member], step, 7, special_token_ids=mi.SPECIAL_IDS,
-                                     mask_token_id=mi.MASK_ID, vocab_size=40, max_predictions=4)
+    # Over-fit the members (non-private). One traced step: autograph off (nothing in it needs
+    # converting; converting the model costs tens of seconds), and the legacy Adam, whose fused
+    # update is not XLA-compiled as the new one's is inside a tf.function.
+    optimizer = tf_keras.optimizers.legacy.Adam(1e-2)
+
+    @tf.function(autograph=False)
+    def train_step(input_ids, masked_positions, masked_labels, masked_weights):
         with tf.GradientTape() as tape:
-            logits = models.mlm({"input_ids": masked["input_ids"], "masked_positions": masked["masked_positions"]},
-                                training=True)
-            loss = tf.reduce_mean(clipping.per_example_mlm_loss(masked["masked_labels"], logits,
-                                                             masked["masked_weights"]))
+            logits = models.mlm({"input_ids": input_ids, "masked_positions": masked_positions}, training=True)
+            loss = tf.reduce_mean(clipping.per_example_mlm_loss(masked_labels, logits, masked_weights))
         grads = tape.gradient(loss, models.mlm.trainable_variables)
         optimizer.apply_gradients(zip(grads, models.mlm.trainable_variables))
+
+    for step in range(60):
+        masked = masking.mask_with_seed(ids[member], step, 7, special_token_ids=mi.SPECIAL_IDS,
+                                        mask_token_id=mi.MASK_ID, vocab_size=40, max_predictions=4)
+        train_step(*(tf.constant(masked[k]) for k in ("input_ids", "masked_positions", "masked_labels",
+                                                       "masked_weights")))
 
     report = mi.run_attacks(models, ids, patients, admissions, member, seed=0)
     assert list(report) == ["S-BBA", "A-BBA", "P-BBA", "S-AWBA", "S-GWBA"]
