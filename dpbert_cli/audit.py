@@ -85,7 +85,8 @@ def _audit_training(args, config, beta: float):
     tokenizer, vocabulary = audit.audit_vocabulary_source(config, args.vocabulary_dir)
     try:
         return audit.audit_training(config, tokenizer=tokenizer, vocabulary=vocabulary, canaries=args.canaries,
-                                    beta=beta, positive_control=args.positive_control, progress=not args.json,
+                                    beta=beta, positive_control=args.positive_control,
+                                    watch=audit.Watch(progress=not args.json),
                                     charge=not args.no_charge)
     except BudgetRefused as refused:
         print_error("audit", refused)

@@ -38,7 +38,6 @@ TO_SHRINK = {
     ("dpbert/accounting/reserve.py", "reserve"): "group reservation settings",
     ("dpbert/evaluate/whitebox.py", "_run"): "group audit settings",
     ("dpbert/stages/pretrain.py", "pretrain"): "group stage inputs",
-    ("dpbert/stages/audit.py", "audit_training"): "group audit settings",
 }
 
 

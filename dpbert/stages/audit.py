@@ -173,9 +173,17 @@ def _first_units(rows: AuditRows, n_units: int, patient_unit: bool):
     return rows.token_ids[keep], [k for k, x in zip(rows.patient_keys, keep) if x]
 
 
+@dataclasses.dataclass(frozen=True)
+class Watch:
+    """What watches the audit's training loop: extra loop ``hooks`` and the trainer's
+    ``progress`` line (DP estimates only)."""
+    hooks: tuple = ()
+    progress: bool = False
+
+
 def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
                    canaries: int = DEFAULT_CANARIES, beta: float = 0.05, positive_control: bool = False,
-                   seed: Optional[int] = None, hooks=(), progress: bool = False, charge: bool = True,
+                   seed: Optional[int] = None, watch: Watch = Watch(), charge: bool = True,
                    vocabulary: Optional[str] = None) -> Dict[str, object]:
     """The white-box audit of ``config``'s DP-SGD training through the trainer's own loop
     (``dpbert.evaluate.whitebox.whitebox_audit`` keys) plus ``private`` (1 on a user's corpus),
@@ -184,7 +192,7 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
 
     ``charge``: reserve the run in the dataset's ledger before it trains and finalize it after
     (docs/audits.md); False only for public rows. ``positive_control``: also score the same run's sums before the noise — refused on a user's
-    corpus (not private). ``progress``: the trainer's progress line (DP estimates only).
+    corpus (not private). ``watch``: loop hooks and the progress line (:class:`Watch`).
     ``epsilon_upper_bound`` is the accountant's ε of the GRADIENT release
     (σ, q, T) at δ_T: with ``training.dp_diagnostics`` the ledger's ε_T is larger, so comparing
     with the gradient's ε is the stricter test."""
@@ -218,9 +226,9 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
     report = whitebox_audit(token_ids, rows.specials, rows.vocab_size, mc, tc, plan=plan,
                             patient_keys=keys if patient_unit else None, public=not rows.private,
                             canaries=int(canaries), beta=beta, seed=seed, positive_control=positive_control,
-                            hooks=hooks, mask_token_id=rows.specials.mask,
+                            hooks=tuple(watch.hooks), mask_token_id=rows.specials.mask,
                             vocab_tokens=rows.vocab_tokens if minilm else None,
-                            public_checkpoint_dir=mc.init_dir if minilm else None, progress=progress)
+                            public_checkpoint_dir=mc.init_dir if minilm else None, progress=watch.progress)
     if reservation is not None:
         from dpbert.accounting.target import finalize_event
 

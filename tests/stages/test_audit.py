@@ -131,7 +131,7 @@ def _charged_audit(tmp_path, user, **kwargs):
     tokenizer = audit.audit_vocabulary_source(config, dp_vocabulary_dir(tmp_path / "v"))[0]
     before = read_ledger(uri)
     hook = LedgerAtStart(uri)
-    report = audit.audit_training(config, tokenizer=tokenizer, canaries=16, seed=4, hooks=[hook], **kwargs)
+    report = audit.audit_training(config, tokenizer=tokenizer, canaries=16, seed=4, watch=audit.Watch((hook,)), **kwargs)
     return before, hook.seen, read_ledger(uri), report
 
 
