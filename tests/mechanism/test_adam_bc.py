@@ -185,11 +185,11 @@ class _Spy(Hook):
 
 def test_the_shipped_loop_runs_dp_adambc_under_normalized_clipping(tmp_path, caplog):
     """``training.optimizer: adamw_bc`` and ``training.clipping: normalized`` through ``train_mlm``
-    (2 steps, eagerly: the claim is the wiring, not the traced graph): every run-time check that
+    (1 step, eagerly: the claim is the wiring, not the traced graph): every run-time check that
     ran passes, the step's mechanism has Δ = 1 (C = 0.5 unused), the optimizer's Φ = (σ/B)², v̂/Φ is
     logged per trained piece, the state directory records the rule (a resume must not change it)."""
-    tc = TrainingConfig(batch_size=16, steps=2, learning_rate=3e-3, warmup_steps=1, clip_norm=0.5, noise_multiplier=0.3,
-                        checkpoint_every=2, noise_seed=1, integrity_check_every=2, optimizer="adamw_bc",
+    tc = TrainingConfig(batch_size=16, steps=1, learning_rate=3e-3, warmup_steps=1, clip_norm=0.5, noise_multiplier=0.3,
+                        checkpoint_every=1, noise_seed=1, integrity_check_every=1, optimizer="adamw_bc",
                         clipping="normalized")
     spy = _Spy()
     eager = tf.config.functions_run_eagerly()

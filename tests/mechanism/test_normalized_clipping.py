@@ -1,7 +1,8 @@
 """Normalized ("automatic") clipping (Bu et al. 2023): g_u ← g_u / (‖g_u‖ + r), sensitivity 1.
 
-The mechanism's clipped sum (ghost norms, one backward pass; and tensorflow-privacy's two-pass
-path) equals a brute-force per-unit computation (per example and per patient of k rows); the
+The mechanism's clipped sum (ghost norms, one backward pass) equals a brute-force per-unit
+computation (per example; per patient of k rows and tensorflow-privacy's two-pass path in the
+slow tier); the
 sensitivity every reader takes is the mechanism's (1, not training.clip_norm) and the noise is
 σ·1; the configuration keys are validated. Positive control: the flat rule's sum (the same
 brute force at C) differs from the normalized one. The run-time checks' positive controls under
@@ -71,7 +72,8 @@ def _step(model, **config):
                                    prepare_fn=lambda f: (f, None), loss_fn=None, clipping=GHOST)
 
 
-@pytest.mark.parametrize("path,k", [("ghost", 1), pytest.param("tfp_two_pass", 1, marks=pytest.mark.slow), ("ghost", 2)])
+@pytest.mark.parametrize("path,k", [("ghost", 1), pytest.param("tfp_two_pass", 1, marks=pytest.mark.slow),
+                                    pytest.param("ghost", 2, marks=pytest.mark.slow)])
 def test_the_clipped_sum_equals_a_brute_force_per_unit_computation(model, path, k):
     batch, inputs = _batch()
     mask = np.array([1, 1, 1, 0, 1, 0], np.float32)  # padded rows add nothing
