@@ -40,10 +40,12 @@ def _draws(count, seed=13):
             yield {"epochs": round(rng.uniform(0.05, max_epochs), rng.choice([1, 2, 3])) or 0.1, "steps": None}, B, n
 
 
-# The issue's case in make test; the random draws in the slow tier (CI).
-@pytest.mark.parametrize("draw", [d if d == FIRST_DRAW else pytest.param(d, marks=pytest.mark.slow)
+# The issue's case in make test (the shared run conftest.PUBLIC_N_RUN); the random draws in the
+# slow tier (CI).
+@pytest.mark.parametrize("draw", [pytest.param(d, marks=pytest.mark.xdist_group("public_n_run")) if d == FIRST_DRAW
+                                  else pytest.param(d, marks=pytest.mark.slow)
                                   for d in _draws(2)], ids=lambda d: f"{d[0]}-B{d[1]}-n{d[2]}")
-def test_planned_steps_equal_executed_steps(tmp_path, tuples_dir, vocabulary_dir, draw):
+def test_planned_steps_equal_executed_steps(tmp_path, tuples_dir, vocabulary_dir, draw, request):
     """The budget guard's plan and the trainer stage agree on the number of steps (one TrainingPlan)."""
     from dpbert.config import load_config
     from dpbert.accounting.accountant import planned_ledger
@@ -56,9 +58,14 @@ def test_planned_steps_equal_executed_steps(tmp_path, tuples_dir, vocabulary_dir
     planned_steps = guard.planned(config, dataset_size=n)["steps"]
     assert planned_steps == planned_ledger(config, n)["steps"] <= 13
     # DP or not, the run takes the plan's steps; the DP path is cheaper to skip in a loop of draws.
-    result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tiny_training_config(
-        batch_size=B, steps=config.training.steps, epochs=config.training.epochs, dataset_size=n),
-        non_private=draw != FIRST_DRAW)
+    tc = tiny_training_config(batch_size=B, steps=config.training.steps, epochs=config.training.epochs,
+                              dataset_size=n)
+    if draw == FIRST_DRAW:  # the DP run other tests read too, trained once
+        shared = request.getfixturevalue("public_n_run")
+        assert shared.training_config == tc
+        result = shared.result
+    else:
+        result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, non_private=True)
     assert result.plan.steps == planned_steps
     assert result.train.steps_this_run == planned_steps == result.properties[schema.STEPS_TAKEN_TOTAL]
     assert result.properties[schema.STEPS_PLANNED] == planned_steps
@@ -67,18 +74,21 @@ def test_planned_steps_equal_executed_steps(tmp_path, tuples_dir, vocabulary_dir
         assert planned_steps == 11 and result.dp_event["steps"] == 11
 
 
-def test_artifact_files_properties_and_dp_event(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
+@pytest.mark.xdist_group("dp_count_run")
+def test_artifact_files_properties_and_dp_event(dp_count_run, raw_tuples):
     from dpbert.accounting import accountant
     from dpbert.privacy import events
 
-    tc = tiny_training_config(steps=2)
-    result, model_dir = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc)
+    # The shared 2-step run over a DP count (conftest.dp_count_run), its pipeline root ``root``.
+    tc, result, model_dir, root = (dp_count_run.training_config, dp_count_run.result, dp_count_run.model_dir,
+                                   dp_count_run.root)
+    assert tc.steps == 2 and tc.dataset_size is None
     for name in (schema.MODEL_DIR, schema.TOKENIZER_DIR, schema.DP_EVENTS_FILE, schema.RUN_CONFIG_FILE,
                  schema.STEP_LOG_FILE):
         assert (model_dir / name).exists(), name
     # The exact training curves stay in the private state directory.
     assert not (model_dir / schema.TRAIN_RESULT_FILE).exists()
-    assert (tmp_path / "root" / stage.STATE_ROOT / stage.PRIVATE_MARKER).exists()
+    assert (root / stage.STATE_ROOT / stage.PRIVATE_MARKER).exists()
     assert not (model_dir / schema.CANARY_COUNTS_FILE).exists()
     tokenizer_dir = str(model_dir / schema.TOKENIZER_DIR)  # listed as the storage layer sees it
     assert storage.storage_for(tokenizer_dir).listdir(tokenizer_dir) == ["tokenizer.json", "vocab.txt"]
@@ -101,24 +111,35 @@ def test_artifact_files_properties_and_dp_event(tmp_path, tuples_dir, vocabulary
     assert props["epsilon_train"] > accountant.dpsgd_epsilon(
         record["noise_multiplier"], record["sampling_probability"], 2, tc.delta, "poisson")
     # The state lives under the pipeline root, keyed by the inputs: stable across executions.
-    assert os.path.dirname(result.state_dir) == str(tmp_path / "root" / stage.STATE_ROOT)
+    assert os.path.dirname(result.state_dir) == str(root / stage.STATE_ROOT)
 
 
-def test_non_private_baseline_and_patient_unit(tmp_path, tuples_dir, vocabulary_dir):
-    result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tiny_training_config(steps=1), non_private=True)
+HOLDOUT = MembershipConfig(holdout_patient_fraction=0.3)
+
+
+@pytest.fixture(scope="module")
+def non_private_holdout_run(tmp_path_factory, tuples_dir, vocabulary_dir, raw_tuples):
+    """One step of the non-private baseline with 30 % of the patients held out, for the two tests below."""
+    result, _ = _pretrain(tmp_path_factory.mktemp("non_private_holdout"), tuples_dir, vocabulary_dir,
+                          tiny_training_config(steps=1, dataset_size=len(raw_tuples)), HOLDOUT, non_private=True)
+    return result
+
+
+@pytest.mark.xdist_group("non_private_holdout_run")
+def test_non_private_baseline_and_patient_unit(non_private_holdout_run):
+    result = non_private_holdout_run
     assert result.properties[schema.NON_PRIVATE] is True and result.properties[schema.PRIVATE] == 1
     assert result.epsilon == float("inf") and result.dp_event["mechanism"] == "non_private"
     # privacy.unit = patient is no longer refused: user-level DP-SGD, tests/stages/test_pretrain_patient.py.
 
 
-def test_holdout_trains_on_the_split_membership_recomputes(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
+@pytest.mark.xdist_group("non_private_holdout_run")
+def test_holdout_trains_on_the_split_membership_recomputes(non_private_holdout_run, tuples_dir, raw_tuples):
     from dpbert.data.splits import key_fingerprint, patient_key, split_patients
 
     from .conftest import HOLDOUT_KEY
 
-    membership = MembershipConfig(holdout_patient_fraction=0.3)
-    result, _ = _pretrain(tmp_path, tuples_dir, vocabulary_dir,
-                          tiny_training_config(steps=1, dataset_size=len(raw_tuples)), membership, non_private=True)
+    membership, result = HOLDOUT, non_private_holdout_run
     split = split_patients([patient_key(t) for t in raw_tuples], 0.7, HOLDOUT_KEY)
     assert split.oot and split.train
     props = result.properties

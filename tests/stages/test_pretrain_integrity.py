@@ -1,6 +1,6 @@
-"""Issue 22 (integrity, round two) at the trainer stage, without TFX: the budget bounds every step
-a chain ever executes (resumes included), the DP count is drawn behind the state lock, and a
-shuffle resume charges the windows it replays. Each test fails on the main before the fix."""
+"""The integrity of the trainer stage's charge, without TFX: the budget bounds every step a chain
+ever executes (resumes included), the DP count is drawn behind the state lock, and a shuffle
+resume charges the windows it replays."""
 import json
 import os
 
@@ -11,7 +11,7 @@ from dpbert import schema
 from dpbert.config import MembershipConfig, PrivacyConfig
 from dpbert.stages import pretrain as stage
 
-from .conftest import tiny_model_config, tiny_training_config
+from .conftest import SHUFFLED_CRASH_AFTER, tiny_model_config, tiny_training_config
 
 
 def _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, pc=None, name="model", **kwargs):
@@ -60,14 +60,19 @@ def test_a_resume_never_executes_a_step_the_budget_does_not_cover(tmp_path, tupl
     assert chain["key"] == stage.resume_key(tiny_model_config(), tc, pc, 0.0, False)
 
 
-def test_a_run_refused_by_the_state_lock_draws_no_dp_count(tmp_path, tuples_dir, vocabulary_dir):
+@pytest.mark.xdist_group("dp_count_run")
+def test_a_run_refused_by_the_state_lock_draws_no_dp_count(tmp_path, tuples_dir, vocabulary_dir, dp_count_run):
     """Two runs into one state directory: the one refused by the lock must not draw (or overwrite)
-    the DP count — it used to draw it before the lock, logging and charging a second count."""
+    the DP count (drawing it before the lock would log and charge a second count). The first run
+    is the shared one over a DP count (conftest.dp_count_run), in a copy of its pipeline root."""
+    import shutil
+
     from dpbert import storage
     from dpbert.model.train import StateDirectoryBusy
 
-    tc = tiny_training_config(steps=1)  # no dataset_size: the plan is over a DP count
-    state = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, name="1").state_dir
+    tc = dp_count_run.training_config  # no dataset_size: the plan is over a DP count
+    shutil.copytree(dp_count_run.root, tmp_path / "root")
+    state = os.path.join(str(tmp_path / "root"), stage.STATE_ROOT, os.path.basename(dp_count_run.result.state_dir))
     count_file = os.path.join(state, stage.DP_COUNT_FILE)
     os.remove(count_file)  # as if the run holding the lock had not drawn yet
     with storage.LeaseLock(os.path.join(state, schema.STATE_LOCK_FILE), owner="another-run"):  # its live lease
@@ -84,42 +89,21 @@ def test_plan_for_creates_the_count_file_exclusively(tmp_path):
     assert plan1.dataset_size == plan2.dataset_size and record1 == record2
 
 
-def test_shuffle_resume_charges_the_windows_it_replays(tmp_path):
-    """The issue's case: n = 20, B = 4, 7 steps, checkpoint at 5, crash after 6. Executed steps
-    [0–5] then [5, 6] on resume: with windows indexed by the ledger, no row takes part more than
-    E = ceil(8·4/20) = 2 times (it was 3 for 4 rows with the checkpoint's step)."""
-    from dpbert.config import ModelConfig, TrainingConfig
-    from dpbert.model import sampling
-    from dpbert.model import train as train_lib
+@pytest.mark.xdist_group("shuffled_chain")
+def test_shuffle_resume_charges_the_windows_it_replays(shuffled_chain):
+    """The shared shuffled chain (conftest.shuffled_chain): n rows, B = 4, 3 planned steps, a crash
+    after 2 without a checkpoint, the resume from step 0. Executed windows [0, 1] then [2, 3, 4]:
+    with windows indexed by the step log, no row takes part more than E = ceil(5·4/n) = 1 time.
+    Windows indexed by the optimizer's step (the checkpoint's, 0) would replay windows 0 and 1:
+    their 8 rows would take part twice."""
     from dpbert.privacy import events
 
-    seen = []
-    real_sample = sampling.ShuffleSampler.sample
-
-    def spy(self, step):
-        rows = real_sample(self, step)
-        seen.append(rows)
-        return rows
-
-    n, B = 20, 4
-    rng = np.random.default_rng(0)
-    token_ids = rng.integers(5, 60, size=(n, 8))
-    mc = ModelConfig(preset="custom", hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16,
-                     max_seq_length=8, dropout=0.0)
-    tc = TrainingConfig(batch_size=B, steps=7, warmup_steps=0, clip_norm=1.0, noise_multiplier=1.0,
-                        checkpoint_every=5, delta=1e-5, sampling="shuffle", dataset_size=n)
-    specials = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
-    out = tmp_path / "state"
-    try:
-        sampling.ShuffleSampler.sample = spy
-        with pytest.raises(train_lib.SimulatedCrash):
-            train_lib.train_mlm(token_ids, specials, 64, mc, tc, out, progress=False, export_saved_model=False,
-                                hooks=[train_lib.CrashAfter(6)])
-        result = train_lib.train_mlm(token_ids, specials, 64, mc, tc, out, progress=False, export_saved_model=False)
-    finally:
-        sampling.ShuffleSampler.sample = real_sample
-    assert result.steps_taken_total == 8 and len(seen) == 8
+    n, B = shuffled_chain.n, shuffled_chain.training_config.batch_size
+    result, seen = shuffled_chain.result, shuffled_chain.sampled
+    executed = SHUFFLED_CRASH_AFTER + result.train.steps_this_run
+    assert result.train.resumed_from_step == 0 and result.train.steps_taken_total == executed == 5
+    assert len(seen) == executed and all(len(rows) == B for rows in seen)
     counts = np.bincount(np.concatenate(seen), minlength=n)
-    occurrences, straddling = events.shuffle_participations(8, B / n)
-    assert occurrences == 2 and not straddling
+    occurrences, _ = events.shuffle_participations(executed, B / n)
+    assert occurrences == 1 and executed * B < n  # the windows lie in one permutation: none straddles
     assert counts.max() <= occurrences

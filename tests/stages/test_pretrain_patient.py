@@ -22,9 +22,10 @@ def _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, k=2, name="model"):
                           membership_config=MembershipConfig(), pipeline_root=str(root), export_saved_model=False)
 
 
-def test_patient_unit_trains_per_patient_and_records_a_per_patient_event(tmp_path, tuples_dir, vocabulary_dir):
-    tc = tiny_training_config(batch_size=2, steps=3, dataset_patients=PATIENTS)
-    result = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc)
+@pytest.mark.xdist_group("patient_chain")
+def test_patient_unit_trains_per_patient_and_records_a_per_patient_event(patient_chain):
+    # The shared chain (conftest.patient_chain: 3 steps, resumed from its checkpoint at step 2).
+    tc, result = patient_chain.training_config, patient_chain.result
     plan = result.plan
     assert (plan.unit, plan.max_contributions, plan.dataset_size, plan.batch_size) == ("patient", 2, PATIENTS, 2)
     record = result.dp_event
