@@ -1,6 +1,5 @@
 """dpbert.stages.membership without TFX: the recorded split, the refusals, the report."""
 import json
-import shutil
 
 import pytest
 
@@ -11,16 +10,8 @@ from dpbert.stages.membership import NoHoldoutError, TrainedModel
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, vocabulary_dir):
-    from dpbert.model.bert import BertSpec, build_bert, save_bert
-    from dpbert.vocab.wordpiece import load_tokenizer
-
-    root = tmp_path_factory.mktemp("membership")
-    spec = BertSpec(vocab_size=load_tokenizer(vocabulary_dir).get_vocab_size(), hidden_size=16, num_layers=1,
-                    num_heads=2, intermediate_size=32, max_seq_length=32, max_predictions=5)
-    save_bert(build_bert(spec, seed=1), root / "dp" / schema.MODEL_DIR)
-    shutil.copytree(vocabulary_dir, root / "dp" / schema.TOKENIZER_DIR)
-    return str(root / "dp")
+def model_dir(tiny_bert_dir):
+    return tiny_bert_dir
 
 
 def test_holdout_of():

@@ -1,4 +1,4 @@
-"""The utility table of dpbert.stages.ner (issue 16) without TFX, tiny models: a user's IOB files
+"""The utility table of dpbert.stages.ner without TFX, tiny models: a user's IOB files
 (ner.train_path / test_path), the dev split carved from the TRAINING sentences, the rows and the
 public row being exactly the DP trainer's public start."""
 import json
@@ -23,29 +23,25 @@ def _iob(path, sentence, copies):
     return str(path)
 
 
-def _tiny_models(tmp_path, vocabulary_dir, names=("dp", "non_private")):
-    from dpbert.model.bert import BertSpec, build_bert, save_bert
-    from dpbert.vocab.wordpiece import load_tokenizer
-
-    spec = BertSpec(vocab_size=load_tokenizer(vocabulary_dir).get_vocab_size(), hidden_size=16, num_layers=1,
-                    num_heads=2, intermediate_size=32, max_seq_length=32, max_predictions=5)
-    dirs = {}
-    for seed, name in enumerate(names, start=1):
-        dirs[name] = tmp_path / name
-        save_bert(build_bert(spec, seed=seed), dirs[name] / schema.MODEL_DIR)
-        shutil.copytree(vocabulary_dir, dirs[name] / schema.TOKENIZER_DIR)
-    return dirs
+def _tiny_models(tmp_path, tiny_bert_dir):
+    """The "dp" row: the session's tiny model; the "non_private" row: a copy of it (what is tested
+    is the table's rows, not how the models differ)."""
+    shutil.copytree(tiny_bert_dir, tmp_path / "non_private")
+    return {"dp": tiny_bert_dir, "non_private": tmp_path / "non_private"}
 
 
-def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
+def test_ner_evaluation_with_a_users_iob_files(tmp_path, tiny_bert_dir):
     train_path = _iob(tmp_path / "train.tsv", TRAIN, 20)
     test_path = _iob(tmp_path / "test.tsv", TEST, 6)
-    cfg = NerConfig(enabled=True, train_path=train_path, test_path=test_path, epochs=2, seeds=2, batch_size=8,
-                    dev_fraction=0.25, patience=1, synthetic_column=False)
+    # The linear probe (ner.mode = probe) with the baseline's row, two seeds and the second column
+    # (the in-domain synthetic task: ner.synthetic_column); fine-tuning, below, once per row.
+    cfg = NerConfig(enabled=True, train_path=train_path, test_path=test_path, mode="probe", learning_rate=0.05,
+                    epochs=2, seeds=2, batch_size=8, dev_fraction=0.25, patience=1, synthetic_column=True,
+                    synthetic_train_sentences=16, synthetic_test_sentences=8)
     train, dev, test, source = stage.load_ner_data(cfg)
     assert source == "user data" and (len(train), len(dev), len(test)) == (15, 5, 6)
     assert all(s.tokens[0] == "Aspirin" for s in train + dev) and all(s.tokens[0] == "Heparin" for s in test)
-    dirs = _tiny_models(tmp_path, vocabulary_dir)
+    dirs = _tiny_models(tmp_path, tiny_bert_dir)
     result = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report"), cfg, 24,
                                   baseline_model_dir=str(dirs["non_private"]),
                                   model_config=ModelConfig(), training_config=TrainingConfig())
@@ -55,29 +51,29 @@ def test_ner_evaluation_with_a_users_iob_files(tmp_path, vocabulary_dir):
     utility = props[stage.UTILITY]
     # model.init = random: no public row; the gains are measured from the random row
     assert list(utility["rows"]) == ["random", "dp", "non_private"] and utility["reference"] == "random"
-    assert (utility["ner_task"], utility["ner_mode"]) == ("user data", "finetune")
+    assert (utility["ner_task"], utility["ner_mode"]) == ("user data", "probe") and props["mode"] == "probe"
     for row in utility["rows"].values():
         assert set(row) == set(schema.UTILITY_COLUMNS)
         assert row["heldout_mlm_loss"] > 0 and 0 <= row["heldout_mlm_accuracy"] <= 1
         assert 0 <= row["ner_f1_mean"] <= 1 and row["ner_f1_std"] >= 0
-        assert row["ner_synthetic_f1_mean"] is None  # ner.synthetic_column off
+        assert 0 <= row["ner_synthetic_f1_mean"] <= 1 and row["ner_synthetic_f1_std"] >= 0
     assert props["f1"] == utility["rows"]["dp"]["ner_f1_mean"]
     assert [row["model"] for row in props["table"]] == ["random", "dp", "non_private"]
     assert props[schema.PRIVATE] == 1  # the non-private row: operator-only
     report = json.loads((tmp_path / "report" / stage.REPORT_FILE).read_text())
     assert len(report["rows"]["dp"]["f1_seeds"]) == 2 and report["seeds"] == [0, 1]
     assert all(1 <= e <= 2 for e in report["rows"]["dp"]["best_epochs"])
-    # without the baseline the artifact may be released (and the linear probe: ner.mode = probe)
-    # (and the second column, the in-domain synthetic task: ner.synthetic_column, on by default)
-    probe = NerConfig(**{**cfg.__dict__, "mode": "probe", "learning_rate": 0.05, "epochs": 3, "seeds": 1,
-                         "synthetic_column": True, "synthetic_train_sentences": 16, "synthetic_test_sentences": 8})
-    alone = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report2"), probe, 24)
+    # without the baseline the artifact may be released; fine-tuning (ner.mode = finetune), without
+    # the second column (ner.synthetic_column off)
+    finetune = NerConfig(**{**cfg.__dict__, "mode": "finetune", "learning_rate": NerConfig().learning_rate,
+                            "epochs": 1, "seeds": 1, "synthetic_column": False})
+    alone = stage.ner_evaluation(str(dirs["dp"]), str(tmp_path / "report2"), finetune, 24)
     assert alone.properties[schema.PRIVATE] == 0 and alone.properties[stage.UTILITY]["gain_kept_ner_f1"] is None
     assert alone.properties[stage.UTILITY]["gain_kept_ner_f1_reason"] == "a row is missing"
     for row in alone.properties[stage.UTILITY]["rows"].values():
-        assert 0 <= row["ner_synthetic_f1_mean"] <= 1 and row["ner_synthetic_f1_std"] >= 0
-    assert alone.properties[stage.UTILITY]["ner_mode"] == "probe"
-    assert alone.properties["mode"] == "probe" and list(alone.properties[stage.UTILITY]["rows"]) == ["random", "dp"]
+        assert 0 <= row["ner_f1_mean"] <= 1 and row["ner_synthetic_f1_mean"] is None
+    assert alone.properties[stage.UTILITY]["ner_mode"] == "finetune"
+    assert alone.properties["mode"] == "finetune" and list(alone.properties[stage.UTILITY]["rows"]) == ["random", "dp"]
 
 
 def test_the_dev_split_comes_from_the_training_sentences_only():
@@ -142,7 +138,11 @@ def test_the_public_row_is_the_dp_trainers_public_start(tmp_path, public_checkpo
     models.mlm.set_weights(weights)
     bert_lib.save_bert(models, tmp_path / "dp" / schema.MODEL_DIR)
     shutil.copytree(tmp_path / "vocabulary", tmp_path / "dp" / schema.TOKENIZER_DIR)
-    cfg = NerConfig(enabled=True, epochs=1, seeds=1, max_train_sentences=12, batch_size=8, synthetic_column=False)
+    # What is compared is the held-out MLM loss: the NER column is the cheapest one (the linear
+    # probe, one epoch, a user's small IOB files).
+    cfg = NerConfig(enabled=True, train_path=_iob(tmp_path / "train.tsv", TRAIN, 8),
+                    test_path=_iob(tmp_path / "test.tsv", TEST, 4), mode="probe", learning_rate=0.05, epochs=1,
+                    seeds=1, batch_size=8, synthetic_column=False)
     result = stage.ner_evaluation(str(tmp_path / "dp"), str(tmp_path / "report"), cfg, 24,
                                   model_config=mc, training_config=tc)
     rows = result.properties[stage.UTILITY]["rows"]
