@@ -19,6 +19,8 @@ from dpbert.model.engine.build import GHOST
 from dpbert.model.masking import mask_with_seed
 from dpbert.model.noise_check import noise_check
 
+from .conftest import eagerly
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,47 +37,64 @@ def _mlm_batch(spec, n=6, seed=0):
     return batch, inputs, loss_fn
 
 
-def _brute_force(model, batch, inputs, mask, clip):
-    """Per-example gradients one example at a time; returns (norms, clipped sum, contributions)."""
-    total = [tf.zeros_like(v) for v in model.trainable_variables]
-    norms, contributions = [], []
-    for i in range(len(mask)):
+def _per_example(model, batch, inputs):
+    """Per-example gradients one example at a time (numpy, one array per variable) and their norms."""
+    per_example, norms = [], []
+    for i in range(inputs["input_ids"].shape[0]):
         with tf.GradientTape() as tape:
             out = model({k: v[i:i + 1] for k, v in inputs.items()}, training=True)
             loss = clipping.per_example_mlm_loss(batch["masked_labels"][i:i + 1], out, batch["masked_weights"][i:i + 1])[0]
-        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
-        norm = float(tf.linalg.global_norm(grads))
-        weight = min(1.0, clip / norm) * float(mask[i])
-        contributions.append(weight * norm)
-        norms.append(norm)
-        total = [t + weight * g for t, g in zip(total, grads)]
-    return np.array(norms), total, np.array(contributions)
+        grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, model.trainable_variables)]
+        per_example.append(grads)
+        norms.append(float(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads))))
+    return np.array(norms), per_example
+
+
+def _clipped(per_example, norms, mask, clip):
+    """(clipped sum Σ_i mask_i·min(1, C/‖g_i‖)·g_i, each example's contribution norm)."""
+    weights = [min(1.0, clip / norm) * float(m) for norm, m in zip(norms, mask)]
+    total = [sum(w * grads[j] for w, grads in zip(weights, per_example)) for j in range(len(per_example[0]))]
+    return total, np.array(weights) * norms
+
+
+@pytest.fixture(scope="module")
+def brute_force():
+    """``get(geometry)``: the model of that geometry, its batch and per-example gradients by brute
+    force, made once for both clipping paths (neither changes the model)."""
+    made = {}
+
+    def get(geometry):
+        if geometry not in made:
+            length, hidden, inter = geometry
+            spec = bert_lib.BertSpec(vocab_size=50, hidden_size=hidden, num_layers=2, num_heads=2,
+                                     intermediate_size=inter, max_seq_length=length, max_predictions=4,
+                                     dropout=0.0, attention_dropout=0.0)
+            model = bert_lib.build_bert(spec, seed=1).mlm
+            batch, inputs, loss_fn = _mlm_batch(spec)
+            made[geometry] = (model, inputs, loss_fn, *_per_example(model, batch, inputs))
+        return made[geometry]
+
+    return get
 
 
 @pytest.mark.parametrize("path", ["ghost", "tfp_two_pass"])
 @pytest.mark.parametrize("geometry", [(12, 16, 32), (40, 8, 16)])  # ghost-norm and instantiation branches
-def test_clipping_matches_brute_force(path, geometry):
-    length, hidden, inter = geometry
-    spec = bert_lib.BertSpec(vocab_size=50, hidden_size=hidden, num_layers=2, num_heads=2,
-                             intermediate_size=inter, max_seq_length=length, max_predictions=4,
-                             dropout=0.0, attention_dropout=0.0)
-    model = bert_lib.build_bert(spec, seed=1).mlm
-    batch, inputs, loss_fn = _mlm_batch(spec)
+def test_clipping_matches_brute_force(brute_force, path, geometry):
+    model, inputs, loss_fn, ref_norms, per_example = brute_force(geometry)
     mask = np.array([1, 1, 1, 1, 1, 0], np.float32)  # last row is padding
-    ref_norms, _, _ = _brute_force(model, batch, inputs, np.ones(6), 1e9)
     clip = float(np.median(ref_norms[:5]))  # some examples clipped, some not
     if path == "ghost":
         grads, losses, norms, _ = ghost.clipped_gradient_sum(model, inputs, loss_fn, mask, clip)
     else:
         grads, losses, norms, _ = clipping.tfp_two_pass_clipped_gradients(
             model, clipping.make_layer_registry(), inputs, loss_fn, mask, clip)
-    _, expected, contributions = _brute_force(model, batch, inputs, mask, clip)
+    expected, contributions = _clipped(per_example, ref_norms, mask, clip)
     np.testing.assert_allclose(norms.numpy()[:5], ref_norms[:5], rtol=1e-4)
     assert norms.numpy()[5] == 0 and losses.numpy()[5] == 0  # padded row: no loss, no gradient
     assert np.all(contributions <= clip * (1 + 1e-5))  # each example's contribution ≤ C
-    scale = max(float(tf.reduce_max(tf.abs(e))) for e in expected)
+    scale = max(float(np.max(np.abs(e))) for e in expected)
     for got, want in zip(grads, expected):
-        np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), want.numpy(), atol=2e-6 * scale)
+        np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), want, atol=2e-6 * scale)
 
 
 def test_norms_are_those_of_the_applied_gradient_under_dropout():
@@ -104,6 +123,22 @@ def test_per_example_loss_is_mean_over_own_masked_positions():
 
 
 # --------------------------------------------------------------------------- noise
+# Each check measures m = steps × ~4,000 coordinates, its tolerance z/√(2m) computed from m (z = 4,
+# false-failure rate ≈ 6e-5 whatever m): 2 steps give ≈ 3.2 %, and noise added per shard (√(P·T)
+# off, ≥ 41 %) is still more than 10 tolerances away. The steps run eagerly (``eagerly``: a few
+# steps cost less than the trace; the traced step's noise: tests/model/test_stats_every.py), the
+# T = 4 check once for its test and the CLI's (``accumulation_4``).
+NOISE_STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def accumulation_4():
+    """``(arguments, result)`` of ``noise_check`` with T = 4 (the call the CLI test makes)."""
+    args, kwargs = (1, 4, 1.0, 0.01, 16), dict(steps=NOISE_STEPS, seed=None, noise_mode="once")
+    with eagerly():
+        return (args, kwargs), noise_check(*args, **kwargs)
+
+
 def _assert_noise(result, replicas, accumulation):
     assert result["passed"], result
     # Tolerance from the sampling distribution of the std (z = 4 relative standard errors).
@@ -115,13 +150,17 @@ def _assert_noise(result, replicas, accumulation):
 
 
 @pytest.mark.parametrize("accumulation", [1, 4])
-def test_noise_std_single_replica(accumulation):
-    result = noise_check(1, accumulation, noise_multiplier=1.3, clip=0.01, batch_size=16, steps=25)
+def test_noise_std_single_replica(accumulation, request):
+    if accumulation == 4:
+        result = request.getfixturevalue("accumulation_4")[1]
+    else:
+        with eagerly():
+            result = noise_check(1, accumulation, noise_multiplier=1.3, clip=0.01, batch_size=16, steps=NOISE_STEPS)
     _assert_noise(result, 1, accumulation)
 
 
-def test_noise_paper_mode_reports_effective_sigma():
-    result = noise_check(1, 4, noise_multiplier=1.0, clip=0.01, batch_size=16, steps=15, seed=4,
+def test_noise_paper_mode_reports_effective_sigma(eager_steps):
+    result = noise_check(1, 4, noise_multiplier=1.0, clip=0.01, batch_size=16, steps=NOISE_STEPS, seed=4,
                          noise_mode="paper")
     assert result["passed"]
     assert abs(result["measured_std"] / result["paper_std"] - 1) <= result["tolerance"]
@@ -165,7 +204,7 @@ def _delta(model, stepper, features, mask):
     return np.concatenate([(b - v.numpy()).ravel() for b, v in zip(before, model.trainable_variables)])
 
 
-def test_noise_seed_entropy_vs_explicit():
+def test_noise_seed_entropy_vs_explicit(eager_steps):
     zeros = np.zeros((4, 4), np.float32)
     off = np.zeros(4, np.float32)
     deltas = [_delta(*_dense_stepper(seed), zeros, off) for seed in (None, None, 7, 7)]
@@ -217,14 +256,25 @@ def test_clipping_path_is_logged(caplog):
     assert len(messages) == 1 and "ghost" in messages[0]  # logged once per process
 
 
-def test_run_noise_check_cli_in_process(capsys):
+def test_run_noise_check_cli_in_process(capsys, monkeypatch, accumulation_4):
+    """The CLI's one noise check is the fixture's call (its arguments asserted), whose result it
+    prints as JSON and turns into the exit code."""
     import argparse
 
+    from dpbert.model import noise_check as module
     from dpbert.model.noise_check import run_noise_check_cli
 
+    calls = []
+
+    def the_fixtures_call(*args, **kwargs):
+        calls.append((args, kwargs))
+        return accumulation_4[1]
+
+    monkeypatch.setattr(module, "noise_check", the_fixtures_call)
     args = argparse.Namespace(replicas=1, accumulation=4, noise_multiplier=1.0, clip=0.01, batch_size=16,
-                              steps=10, json=True)
+                              steps=NOISE_STEPS, json=True)
     assert run_noise_check_cli(args) == 0
+    assert calls == [accumulation_4[0]]
     out = json.loads(capsys.readouterr().out)
     assert out["passed"] and out["accumulation"] == 4
 
