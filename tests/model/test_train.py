@@ -73,6 +73,8 @@ def test_dp_training_learns_with_small_noise_and_records(corpus, tmp_path):
     assert result.clip_norm == 1.0 and result.clipping_path == "ghost" and 0.0 <= result.clipped_fraction <= 1.0
     assert result.steps_taken_total == result.model_step == 40
     assert json.loads((tmp_path / "dp_steps.json").read_text())["steps_executed"] == 40
+    # The traced step's noise, per trained piece, by the run-time noise check at the run's end.
+    assert result.integrity_checks["noise"]["ran"] and result.integrity_checks["noise"]["passed"]
 
 
 @pytest.mark.slow  # make test-all; the in-process tests cover the same code (docs/development.md)
