@@ -44,17 +44,23 @@ ALL = ["test_skips_in_the_call", "test_skipif_marker", "test_fixture_skip", "tes
 
 
 def run_pytest(tmp_path, allowed, *args, module=TESTS, name="test_generated.py"):
-    """Run pytest with the skip guard on ``module`` in ``tmp_path``, ``allowed`` (test names) listed."""
+    """Run pytest with the skip guard on ``module`` in ``tmp_path``, ``allowed`` (test names) listed.
+    The child loads no installed plugin but the ones ``args`` name (``-p xdist``): each costs a
+    second of start-up per process, and the guard is a conftest, not an installed plugin."""
     (tmp_path / "pytest.ini").write_text("[pytest]\nskip_allowlist = allow.txt\naddopts = -p no:cacheprovider\n")
     (tmp_path / "conftest.py").write_text("from tests.skip_guard import *  # noqa: F401,F403\n")
     (tmp_path / "allow.txt").write_text("# generated\n" + "".join(
         f"{name}::{test} # reason {i}\n" for i, test in enumerate(allowed)))
     (tmp_path / name).write_text(module)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", *args, name], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+#: One xdist worker process: the skip is turned into a failure there and the controller reports it.
+XDIST = ("-p", "xdist", "-n", "1", "--dist", "loadgroup")
 
 
 def test_an_unlisted_skip_fails_the_session(tmp_path):
@@ -69,14 +75,14 @@ def test_an_unlisted_skip_fails_the_session(tmp_path):
 
 
 def test_listed_skips_pass_under_xdist(tmp_path):
-    result = run_pytest(tmp_path, ALL, "-n", "2", "--dist", "loadgroup")
+    result = run_pytest(tmp_path, ALL, *XDIST)
     assert result.returncode == pytest.ExitCode.OK, result.stdout[-3000:]
     assert "4 skipped" in result.stdout and "1 xfailed" in result.stdout
     assert "test_generated.py::test_grouped_skip: reason 3" in result.stdout
 
 
 def test_an_unlisted_skip_fails_under_xdist(tmp_path):
-    result = run_pytest(tmp_path, ALL[:2], "-n", "2", "--dist", "loadgroup")
+    result = run_pytest(tmp_path, ALL[:2], *XDIST)
     assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout[-3000:]
     assert "test_generated.py::test_fixture_skip skipped (tool missing)" in result.stdout
     assert "test_generated.py::test_grouped_skip@shared skipped (tool missing)" in result.stdout
