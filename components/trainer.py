@@ -94,7 +94,7 @@ def make_state_root_private(root: str) -> None:
     log inside are operator-only, whatever their own modes); on object storage access is the
     bucket's IAM, the operator's (docs/running-on-vertex.md)."""
     from dpbert import storage
-    from dpbert.model.engine.chain import STATE_ROOT
+    from dpbert.stages.pretrain import STATE_ROOT
 
     if storage.is_remote(root):
         return
