@@ -76,7 +76,10 @@ def tiny_training_config(**overrides):
 
 # Stage runs several tests read. A DP stage run costs seconds of CPU (mostly tracing its step), so
 # each is trained ONCE per session and the tests assert on it; a test that uses one carries
-# ``xdist_group(<fixture name>)`` so that ``--dist loadgroup`` trains it on one worker only.
+# ``xdist_group(<fixture name>)`` so that ``--dist loadgroup`` trains it on one worker only. The
+# runs of a few steps whose claims are about the stage (plan, records, ledger, windows), not the
+# traced step, run their steps eagerly (tests/model/conftest.py ``eagerly``); the planning case's
+# run (11 steps) stays traced, so a traced stage run remains in make test.
 
 #: The planning case of tests/stages/test_pretrain.py: training.epochs 1.1 of a public n = 50 at
 #: B = 5 plans 11 steps (one TrainingPlan for the budget guard and the trainer).
@@ -87,6 +90,15 @@ SHUFFLED_CRASH_AFTER = 2
 #: of patients, a checkpoint every step, a crash after 2, the resume from that checkpoint.
 PATIENT_CHAIN = dict(batch_size=2, steps=3, dataset_patients=PATIENTS, checkpoint_every=1)
 PATIENT_CRASH_AFTER = 2
+
+
+@pytest.fixture
+def eager_steps():
+    """The test's training steps run eagerly (tests/model/conftest.py ``eagerly``)."""
+    from tests.model.conftest import eagerly
+
+    with eagerly():
+        yield
 
 
 def ledger_target(location, budget=None, unit="tuple") -> str:
@@ -163,9 +175,12 @@ def dp_count_run(tmp_path_factory, tuples_dir, vocabulary_dir):
     works on a copy) and ``model_dir``."""
     from types import SimpleNamespace
 
+    from tests.model.conftest import eagerly
+
     root = tmp_path_factory.mktemp("dp_count_run") / "root"
     tc = tiny_training_config(steps=2)
-    result = run_stage(root, tuples_dir, vocabulary_dir, tc)
+    with eagerly():
+        result = run_stage(root, tuples_dir, vocabulary_dir, tc)
     return SimpleNamespace(training_config=tc, result=result, root=root,
                            model_dir=root / "MLMPretrainer" / "model" / "model")
 
@@ -186,6 +201,7 @@ def shuffled_chain(tmp_path_factory, tuples_dir, vocabulary_dir, raw_tuples):
 
     from dpbert.model import sampling
     from dpbert.model.engine.hooks import CrashAfter, SimulatedCrash
+    from tests.model.conftest import eagerly
 
     root = tmp_path_factory.mktemp("shuffled_chain")
     tc = tiny_training_config(steps=3, dataset_size=len(raw_tuples), sampling="shuffle")
@@ -197,7 +213,7 @@ def shuffled_chain(tmp_path_factory, tuples_dir, vocabulary_dir, raw_tuples):
         sampled.append(rows)
         return rows
 
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, eagerly():
         patch.setattr(sampling.ShuffleSampler, "sample", spy)
         with pytest.raises(SimulatedCrash):
             run_stage(root, tuples_dir, vocabulary_dir, tc, hooks=[CrashAfter(SHUFFLED_CRASH_AFTER)],
@@ -218,15 +234,17 @@ def patient_chain(tmp_path_factory, tuples_dir, vocabulary_dir):
 
     from dpbert.config import PrivacyConfig
     from dpbert.model.engine.hooks import CrashAfter, SimulatedCrash
+    from tests.model.conftest import eagerly
 
     root = tmp_path_factory.mktemp("patient_chain")
     tc = tiny_training_config(**PATIENT_CHAIN)
     pc = PrivacyConfig(tuple_words=24, unit="patient", max_tuples_per_patient=2)
     target = ledger_target(root / "ledgers", unit="patient")
-    with pytest.raises(SimulatedCrash):
-        run_stage(root, tuples_dir, vocabulary_dir, tc, privacy_config=pc, ledger_target=target,
-                  hooks=[CrashAfter(PATIENT_CRASH_AFTER)])
-    crashed = ledger_entries(root / "ledgers", unit="patient")
-    result = run_stage(root, tuples_dir, vocabulary_dir, tc, privacy_config=pc, ledger_target=target)
+    with eagerly():
+        with pytest.raises(SimulatedCrash):
+            run_stage(root, tuples_dir, vocabulary_dir, tc, privacy_config=pc, ledger_target=target,
+                      hooks=[CrashAfter(PATIENT_CRASH_AFTER)])
+        crashed = ledger_entries(root / "ledgers", unit="patient")
+        result = run_stage(root, tuples_dir, vocabulary_dir, tc, privacy_config=pc, ledger_target=target)
     return SimpleNamespace(training_config=tc, privacy_config=pc, crashed=crashed, result=result,
                            entries=ledger_entries(root / "ledgers", unit="patient"), ledgers=root / "ledgers")

@@ -119,9 +119,13 @@ HOLDOUT = MembershipConfig(holdout_patient_fraction=0.3)
 
 @pytest.fixture(scope="module")
 def non_private_holdout_run(tmp_path_factory, tuples_dir, vocabulary_dir, raw_tuples):
-    """One step of the non-private baseline with 30 % of the patients held out, for the two tests below."""
-    result, _ = _pretrain(tmp_path_factory.mktemp("non_private_holdout"), tuples_dir, vocabulary_dir,
-                          tiny_training_config(steps=1, dataset_size=len(raw_tuples)), HOLDOUT, non_private=True)
+    """One step (eager) of the non-private baseline with 30 % of the patients held out, for the two
+    tests below."""
+    from tests.model.conftest import eagerly
+
+    with eagerly():
+        result, _ = _pretrain(tmp_path_factory.mktemp("non_private_holdout"), tuples_dir, vocabulary_dir,
+                              tiny_training_config(steps=1, dataset_size=len(raw_tuples)), HOLDOUT, non_private=True)
     return result
 
 

@@ -46,7 +46,8 @@ def test_patient_unit_trains_per_patient_and_records_a_per_patient_event(patient
     assert led["unit"] == "patient" and led["epsilon_train"] == pytest.approx(direct, rel=1e-9)
 
 
-def test_patient_unit_without_public_n_plans_from_a_dp_count_of_patients(tmp_path, tuples_dir, vocabulary_dir):
+def test_patient_unit_without_public_n_plans_from_a_dp_count_of_patients(tmp_path, tuples_dir, vocabulary_dir,
+                                                                         eager_steps):
     tc = tiny_training_config(batch_size=2, steps=1, count_noise_multiplier=0.5)
     result = _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, k=3)
     records = events.from_json(result.properties[schema.DP_EVENTS])
