@@ -30,7 +30,8 @@ def _tiny_models(tmp_path, tiny_bert_dir):
     return {"dp": tiny_bert_dir, "non_private": tmp_path / "non_private"}
 
 
-def test_ner_evaluation_with_a_users_iob_files(tmp_path, tiny_bert_dir):
+def test_ner_evaluation_with_a_users_iob_files(tmp_path, tiny_bert_dir, eager_steps):
+    # eager_steps: the table's rows and columns are the claim, not the traced fine-tuning step
     train_path = _iob(tmp_path / "train.tsv", TRAIN, 20)
     test_path = _iob(tmp_path / "test.tsv", TEST, 6)
     # The linear probe (ner.mode = probe) with the baseline's row, two seeds and the second column
@@ -118,7 +119,7 @@ def public_checkpoint(tmp_path):
     return tmp_path / "public"
 
 
-def test_the_public_row_is_the_dp_trainers_public_start(tmp_path, public_checkpoint):
+def test_the_public_row_is_the_dp_trainers_public_start(tmp_path, public_checkpoint, eager_steps):
     """A "DP" model that IS the trainer's public start (zero DP steps) scores exactly as the public
     row: the evaluator rebuilds the same start (checkpoint, public layers, warm-up, seed)."""
     from dpbert.model import bert as bert_lib
