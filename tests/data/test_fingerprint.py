@@ -4,8 +4,8 @@ compiled spec, an artifact or context property, a file outside the private state
 
 The attack: the reader of a spec or of ML Metadata holds the fingerprint and knows the corpus but
 one lab value (51 notes, 50 known); 1,000 candidate notes differ in that value only. Positive
-control: the unkeyed fingerprint (the same code with the HMAC key dropped, as before the change)
-singles out exactly the true note. Keyed, without the salt, no candidate matches whatever the
+control: the unkeyed fingerprint (the same code with the HMAC key dropped) singles out exactly
+the true note. Keyed, without the salt, no candidate matches whatever the
 attacker keys with (nothing, or a salt of its own); with the salt (the operator) exactly one does,
 so the harness itself works.
 """
@@ -33,15 +33,18 @@ def _note(i, glucose=None):
     return {"text": text, "note_id": f"n{i}", "patient_id": f"p{i}"}
 
 
+#: The 50 notes the attacker knows, as JSONL (serialised once: the attack writes 1,000 corpora).
+KNOWN_NOTES = "".join(json.dumps(_note(i)) + "\n" for i in range(50))
+
+
 def _write_corpus(path, glucose):
-    notes = [_note(i) for i in range(50)] + [_note(50, glucose)]
-    path.write_text("".join(json.dumps(n) + "\n" for n in notes))
+    path.write_text(KNOWN_NOTES + json.dumps(_note(50, glucose)) + "\n")
     return CorpusConfig(path=str(path))
 
 
 class _Unkeyed:
     """The broken mechanism (a test fixture, not an API): HMAC with its key dropped, i.e. the
-    plain sha256 of the same framing, which is what the fingerprint was before it was keyed."""
+    plain sha256 of the same framing."""
 
     def __init__(self, key, digestmod):
         self._h = hashlib.sha256()
@@ -62,28 +65,37 @@ def unkeyed(monkeypatch):
     return fingerprint_without_key
 
 
-def _matches(tmp_path, published, attacker):
+def _candidate_corpora(tmp_path):
+    """``[(value, corpus)]``: the attacker's candidate corpora, written once, each in a folder of
+    its own under the corpus's name (the name is in the spec, corpus_config; the content keys it)."""
+    out = []
+    for g in CANDIDATES:
+        folder = tmp_path / "attacker" / str(g)
+        folder.mkdir(parents=True)
+        out.append((g, _write_corpus(folder / "notes.jsonl", g)))
+    return out
+
+
+def _matches(corpora, published, attacker):
     """The candidate values whose corpus the attacker's fingerprint function maps to ``published``."""
-    candidates = tmp_path / "attacker"
-    candidates.mkdir(exist_ok=True)
-    path = candidates / "notes.jsonl"  # the corpus's name is in the spec (corpus_config)
-    return [g for g in CANDIDATES if attacker(_write_corpus(path, g)) == published]
+    return [g for g, corpus in corpora if attacker(corpus) == published]
 
 
 def test_unkeyed_fingerprint_recovers_the_lab_value_keyed_recovers_nothing(tmp_path, unkeyed):
-    """Fails on the previous main: its unsalted sha256 let the attacker recover the glucose value."""
+    """Unkeyed, the fingerprint gives the glucose value away; keyed, no candidate matches without the salt."""
     corpus = _write_corpus(tmp_path / "notes.jsonl", TRUE_GLUCOSE)
+    candidates = _candidate_corpora(tmp_path)
     # Positive control: the unkeyed fingerprint (what a /gcs/-mounted compile put in the spec).
-    assert _matches(tmp_path, unkeyed(corpus), unkeyed) == [TRUE_GLUCOSE]
+    assert _matches(candidates, unkeyed(corpus), unkeyed) == [TRUE_GLUCOSE]
     # The keyed one, published (local ML Metadata): the salt stays in the private state root.
     salt = load_or_create_salt(str(tmp_path / "state"))
     published = corpus_fingerprint(corpus, salt)
     assert published.startswith("content:")
-    assert _matches(tmp_path, published, unkeyed) == []
+    assert _matches(candidates, published, unkeyed) == []
     own_salt = os.urandom(SALT_BYTES)
-    assert _matches(tmp_path, published, lambda c: corpus_fingerprint(c, own_salt)) == []
+    assert _matches(candidates, published, lambda c: corpus_fingerprint(c, own_salt)) == []
     # The operator, who holds the salt, gets exactly the true note: the harness works.
-    assert _matches(tmp_path, published, lambda c: corpus_fingerprint(c, salt)) == [TRUE_GLUCOSE]
+    assert _matches(candidates, published, lambda c: corpus_fingerprint(c, salt)) == [TRUE_GLUCOSE]
 
 
 def test_fingerprint_refuses_to_run_unkeyed(tmp_path):
@@ -123,8 +135,8 @@ def _secrets(salt, fp):
 
 
 def test_compiled_spec_carries_no_content_hash_and_ingest_is_uncached(tmp_path, monkeypatch, unkeyed):
-    """Fails on the previous main: a compile on a host with the bucket mounted at /gcs/ put the
-    unsalted sha256 of the corpus into the PipelineJob JSON."""
+    """A compile on a host with the bucket mounted at /gcs/ puts no digest of the corpus (keyed or
+    not) into the PipelineJob JSON, and CorpusIngest runs uncached there."""
     import kubeflow.runner as runner
     from tests.kubeflow.conftest import IMAGE, PIPELINE_ROOT
 
