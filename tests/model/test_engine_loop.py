@@ -12,7 +12,7 @@ from dpbert.model.engine import chain as chain_lib
 from dpbert.model.engine.hooks import CrashAfter, Hook, SimulatedCrash
 from dpbert.model.engine.loop import BudgetExhausted, TrainLoop
 
-from .conftest import SPECIALS, repetitive_corpus
+from .conftest import SPECIALS, repetitive_corpus, tiny_model
 
 
 class _Source:
@@ -109,16 +109,17 @@ def test_the_budget_refuses_before_the_write_ahead_entry(state):
 
 # local: in the slow tier (the stage tests resume chains in local folders)
 @pytest.mark.parametrize("where", [pytest.param("local", marks=pytest.mark.slow), "ram"])
-def test_train_mlm_crash_and_resume_in_a_chain_on_storage(tmp_path, where):
+def test_train_mlm_crash_and_resume_in_a_chain_on_storage(tmp_path, where, eager_steps):
     """The real loop: a crash after 3 steps (checkpoint at 2), the resume finishes the plan, the
-    step log charged every executed step; the chain's files are on that storage."""
-    from dpbert.config import ModelConfig, TrainingConfig
+    step log charged every executed step; the chain's files are on that storage. (The smallest
+    model's steps, eagerly: the chain is tested, not the step's trace.)"""
+    from dpbert.config import TrainingConfig
     from dpbert.model.train import load_models, train_mlm
 
     out = str(tmp_path / "state") if where == "local" else f"ram://train-tests/{uuid.uuid4().hex}"
     tc = TrainingConfig(batch_size=8, steps=5, warmup_steps=1, clip_norm=1.0, noise_multiplier=0.5,
                         checkpoint_every=2, noise_seed=3, integrity_check_every=0)
-    model = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
+    model = tiny_model()
     observer = _Observer()
 
     def run(hooks):

@@ -8,16 +8,17 @@ import numpy as np
 import pytest
 
 from dpbert import schema, storage
-from dpbert.config import ModelConfig, TrainingConfig
+from dpbert.config import TrainingConfig
 from dpbert.model import sampling
 from dpbert.model.engine import chain as chain_lib
 from dpbert.model.train import CrashAfter, SimulatedCrash, train_mlm
 from dpbert.privacy.plan import plan_training
 
 from . import broken_mechanisms as broken
-from .conftest import SPECIALS, repetitive_corpus
+from .conftest import SPECIALS, repetitive_corpus, tiny_model
 
-MODEL = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
+#: The smallest model: the refusals are tested, not the step (whose few steps run eagerly).
+MODEL = tiny_model()
 
 
 # ------------------------------------------------------------------------------ patient groups
@@ -42,7 +43,7 @@ def test_patient_groups_are_checked_against_the_rows_keys():
         sampling.check_patient_groups(twice, keys)
 
 
-def test_train_mlm_refuses_a_grouping_that_splits_a_patient(tmp_path):
+def test_train_mlm_refuses_a_grouping_that_splits_a_patient(tmp_path, eager_steps):
     tc = TrainingConfig(batch_size=4, steps=2, noise_multiplier=0.8, clip_norm=1.0, warmup_steps=1)
     plan = plan_training(tc, 16, unit="patient", max_contributions=2)
     with broken.split_patient(), pytest.raises(sampling.PatientGroupingError, match="a patient key is in 2 groups"):
@@ -59,7 +60,7 @@ def _run(out, steps, checkpoint_every, crash_after=None):
                      hooks=[CrashAfter(crash_after)] if crash_after is not None else [])
 
 
-def test_train_mlm_refuses_to_resume_from_a_step_log_one_short(tmp_path):
+def test_train_mlm_refuses_to_resume_from_a_step_log_one_short(tmp_path, eager_steps):
     """Positive control: the step log loses the write-ahead update of step 3, the checkpoint at 3
     is saved, the run crashes: the resume is refused (before, the log was silently raised to the
     checkpoint's step and the chain charged one step short). An honest crash and resume passes:
