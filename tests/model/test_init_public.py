@@ -88,7 +88,8 @@ def test_init_matches_reference_forward_and_copies_shared_rows(tmp_path):
         init_public.spec_for_public(ModelConfig(preset="tiny", hidden_size=64), 10, directory=tmp_path)
 
 
-def test_train_mlm_with_public_init(tmp_path):
+def test_train_mlm_with_public_init(tmp_path, eager_steps):
+    """(Two steps, eagerly: the public start of the run is tested, not the step's trace.)"""
     from dpbert.model.train import train_mlm
 
     from .conftest import SPECIALS, repetitive_corpus
