@@ -124,7 +124,8 @@ def test_public_rows_pack_the_shipped_sentences():
     assert ((rows > 4).sum()) + (rows == 1).sum() == pieces          # every piece once, none lost
 
 
-def test_pretrain_stage_records_the_public_start(checkpoint, tmp_path):
+def test_pretrain_stage_records_the_public_start(checkpoint, tmp_path, eager_steps):
+    """(The warm-up's 3 and the training's 2 steps, eagerly: the stage's records are tested.)"""
     from dpbert import schema
     from dpbert.config import MembershipConfig, PrivacyConfig, TrainingConfig
     from dpbert.data.synthetic import generate_notes
