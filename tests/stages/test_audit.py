@@ -16,8 +16,11 @@ from dpbert.stages import audit
 from tests.tiny import CLASSIC
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = CLASSIC + ["model.max_seq_length=32", "model.num_layers=1", "training.steps=8", "corpus.synthetic.patients=8",
-        "vocab.size=300", "training.batch_size=8", "training.dataset_size=200", "training.warmup_steps=0"]
+# The smallest model a training run takes (tests/model/conftest.py tiny_model) and 3 steps: the audits
+# below are about the report and the plan, not the model (in process, their steps run eagerly).
+TINY = CLASSIC + ["model.preset=custom", "model.hidden_size=16", "model.num_heads=2", "model.intermediate_size=32",
+                  "model.max_seq_length=32", "model.num_layers=1", "training.steps=3", "corpus.synthetic.patients=8",
+                  "vocab.size=300", "training.batch_size=8", "training.dataset_size=200", "training.warmup_steps=0"]
 CLI_KEYS = {"epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_bound", "canaries", "confidence",
             "positive_control_lower_bound"}
 
@@ -26,11 +29,11 @@ def tiny_config(*extra):
     return load_config(None, TINY + list(extra), preset="demo")
 
 
-def test_audit_of_the_configured_training_on_the_embedded_corpus_is_public():
+def test_audit_of_the_configured_training_on_the_embedded_corpus_is_public(eager_steps):
     res = audit.audit_training(tiny_config(), canaries=256, seed=5)
     assert CLI_KEYS - {"positive_control_lower_bound"} <= set(res) and res["private"] == 0 and "embedded" in res["corpus"]
     # the plan of the configured run: q = B / (n·(1 − holdout)) with the public n = 200
-    assert res["q"] == pytest.approx(8 / 140) and res["steps"] == 8 and res["canaries"] == 256
+    assert res["q"] == pytest.approx(8 / 140) and res["steps"] == 3 and res["canaries"] == 256
     assert res["consistent"] and 0 <= res["epsilon_lower_bound"] <= res["epsilon_upper_bound"]
     # Steinke–Nasr–Jagielski's power (the report's own key when an f-DP bound is reported beside it)
     power = res.get("max_reachable_lower_bound_snj", res["max_reachable_lower_bound"])
@@ -39,7 +42,7 @@ def test_audit_of_the_configured_training_on_the_embedded_corpus_is_public():
     assert "positive_control_lower_bound" not in res and any("vocabulary" in d for d in res["differs"])
 
 
-def test_a_per_patient_claim_is_audited_on_the_patient_loop_with_its_trainable_set():
+def test_a_per_patient_claim_is_audited_on_the_patient_loop_with_its_trainable_set(eager_steps):
     res = audit.audit_training(tiny_config("privacy.unit=patient", "privacy.max_tuples_per_patient=4",
                                            "training.dataset_patients=100", "training.trainable=[bias,head]"),
                                canaries=64, seed=6, positive_control=True)
