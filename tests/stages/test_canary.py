@@ -95,7 +95,9 @@ def test_exposure_report_files_properties_and_audit_failure(tmp_path, canaries_d
     assert props["audit_epsilon_upper_bound"] == 100.0 and set(props["audit"]) == set(stage.AUDIT_FIELDS)
     assert report["query"]["form"] == "in_context" and report["audit_query"] == {"form": "standalone"}
 
-    # A lower bound above the accountant's ε: the evidence is returned, the failure handed over.
+    # A lower bound above the accountant's ε: the evidence is returned, the failure handed over
+    # (its plots, drawn as above, are not what is checked here: not drawn).
+    monkeypatch.setattr(stage, "_plot", lambda groups, path: None)
     bad = stage.exposure_report(path, str(models["dp"]), str(tmp_path / "bad"), audit_beta=0.05, max_seq_length=L,
                                 epsilon_train=-1.0, delta_train=1e-5)
     assert isinstance(bad.failure, AuditInconsistencyError) and bad.properties["audit_epsilon_upper_bound"] == -1.0
