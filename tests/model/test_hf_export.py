@@ -98,7 +98,8 @@ def _randomise(models, seed=0, scale=0.3):
 
 
 def _trained_tiny():
-    """The tiny preset (H 64, 2 layers, 2 heads, I 128) after 16 Adam steps on a repetitive corpus."""
+    """The tiny preset (H 64, 2 layers, 2 heads, I 128) after 4 Adam steps on a repetitive corpus
+    (lr 1e-2: LayerNorm γs 4e-2 away from 1)."""
     import tf_keras
 
     spec = bert_lib.BertSpec(vocab_size=40, max_seq_length=16, max_predictions=4, **bert_lib.PRESETS["tiny"],
@@ -110,12 +111,19 @@ def _trained_tiny():
     labels = np.take_along_axis(ids, positions, 1)
     masked = ids.copy()
     np.put_along_axis(masked, positions, 4, 1)
-    # run_eagerly: Keras' fit would AutoGraph-convert its whole train step (≈ 20 s for 16 steps)
+    # run_eagerly: Keras' fit would AutoGraph-convert its whole train step (≈ 20 s)
     models.mlm.compile(optimizer=tf_keras.optimizers.Adam(1e-2),
                        loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True), run_eagerly=True)
-    models.mlm.fit({"input_ids": masked, "masked_positions": positions}, labels, batch_size=16, epochs=4,
+    models.mlm.fit({"input_ids": masked, "masked_positions": positions}, labels, batch_size=16, epochs=1,
                    verbose=0)
     return models
+
+
+@pytest.fixture(scope="module")
+def small():
+    """``SMALL`` with random weights (``_randomise``), built once: the tests read it (an export, a
+    LoRA adaptation or a reload builds its own model)."""
+    return _randomise(bert_lib.build_bert(SMALL, seed=0))
 
 
 def _batch(spec, seed=0):
@@ -150,8 +158,8 @@ def _assert_reference_matches(models, directory, atol=1e-4):
 
 
 # ------------------------------------------------------------------ tests
-def test_numpy_bert_for_masked_lm_gives_dpbert_logits_random_weights(tmp_path):
-    models = _randomise(bert_lib.build_bert(SMALL, seed=0))
+def test_numpy_bert_for_masked_lm_gives_dpbert_logits_random_weights(small, tmp_path):
+    models = small
     ours = _assert_reference_matches(models, tmp_path)
     assert np.abs(ours).max() > 1.0  # not a trivially small output
 
@@ -163,10 +171,10 @@ def test_numpy_bert_for_masked_lm_gives_dpbert_logits_trained_tiny(tmp_path):
     _assert_reference_matches(models, tmp_path)
 
 
-def test_pads_are_masked_as_hf_masks_them(tmp_path):
+def test_pads_are_masked_as_hf_masks_them(small, tmp_path):
     """A pad row's logits do not depend on what the pad keys hold only because both mask them:
     without HF's attention_mask the reference disagrees."""
-    models = _randomise(bert_lib.build_bert(SMALL, seed=0))
+    models = small
     config, t = _export(models, tmp_path)
     ids, positions = _batch(SMALL)
     unmasked = hf_mlm_logits(config, t, ids, np.ones(ids.shape))
@@ -174,8 +182,8 @@ def test_pads_are_masked_as_hf_masks_them(tmp_path):
     assert np.abs(np.take_along_axis(unmasked, positions[..., None], 1)[1:] - ours[1:]).max() > 1e-2
 
 
-def test_config_and_names(tmp_path):
-    models = _randomise(bert_lib.build_bert(SMALL, seed=0))
+def test_config_and_names(small, tmp_path):
+    models = small
     config, t = _export(models, tmp_path)
     assert config["architectures"] == ["BertForMaskedLM"] and config["model_type"] == "bert"
     assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
@@ -194,8 +202,8 @@ def test_config_and_names(tmp_path):
         assert (tmp_path / name).exists()
 
 
-def test_round_trip_through_load_hf_bert(tmp_path):
-    models = _randomise(bert_lib.build_bert(SMALL, seed=0))
+def test_round_trip_through_load_hf_bert(small, tmp_path):
+    models = small
     _export(models, tmp_path)
     loaded = init_public.load_hf_bert(str(tmp_path))
     assert loaded.spec == models.spec
@@ -204,8 +212,8 @@ def test_round_trip_through_load_hf_bert(tmp_path):
                                atol=1e-5, rtol=0)
 
 
-def test_lora_model_is_exported_merged(tmp_path):
-    models = _randomise(bert_lib.build_bert(SMALL, seed=0))
+def test_lora_model_is_exported_merged(small, tmp_path):
+    models = small
     adapted = bert_lib.add_lora(models, bert_lib.LoRASpec(rank=2, alpha=4.0), seed=3)
     rng = np.random.default_rng(5)
     for w in adapted.mlm.weights:
@@ -214,9 +222,9 @@ def test_lora_model_is_exported_merged(tmp_path):
     _assert_reference_matches(adapted, tmp_path)
 
 
-def test_remote_path_through_gfile():
+def test_remote_path_through_gfile(small):
     """DIR may be any tf.io.gfile filesystem (``ram://`` here, ``gs://`` in production)."""
-    models = _randomise(bert_lib.build_bert(SMALL, seed=0))
+    models = small
     directory = "ram://hf_export_test/out"
     hf_layout.write_files(directory, hf_layout.hf_files(models, {"vocab.txt": b"[PAD]\n"}))
     loaded = init_public.load_hf_bert(directory)
@@ -239,10 +247,10 @@ def test_unprefixed_minilm_names_are_read(tmp_path):
                                   t["embeddings.word_embeddings.weight"].T)
 
 
-def test_a_head_without_decoder_weight_is_tied_as_hf_ties_it(tmp_path):
+def test_a_head_without_decoder_weight_is_tied_as_hf_ties_it(small, tmp_path):
     from safetensors.numpy import save_file
 
-    models = _randomise(bert_lib.build_bert(SMALL, seed=0))
+    models = small
     config, _ = _export(models, tmp_path)
     tensors = hf_layout.to_hf_tensors(models)
     del tensors["cls.predictions.decoder.weight"]
@@ -257,18 +265,18 @@ def test_a_head_without_decoder_weight_is_tied_as_hf_ties_it(tmp_path):
     ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"hidden_size": 32}, "disagrees with the HF keys on hidden_size"),
 ])
-def test_configs_dpbert_cannot_compute_are_refused(tmp_path, change, message):
-    models = bert_lib.build_bert(SMALL, seed=0)
+def test_configs_dpbert_cannot_compute_are_refused(small, tmp_path, change, message):
+    models = small
     config, _ = _export(models, tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(hf_layout.LayoutError, match=message):
         init_public.load_hf_bert(str(tmp_path))
 
 
-def test_a_missing_tensor_is_named(tmp_path):
+def test_a_missing_tensor_is_named(small, tmp_path):
     from safetensors.numpy import save_file
 
-    models = bert_lib.build_bert(SMALL, seed=0)
+    models = small
     _export(models, tmp_path)
     tensors = hf_layout.to_hf_tensors(models)
     del tensors["bert.encoder.layer.1.output.LayerNorm.bias"]
@@ -304,8 +312,8 @@ def swapped_head_axes(monkeypatch):
 
 
 def test_positive_control_a_consistent_wrong_layout_passes_the_round_trip_but_not_the_reference(
-        tmp_path, swapped_head_axes):
-    models = _randomise(bert_lib.build_bert(SMALL, seed=0))
+        small, tmp_path, swapped_head_axes):
+    models = small
     config, t = _export(models, tmp_path)
     ids, positions = _batch(SMALL)
     ours = _dpbert_logits(models, ids, positions)
