@@ -38,11 +38,16 @@ def world(tmp_path_factory):
     spec = BertSpec(vocab_size=tokenizer.get_vocab_size(), hidden_size=16, num_layers=1, num_heads=2,
                     intermediate_size=32, max_seq_length=32, max_predictions=5)
 
-    def model_artifact(name, seed, props):
+    def model_artifact(name, seed, props, files_of=None):
+        """A saved tiny BERT (seed) with the vocabulary; ``files_of``: a copy of that artifact's
+        files instead (the refused artifacts are refused on their properties, before any load)."""
         artifact = PretrainedModel()
         artifact.uri = str(root / name)
-        save_bert(build_bert(spec, seed=seed), root / name / "model")
-        shutil.copytree(root / "vocab", root / name / "tokenizer")
+        if files_of is None:
+            save_bert(build_bert(spec, seed=seed), root / name / "model")
+            shutil.copytree(root / "vocab", root / name / "tokenizer")
+        else:
+            shutil.copytree(root / files_of, root / name)
         set_properties(artifact, props)
         return artifact
 
@@ -52,8 +57,9 @@ def world(tmp_path_factory):
         "root": root, "tuples": tuples_artifact, "raw": tuples,
         "dp": model_artifact("dp", 1, dict(HOLDOUT, non_private=False)),
         "non_dp": model_artifact("non_dp", 2, dict(HOLDOUT, non_private=True)),
-        "no_holdout": model_artifact("no_holdout", 3, {"non_private": False}),
-        "other_split": model_artifact("other_split", 4, {"holdout_patient_fraction": 0.3, "holdout_key_id": "other"}),
+        "no_holdout": model_artifact("no_holdout", 3, {"non_private": False}, files_of="dp"),
+        "other_split": model_artifact("other_split", 4, {"holdout_patient_fraction": 0.3, "holdout_key_id": "other"},
+                                      files_of="non_dp"),
     }
 
 
