@@ -23,7 +23,7 @@ SPECIALS = [0, 1, 2, 3, 4]
 
 @pytest.fixture(scope="module")
 def stepper_and_fns():
-    spec = bert_lib.BertSpec(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+    spec = bert_lib.BertSpec(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                              max_seq_length=16, max_predictions=3, dropout=0.0, attention_dropout=0.0)
     models = bert_lib.build_bert(spec, seed=0)
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(spec, SPECIALS, 4, 0.15)
