@@ -356,7 +356,9 @@ def test_evaluate_exposure_groups_with_a_memorising_toy_model():
     latter the rank is uniform on 1..|R| and the mean exposure is log2|R| - E[log2 rank]."""
     V = 205
     candidates = np.arange(5, V)                         # |R| = 200
-    cs = C.make_canary_set(candidates, V, occurrences=[1, 10, 100], canaries_per_group=10,
+    # 5 canaries per (group, pattern): each costs a skew-normal fit (~50 ms), and the rank check
+    # below keeps its 4-sd tolerance at its n
+    cs = C.make_canary_set(candidates, V, occurrences=[1, 10, 100], canaries_per_group=5,
                            rng=np.random.default_rng(13))
     counts = np.array([c.occurrences for c in cs])  # realised counts as insert_canaries reports them
     memorised = {tuple(c.tokens[:c.secret_index]) + ("S",) + tuple(c.tokens[c.secret_index + 1:]): c.secret
@@ -375,24 +377,24 @@ def test_evaluate_exposure_groups_with_a_memorising_toy_model():
                 out[i, memorised[key]] = 50.0
         return out
 
-    report = C.evaluate_exposure(cs, score_fn, 8, counts=counts, batch_size=64,
+    report = C.evaluate_exposure(cs, score_fn, 8, counts=counts, batch_size=32,
                                  max_reference=150)
-    assert [tuple(s) for s in calls] == [(64, 8), (56, 8)]
+    assert [tuple(s) for s in calls] == [(32, 8), (28, 8)]
     assert report["log2_reference_size"] == pytest.approx(math.log2(200))
     groups = {g["group"]: g for g in report["groups"]}
     assert [g["group"] for g in report["groups"]] == ["n=1", "n=10", "n=100"]
     assert groups["n=10"]["mean_inserted"] == 10 and groups["n=100"]["mean_inserted"] == 100
     assert set(groups["n=1"]["by_pattern"]) == set(C.PATTERNS)
-    assert groups["n=1"]["by_pattern"]["HS"]["n"] == 10
+    assert groups["n=1"]["by_pattern"]["HS"]["n"] == 5
     for label in ("n=10", "n=100"):
         assert groups[label]["exposure"]["min"] == pytest.approx(math.log2(200))
         assert groups[label]["exposure_extrapolated"]["min"] > math.log2(200)
-    # unmemorised: 40 canaries; exposure log2(200) - log2(U), U uniform rank; sd ~1.43 bits
+    # unmemorised: 20 canaries; exposure log2(200) - log2(U), U uniform rank; sd ~1.43 bits
     expected = math.log2(200) - np.mean(np.log2(np.arange(1, 201)))
     sd = np.std(math.log2(200) - np.log2(np.arange(1, 201)))
     g1 = groups["n=1"]["exposure"]
-    assert g1["n"] == 40
-    assert abs(g1["mean"] - expected) < 4 * sd / math.sqrt(40)
+    assert g1["n"] == 20
+    assert abs(g1["mean"] - expected) < 4 * sd / math.sqrt(20)
     assert g1["max"] < math.log2(200)
     # rows carry no token
     row = report["canaries"][0]
@@ -482,7 +484,8 @@ def _in_text_memoriser(memorised, V, seed, min_content):
 def test_exposure_of_canaries_inserted_in_text_is_measured_in_context():
     """Canaries inserted mid-text into full-length training rows, memorised by a model that
     predicts them in text only: the in-context query finds them (exposure log2|R|), the
-    standalone one (the old CanaryExposure query) reports chance-level exposure."""
+    standalone one ([CLS] canary [SEP]) reports chance-level exposure. Rank exposure only (the
+    extrapolation, a skew-normal fit per canary, is tested above)."""
     V, L = 205, 32
     candidates = np.arange(5, V)
     cs = C.make_canary_set(candidates, V, occurrences=[1, 50], canaries_per_group=3,
@@ -490,9 +493,8 @@ def test_exposure_of_canaries_inserted_in_text_is_measured_in_context():
     memorised = [(c.tokens, c.secret_index, c.secret) for c in cs if c.occurrences >= 50]
     score_fn = _in_text_memoriser(memorised, V, 32, min_content=L // 2)
     carriers = make_examples([L] * 40, L, np.random.default_rng(33))
-    in_context = C.evaluate_exposure(cs, score_fn, L, in_context=C.InContext(carriers, 4),
-                                     max_reference=150)
-    standalone = C.evaluate_exposure(cs, score_fn, L, max_reference=150)
+    in_context = C.evaluate_exposure(cs, score_fn, L, in_context=C.InContext(carriers, 4), extrapolate=False)
+    standalone = C.evaluate_exposure(cs, score_fn, L, extrapolate=False)
     assert in_context["query"] == {"form": "in_context", "contexts_per_canary": 4,
                                    "carrier_rows": 40, "context_seed": 0}
     assert standalone["query"] == {"form": "standalone"}
@@ -505,7 +507,7 @@ def test_exposure_of_canaries_inserted_in_text_is_measured_in_context():
 
 def test_canary_exposure_component_queries_inserted_canaries_in_context(tmp_path, monkeypatch):
     """dpbert.stages.canary._exposure_for (what CanaryExposure reports) must query the canaries the
-    trainers inserted into text in context; with the old standalone query this test fails."""
+    trainers inserted into text in context (a standalone query misses them)."""
     from collections import Counter
     from types import SimpleNamespace
 
