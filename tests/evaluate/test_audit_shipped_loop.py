@@ -3,8 +3,12 @@
 canaries are extra units of the run's own sampler and live on a TRAINED piece.
 
 Setting: the embedded synthetic corpus (160 rows of L = 16, WordPiece V = 1024), a 1-layer
-H = 16 BERT without dropout, B = 16 over n = 160 → q = 0.1, C = 1, σ = 1.5, δ = 1e-5, β = 0.05,
-fixed seeds. The accountant's ε at (σ, q, T) is what the bound is compared with.
+H = 16 BERT without dropout, C = 1, σ = 1.5, δ = 1e-5, β = 0.05, fixed seeds, m = 1000 canaries.
+Two audited runs (each costs a trace of the DP step): the patient-unit run (two rows a patient,
+k = 2, B = 8 of 80 patients → q = 0.1, T = 12, only bias and head trained), run ONCE with its
+positive control and read by the tests of the loop and of the bounds (``patient_audit``); and the
+broken-noise run with the defaults (every unit a row, all weights trained, B = 16 over n = 160
+→ q = 0.1, T = 40). The accountant's ε at (σ, q, T) is what the bound is compared with.
 
 Positive controls: the run's own sums read before the noise (public rows only) and a test
 fixture that computes the noise draw and does not add it (``noise_drawn_not_added``) must put
@@ -47,6 +51,11 @@ def patients(n):
     return [f"p{i // 2}" for i in range(n)]  # two tuples per patient
 
 
+PATIENTS, PATIENT_STEPS = 80, 12
+PATIENT_RUN = ("privacy.unit=patient", "privacy.max_tuples_per_patient=2", f"training.dataset_patients={PATIENTS}",
+               "training.batch_size=8", f"training.steps={PATIENT_STEPS}", "training.trainable=[bias,head]")
+
+
 class LoopSpy(Hook):
     """Sees the loop the audit runs: its class, selection, sampler and the units of every step."""
 
@@ -69,14 +78,22 @@ def audit(rows, cfg, plan=None, **kwargs):
                              plan=plan or plan_for_config(cfg, ROWS), mask_token_id=wb.MASK_ID, **kwargs)
 
 
-def test_the_audit_runs_the_configured_loop_with_canaries_as_patients_of_its_sampler(rows):
-    cfg = config("privacy.unit=patient", "privacy.max_tuples_per_patient=2", "training.dataset_patients=80",
-                 "training.batch_size=8", "training.steps=12", "training.trainable=[bias,head]")
+@pytest.fixture(scope="module")
+def patient_audit(rows):
+    """``(spy, result)``: the patient-unit run's audit with its positive control, its per-step
+    arrays and power, the loop seen by a ``LoopSpy``. Its tests share an xdist group: one run."""
     from dpbert.privacy.plan import plan_for_config
 
+    cfg = config(*PATIENT_RUN)
     spy = LoopSpy()
-    res = audit(rows, cfg, plan=plan_for_config(cfg, 80), patient_keys=patients(ROWS), canaries=256, seed=1,
-                hooks=[spy], return_arrays=True, report_power=False)
+    res = audit(rows, cfg, plan=plan_for_config(cfg, PATIENTS), patient_keys=patients(ROWS), canaries=1000, seed=3,
+                positive_control=True, hooks=[spy], return_arrays=True)
+    return spy, res
+
+
+@pytest.mark.xdist_group("patient_audit")
+def test_the_audit_runs_the_configured_loop_with_canaries_as_patients_of_its_sampler(patient_audit):
+    spy, res = patient_audit
     loop = spy.loop
     assert type(loop) is TrainLoop and loop.source.patient_unit and loop.source.k == 2
     assert loop.stepper.selection.names == ["bias", "head"] and loop.stepper.config.group_size == 2
@@ -86,10 +103,10 @@ def test_the_audit_runs_the_configured_loop_with_canaries_as_patients_of_its_sam
     largest = max(pieces, key=lambda p: p.size)  # the output bias (V = 1024 > H² = 256 here)
     assert res["trainable"] == ["bias", "head"] and res["probe_variable"] == largest.name
     assert "word_embeddings/embeddings:0" not in [p.name for p in pieces]
-    assert res["q"] == pytest.approx(8 / 80) and res["steps_executed"] == 12
+    assert res["q"] == pytest.approx(8 / 80) and res["steps_executed"] == PATIENT_STEPS
     # canary units: the included ones only, each a patient of its own, drawn by the run's sampler
     units = loop.source.sampler.units
-    assert units.size == res["included"].sum() and len(loop.source.groups) == 80 + units.size
+    assert units.size == res["included"].sum() and len(loop.source.groups) == PATIENTS + units.size
     assert all(loop.source.groups.members[u].size == 1 for u in units)
     for t, sampled in enumerate(spy.sampled):
         drawn = np.isin(units, sampled)
@@ -97,7 +114,7 @@ def test_the_audit_runs_the_configured_loop_with_canaries_as_patients_of_its_sam
     assert not res["participation"][:, ~res["included"]].any()
     # an audit is a DP release on its rows: the run's per-patient record, marked as the audit's
     event = res["dp_event"]
-    assert event["origin"] == "audit" and event["sampling_unit"] == "patient" and event["steps"] == 12
+    assert event["origin"] == "audit" and event["sampling_unit"] == "patient" and event["steps"] == PATIENT_STEPS
     events.validate_record({k: v for k, v in event.items() if k != "origin"})
     assert "DP release" in res["dp_release"]
 
@@ -126,8 +143,9 @@ def test_canary_rows_contribute_no_gradient_of_their_own(rows):
     assert sum(float(np.abs(g).sum()) for g in grads) > 0
 
 
-def test_positive_control_before_the_noise_exceeds_the_claim_and_the_honest_bound_does_not(rows):
-    res = audit(rows, config(), canaries=1000, seed=3, positive_control=True, return_arrays=True)
+@pytest.mark.xdist_group("patient_audit")
+def test_positive_control_before_the_noise_exceeds_the_claim_and_the_honest_bound_does_not(patient_audit):
+    _, res = patient_audit
     upper = res["epsilon_upper_bound"]
     assert res["noise_multiplier_applied"] == SIGMA and res["q"] == pytest.approx(0.1)
     assert 0.0 <= res["epsilon_lower_bound"] <= upper, res
@@ -143,14 +161,15 @@ def test_positive_control_before_the_noise_exceeds_the_claim_and_the_honest_boun
     assert abs(ratio - 1.0) <= 5 * math.sqrt(2.0 / noise.size), ratio
     # included canaries take part in Binomial(T, q) steps (5 sd)
     n_in = res["canaries_included"]
-    assert abs(res["canary_participations"] - 0.1 * STEPS) <= 5 * math.sqrt(STEPS * 0.09 / n_in)
+    assert abs(res["canary_participations"] - 0.1 * PATIENT_STEPS) <= 5 * math.sqrt(PATIENT_STEPS * 0.09 / n_in)
 
 
 def test_fault_injection_noise_not_added_is_refuted_by_the_honest_reading(rows):
-    """Test fixture: the step computes its draw and does not add it. The run-time noise check
-    would stop the run first; it is switched off here so the audit itself is what catches it."""
+    """Test fixture: the step computes its draw and does not add it. The run-time checks would
+    stop the run first; they are switched off here (no brute-force clipping check, no evaluation)
+    so the audit itself is what catches it."""
     with noise_drawn_not_added(), patched(integrity.RunChecks, _evaluate=lambda self: None):
-        res = audit(rows, config(), canaries=1000, seed=4, report_power=False)
+        res = audit(rows, config("training.integrity_check_every=0"), canaries=1000, seed=4, report_power=False)
     assert res["epsilon_lower_bound"] > res["epsilon_upper_bound"], res
     assert not res["consistent"]
 
