@@ -1,5 +1,6 @@
 """Tiny inputs for the stage tests: tuples of a small synthetic corpus, a WordPiece vocabulary
-learnt from them, tiny model and training configurations. No TFX anywhere."""
+learnt from them, a tiny BERT artifact, tiny model and training configurations; and the trainer
+stage's runs several tests read, each trained once per session (below). No TFX anywhere."""
 from collections import Counter
 
 import pytest
