@@ -391,7 +391,23 @@ def test_run_attacks_end_to_end_on_a_tiny_bert():
         train_step(*(tf.constant(masked[k]) for k in ("input_ids", "masked_positions", "masked_labels",
                                                        "masked_weights")))
 
-    report = mi.run_attacks(models, ids, patients, admissions, member, seed=0)
+    # The white-box attacks' classifier is a pass-through spy (the default logistic regression
+    # inside, same numbers): no feature row is both fitted and scored.
+    class RowSpy(_Spy):
+        def fit(self, X, y):
+            RowSpy.fitted.append({row.tobytes() for row in X})
+            self.inner.fit(X, y)
+            return self
+
+        def predict_proba(self, X):
+            RowSpy.scored.append({row.tobytes() for row in X})
+            return self.inner.predict_proba(X)
+
+    RowSpy.fitted, RowSpy.scored = [], []
+    report = mi.run_attacks(models, ids, patients, admissions, member, seed=0, classifier_factory=RowSpy)
+    assert len(RowSpy.fitted) == len(RowSpy.scored) == 2
+    for fitted, scored in zip(RowSpy.fitted, RowSpy.scored):
+        assert not fitted & scored and len(fitted) + len(scored) == n  # distinct rows, all used once
     assert list(report) == ["S-BBA", "A-BBA", "P-BBA", "S-AWBA", "S-GWBA"]
     json.dumps(report)  # plain JSON: no numpy, no NaN
     assert report["S-BBA"]["n"] == n and report["P-BBA"]["n"] == 12
@@ -408,24 +424,6 @@ def test_run_attacks_end_to_end_on_a_tiny_bert():
     assert report["P-BBA"]["auc"] > 0.75
     with pytest.raises(ValueError, match="both member and non-member"):
         mi.run_attacks(models, ids[:4], patients[:4], None, np.ones(4, bool))
-
-    # The white-box attacks through run_attack_results: no feature row is both fitted and scored.
-    class RowSpy(_Spy):
-        def fit(self, X, y):
-            RowSpy.fitted.append({row.tobytes() for row in X})
-            self.inner.fit(X, y)
-            return self
-
-        def predict_proba(self, X):
-            RowSpy.scored.append({row.tobytes() for row in X})
-            return self.inner.predict_proba(X)
-
-    RowSpy.fitted, RowSpy.scored = [], []
-    mi.run_attack_results(models, ids, patients, admissions, member, seed=0, attacks=("S-AWBA", "S-GWBA"),
-                          classifier_factory=RowSpy)
-    assert len(RowSpy.fitted) == len(RowSpy.scored) == 2
-    for fitted, scored in zip(RowSpy.fitted, RowSpy.scored):
-        assert not fitted & scored and len(fitted) + len(scored) == n  # distinct rows, all used once
 
     # One non-member patient: no white-box split; those attacks are reported as not run.
     few = [i for i in range(n) if member[i] or patients[i] == patients[int(np.flatnonzero(~member)[0])]]
