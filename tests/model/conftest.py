@@ -3,10 +3,12 @@ smallest model configuration a training run takes, and eager steps for short run
 
 Cost (``make test``): a tiny run's price is tracing its step (≈ 5 s, whatever the model's size or
 the number of steps), building the model and the brute-force clipping check, not its steps. A
-run of a few steps whose claim is not about the traced step uses ``eager_steps`` (its steps, a
-fraction of a second each on ``tiny_model``, replace the trace); the traced step runs in the
+run of a few steps whose claim is not about the traced step uses ``eager_steps`` (its steps,
+about half a second each on ``tiny_model``, replace the trace); the traced step runs in the
 tests that train for many steps (tests/model/test_train.py, test_stats_every.py) and in the
-integrity checks' rigs (test_integrity_checks.py). docs/development.md: the tiers.
+integrity checks' rigs (test_integrity_checks.py). Traced functions run without grappler's
+graph rewrites (``_no_graph_rewrites``): optimising a graph that runs a few times costs more
+than it saves. docs/development.md: the tiers.
 """
 import contextlib
 import warnings
@@ -63,6 +65,20 @@ def eager_steps():
     """The test runs inside :func:`eagerly`."""
     with eagerly():
         yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_graph_rewrites():
+    """Grappler's graph rewrites off while a model test module runs: a test's traced functions run
+    a few times, so rewriting them costs more than it saves (the values are the same ops')."""
+    import tensorflow as tf
+
+    before = tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False)
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": before})
 
 
 @pytest.fixture

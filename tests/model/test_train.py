@@ -129,7 +129,7 @@ def test_two_runs_started_at_once_never_under_charge(corpus, tmp_path, eager_ste
     def run():
         barrier.wait()
         try:
-            results.append(_train(corpus, tmp_path, model=tiny_model(), steps=6, checkpoint_every=3,
+            results.append(_train(corpus, tmp_path, model=tiny_model(), steps=2, checkpoint_every=1,
                                   integrity_check_every=0))
         except Exception as err:  # noqa: BLE001 - the refused run
             errors.append(err)
@@ -141,5 +141,5 @@ def test_two_runs_started_at_once_never_under_charge(corpus, tmp_path, eager_ste
         t.join()
     executed = sum(r.steps_this_run for r in results)
     ledger = json.loads((tmp_path / "dp_steps.json").read_text())["steps_executed"]
-    assert executed >= 6 and ledger == executed, (executed, ledger, errors)
+    assert executed >= 2 and ledger == executed, (executed, ledger, errors)
     assert all(type(e).__name__ == "StateDirectoryBusy" for e in errors)
