@@ -144,9 +144,9 @@ def test_evaluate_models_same_samples_and_masks_for_every_model(world):
 
     uri = world["dp"].uri
     out = evaluate_models(world["tuples"].uri, {"a": uri, "b": uri}, 0.3, HOLDOUT["holdout_key_id"], seed=1,
-                          max_samples=40)
+                          max_samples=20)
     assert out["results"]["a"] == out["results"]["b"]  # same model, same samples, same masks
-    assert out["n_members"] == out["n_non_members"] == 20
-    again = evaluate_models(world["tuples"].uri, {"a": uri}, 0.3, HOLDOUT["holdout_key_id"], seed=1, max_samples=40)
+    assert out["n_members"] == out["n_non_members"] == 10
+    again = evaluate_models(world["tuples"].uri, {"a": uri}, 0.3, HOLDOUT["holdout_key_id"], seed=1, max_samples=20)
     assert again["results"]["a"] == out["results"]["a"]
     assert np.isfinite(out["results"]["a"]["S-BBA"]["auc"])
