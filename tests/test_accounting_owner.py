@@ -27,7 +27,9 @@ def offenders(root: Path = ROOT):
         for path in sorted((root / package).rglob("*.py")):
             if OWNER in path.parents:
                 continue
-            out += [f"{path.relative_to(root)}:{line}" for line in calls_of(path.read_text(encoding="utf-8"))]
+            text = path.read_text(encoding="utf-8")
+            if "get_epsilon" in text:  # no call without the name: parse only the files that have it
+                out += [f"{path.relative_to(root)}:{line}" for line in calls_of(text)]
     return out
 
 
