@@ -17,6 +17,11 @@ from dpbert.model.train import make_strategy
 
 strategy = make_strategy("multi_worker", 2)  # before TensorFlow runs any op
 
+import tensorflow as tf  # noqa: E402
+
+# As tests/model/conftest.py: no grappler rewrites of functions that run a few times.
+tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 if sys.argv[1] == "noise":

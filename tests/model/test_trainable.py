@@ -25,8 +25,9 @@ def _spec(length=12, hidden=16, inter=32, layers=1):
                              max_seq_length=length, max_predictions=4, dropout=0.0, attention_dropout=0.0)
 
 
-def _models(spec, names, seed=1):
-    models = bert_lib.build_bert(spec, seed=seed)
+def _models(spec, names, seed=1, base=None):
+    """The model training ``names`` (``base``: the plain model built with ``seed``, if at hand)."""
+    models = bert_lib.build_bert(spec, seed=seed) if base is None else base
     if trainable_lib.needs_lora(names):
         models = bert_lib.add_lora(models, bert_lib.LoRASpec(rank=3, alpha=6.0), seed=seed)
         # Non-zero B so that A has a gradient too (B = 0 at the start of training).
@@ -58,12 +59,26 @@ def _clipped_sum(per_group, norms, clip):
     return [sum(w * grads[i] for w, grads in zip(weights, per_group)) for i in range(len(per_group[0]))]
 
 
+@pytest.fixture(scope="module")
+def plain_models():
+    """``get(spec)``: the plain model of ``_models`` (seed 1), built once per spec for both sets
+    (the norms read it; a LoRA set adapts a copy)."""
+    made = {}
+
+    def get(spec):
+        if spec not in made:
+            made[spec] = bert_lib.build_bert(spec, seed=1)
+        return made[spec]
+
+    return get
+
+
 @pytest.mark.parametrize("names", SETS, ids=["+".join(n) for n in SETS])
 @pytest.mark.parametrize("k", [1, 4])
-def test_subset_ghost_norms_match_brute_force(names, k):
+def test_subset_ghost_norms_match_brute_force(plain_models, names, k):
     # (40, 8, 16): the instantiation branch for the big layers; LoRA adapters are rank 3.
     spec = _spec(*((12, 16, 32) if k == 1 else (40, 8, 16)))
-    models, selection = _models(spec, names)
+    models, selection = _models(spec, names, base=plain_models(spec))
     batch, inputs, loss_fn = _batch(spec, 4 * k)
     ids = np.asarray(inputs["input_ids"]).copy()
     ids[0, 1:4] = [44, 45, 44]  # appended tokens present (and repeated) in the first unit
