@@ -22,6 +22,8 @@ from dpbert.model.noise_check import noise_check
 from .conftest import eagerly
 
 ROOT = Path(__file__).resolve().parents[2]
+#: One worker runs the module under ``make test``'s xdist (``--dist loadgroup``): its fixtures run once.
+pytestmark = pytest.mark.xdist_group("dpsgd")
 
 
 def _mlm_batch(spec, n=6, seed=0):

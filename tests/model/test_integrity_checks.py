@@ -31,6 +31,8 @@ from . import broken_mechanisms as broken
 from .conftest import SPECIALS, repetitive_corpus, tiny_model
 
 VOCAB = 40
+#: One worker runs the module under ``make test``'s xdist (``--dist loadgroup``): its rigs are built once.
+pytestmark = pytest.mark.xdist_group("integrity_rigs")
 
 
 # ------------------------------------------------------------------------------ 1. event check

@@ -19,6 +19,8 @@ from dpbert.model.train import make_mlm_functions, mlm_rounds
 
 CLIP = 0.01  # every per-example gradient is clipped: each contributes a vector of norm exactly C
 SPECIALS = [0, 1, 2, 3, 4]
+#: One worker runs the module under ``make test``'s xdist (``--dist loadgroup``): the step is traced once.
+pytestmark = pytest.mark.xdist_group("neighbours")
 
 
 @pytest.fixture(scope="module")

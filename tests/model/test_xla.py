@@ -25,6 +25,10 @@ from tests.model import broken_mechanisms as broken
 from tests.model.conftest import SPECIALS, eagerly, repetitive_corpus
 
 
+#: One worker runs the module under ``make test``'s xdist (``--dist loadgroup``): the reference runs once.
+pytestmark = pytest.mark.xdist_group("xla")
+
+
 def _brute_embedding_sqr_norms(values, ids, rows):
     """Each row's table gradient built token by token (np.add.at), then its squared norm."""
     out = []
