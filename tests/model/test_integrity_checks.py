@@ -263,12 +263,10 @@ NEW_IDS = [35, 36, 37, 38, 39]
 
 
 @pytest.fixture(scope="module")
-def noise_rig():
+def noise_rig(tmp_path_factory):
     """The real step training [bias, head, new_tokens] (every LayerNorm γ/β and bias, the
-    mlm_transform kernel, the appended tokens' rows), built with its draw and add replaced by
-    ``broken_mechanisms.SwitchableNoise`` (honest until switched). Its tests run it eagerly
-    (``noise_steps``): each is one to four steps, the check's verdict on the update is tested;
-    the traced step's noise is checked by the real run below and by tests/model/test_stats_every.py."""
+    mlm_transform kernel, the appended tokens' rows), its draw and add replaced, while it traces,
+    by ``broken_mechanisms.SwitchableNoise`` (honest until switched)."""
     spec = bert_lib.BertSpec(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                              max_seq_length=16, max_predictions=3, dropout=0.0, attention_dropout=0.0)
     models = bert_lib.build_bert(spec, seed=0)
@@ -281,13 +279,10 @@ def noise_rig():
                                           loss_fn=loss_fn, metrics_fn=metrics_fn, selection=selection,
                                           noise_probe=integrity.make_noise_probe(selection.pieces, seed=3),
                                           clipping=GHOST)
-    return types.SimpleNamespace(stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB), switch=switch)
-
-
-@pytest.fixture
-def noise_steps(noise_rig, eager_steps):
-    """The noise rig, its steps and checks run eagerly for this test."""
-    return noise_rig
+        out = types.SimpleNamespace(stepper=stepper, mask_fn=mask_fn, data=repetitive_corpus(32, 16, VOCAB),
+                                    switch=switch)
+        _run(out, tmp_path_factory.mktemp("trace"), 1, every=0)
+    return out
 
 
 def _run(rig, tmp_path, steps, every=1):
@@ -373,8 +368,7 @@ def test_clipping_check_per_patient_with_dropout_on(tmp_path, eager_steps):
     assert clip["max_relative_error"]["norm"] < 1e-5
 
 
-def test_noise_check_passes_the_real_draw_per_variable(noise_steps, tmp_path):
-    noise_rig = noise_steps
+def test_noise_check_passes_the_real_draw_per_variable(noise_rig, tmp_path):
     results = _run(noise_rig, tmp_path, 4, every=2).finish()
     noise = results["noise"]
     names = [p.name for p in noise_rig.stepper.selection.pieces]
@@ -390,10 +384,9 @@ def _one(names, word, exclude=()):
 
 
 @pytest.mark.parametrize("broken_piece", ["layer_norm_gamma", "bias", "new_token_rows", "mlm_transform_kernel"])
-def test_noise_check_catches_no_noise_on_one_piece(noise_steps, tmp_path, broken_piece):
+def test_noise_check_catches_no_noise_on_one_piece(noise_rig, tmp_path, broken_piece):
     """Positive controls: no noise on ONE LayerNorm γ, one bias (not the output bias), the appended
     tokens' rows, the mlm_transform kernel — each a few % of the trained coordinates."""
-    noise_rig = noise_steps
     names = [p.name for p in noise_rig.stepper.selection.pieces]
     target = {"layer_norm_gamma": _one(names, ["gamma"]),
               "bias": _one(names, ["bias"], exclude=["mlm_output", "rows"]),
@@ -411,8 +404,7 @@ def test_noise_check_catches_no_noise_on_one_piece(noise_steps, tmp_path, broken
 
 
 @pytest.mark.parametrize("control", ["drawn_not_added", "half_sigma", "stuck_step"])
-def test_noise_check_catches_noise_not_added_half_sigma_and_a_stuck_step(noise_steps, tmp_path, control):
-    noise_rig = noise_steps
+def test_noise_check_catches_noise_not_added_half_sigma_and_a_stuck_step(noise_rig, tmp_path, control):
     switch = noise_rig.switch
     try:
         if control == "drawn_not_added":
