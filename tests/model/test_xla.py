@@ -122,7 +122,8 @@ def test_the_uncompiled_step_with_its_noise_drawn_ahead_releases_the_same_update
         drawn_ahead.run_step(_rounds(mask_fn, step))
     drawn_ahead.executor._ahead.result()  # pylint: disable=protected-access  (the draw for step 4, on its thread)
     assert uncompiled.stepper.config.noise_ahead is None  # the default configuration
-    assert uncompiled.stepper.executor._noise_buffers is None and int(drawn_ahead.executor._noise_buffer_step.numpy()) == 3  # pylint: disable=protected-access
+    assert uncompiled.stepper.executor._noise_buffers is None  # pylint: disable=protected-access
+    assert int(drawn_ahead.executor._noise_buffer_step.numpy()) == 3  # pylint: disable=protected-access
     inline = uncompiled.after_three
     for a, b in zip(inline.weights, drawn_ahead.model.trainable_variables):
         np.testing.assert_allclose(b.numpy(), a, rtol=1e-6, atol=1e-8)
