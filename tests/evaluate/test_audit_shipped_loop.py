@@ -5,10 +5,11 @@ canaries are extra units of the run's own sampler and live on a TRAINED piece.
 Setting: the embedded synthetic corpus (160 rows of L = 16, WordPiece V = 1024), a 1-layer
 H = 16 BERT without dropout, C = 1, σ = 1.5, δ = 1e-5, β = 0.05, fixed seeds, m = 1000 canaries.
 Two audited runs (each costs a trace of the DP step): the patient-unit run (two rows a patient,
-k = 2, B = 8 of 80 patients → q = 0.1, T = 12, only bias and head trained), run ONCE with its
+k = 2, B = 8 of 80 patients → q = 0.1, only bias and head trained), run ONCE with its
 positive control and read by the tests of the loop and of the bounds (``patient_audit``); and the
 broken-noise run with the defaults (every unit a row, all weights trained, B = 16 over n = 160
-→ q = 0.1, T = 40). The accountant's ε at (σ, q, T) is what the bound is compared with.
+→ q = 0.1); T = 12 in both, so the f-DP bound's DP-SGD curves (cached by σ, q, T) are shared.
+The accountant's ε at (σ, q, T) is what the bound is compared with.
 
 Positive controls: the run's own sums read before the noise (public rows only) and a test
 fixture that computes the noise draw and does not add it (``noise_drawn_not_added``) must put
@@ -29,7 +30,7 @@ from dpbert.privacy import events
 from tests.model.broken_mechanisms import noise_drawn_not_added, patched
 from tests.tiny import CLASSIC
 
-ROWS, STEPS, SIGMA = 160, 40, 1.5
+ROWS, STEPS, SIGMA = 160, 12, 1.5
 TINY_MODEL = ["model.max_seq_length=16", "model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
               "model.intermediate_size=32", "model.dropout=0.0", "training.batch_size=16",
               f"training.steps={STEPS}", f"training.dataset_size={ROWS}", "membership.holdout_patient_fraction=0",
@@ -51,9 +52,9 @@ def patients(n):
     return [f"p{i // 2}" for i in range(n)]  # two tuples per patient
 
 
-PATIENTS, PATIENT_STEPS = 80, 12
+PATIENTS = 80
 PATIENT_RUN = ("privacy.unit=patient", "privacy.max_tuples_per_patient=2", f"training.dataset_patients={PATIENTS}",
-               "training.batch_size=8", f"training.steps={PATIENT_STEPS}", "training.trainable=[bias,head]")
+               "training.batch_size=8", "training.trainable=[bias,head]")
 
 
 class LoopSpy(Hook):
@@ -103,7 +104,7 @@ def test_the_audit_runs_the_configured_loop_with_canaries_as_patients_of_its_sam
     largest = max(pieces, key=lambda p: p.size)  # the output bias (V = 1024 > H² = 256 here)
     assert res["trainable"] == ["bias", "head"] and res["probe_variable"] == largest.name
     assert "word_embeddings/embeddings:0" not in [p.name for p in pieces]
-    assert res["q"] == pytest.approx(8 / 80) and res["steps_executed"] == PATIENT_STEPS
+    assert res["q"] == pytest.approx(8 / 80) and res["steps_executed"] == STEPS
     # canary units: the included ones only, each a patient of its own, drawn by the run's sampler
     units = loop.source.sampler.units
     assert units.size == res["included"].sum() and len(loop.source.groups) == PATIENTS + units.size
@@ -114,7 +115,7 @@ def test_the_audit_runs_the_configured_loop_with_canaries_as_patients_of_its_sam
     assert not res["participation"][:, ~res["included"]].any()
     # an audit is a DP release on its rows: the run's per-patient record, marked as the audit's
     event = res["dp_event"]
-    assert event["origin"] == "audit" and event["sampling_unit"] == "patient" and event["steps"] == PATIENT_STEPS
+    assert event["origin"] == "audit" and event["sampling_unit"] == "patient" and event["steps"] == STEPS
     events.validate_record({k: v for k, v in event.items() if k != "origin"})
     assert "DP release" in res["dp_release"]
 
@@ -161,9 +162,10 @@ def test_positive_control_before_the_noise_exceeds_the_claim_and_the_honest_boun
     assert abs(ratio - 1.0) <= 5 * math.sqrt(2.0 / noise.size), ratio
     # included canaries take part in Binomial(T, q) steps (5 sd)
     n_in = res["canaries_included"]
-    assert abs(res["canary_participations"] - 0.1 * PATIENT_STEPS) <= 5 * math.sqrt(PATIENT_STEPS * 0.09 / n_in)
+    assert abs(res["canary_participations"] - 0.1 * STEPS) <= 5 * math.sqrt(STEPS * 0.09 / n_in)
 
 
+@pytest.mark.xdist_group("patient_audit")  # after it on one worker: the DP-SGD curves at (q, T) are cached
 def test_fault_injection_noise_not_added_is_refuted_by_the_honest_reading(rows):
     """Test fixture: the step computes its draw and does not add it. The run-time checks would
     stop the run first; they are switched off here (no brute-force clipping check, no evaluation)
