@@ -1,4 +1,4 @@
-"""NER recipe (issue 16): early stopping on a dev split keeps the best dev epoch and restores its
+"""NER recipe: early stopping on a dev split keeps the best dev epoch and restores its
 weights; patience; the dev split comes from the training sentences; shorter batches change no
 prediction; the linear probe (ner.mode = probe) runs the encoder once for every seed."""
 import numpy as np

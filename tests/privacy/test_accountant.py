@@ -287,7 +287,7 @@ def test_planned_ledger_patient_unit_and_non_private():
                             4000)
     assert plan["unit"] == "patient" and plan["max_contributions"] == 4
     assert plan["vocab_event"]["max_contributions"] == 4
-    # Training (user-level DP-SGD, issue 17): 4000 PATIENTS, 32 per step, PoissonSampled(q, Gaussian(σ))
+    # Training (user-level DP-SGD): 4000 PATIENTS, 32 per step, PoissonSampled(q, Gaussian(σ))
     # per patient — the same event as 32 of 4000 tuples, no group-privacy factor.
     sigma = 4.0 / math.sqrt(1 + 4 / 64)  # with the DP diagnostics
     assert plan["epsilon_train"] == pytest.approx(A.dpsgd_epsilon(sigma, 32 / 4000, 50, 1e-6, user_level=True))

@@ -36,7 +36,7 @@ def test_per_patient_epsilon_is_poisson_sampled_gaussian_at_the_patient_rate(pat
     report = accountant.dpsgd_report(patients, per_step, sigma, 1e-6, steps=steps, max_contributions=k, unit="patient")
     assert report["epsilon_pld"] == pytest.approx(want, rel=1e-12) and report["unit"] == "patient"
     assert report["patients"] == patients and report["patients_per_step"] == per_step
-    if k > 1:  # NOT example-level sampling with group privacy (the legacy k-record), which is larger
+    if k > 1:  # NOT example-level sampling with group privacy over k tuples, which is larger
         group = events.dpsgd_event(sigma, per_step, patients, steps, "poisson", k)
         assert "sampling_unit" not in group
         assert accountant.ledger(None, [group], 1e-6)["epsilon_train"] > 2 * want

@@ -57,9 +57,9 @@ def test_public_vocabulary_is_stated_as_reading_no_private_data():
 
 
 def test_statement_reads_the_training_record_not_the_dp_count():
-    """Issue 22 item 9 (fails on the previous main: it read the count's record, "q = nan, noise
-    multiplier 20.0", and dropped the patient note). A run planned from a DP count writes
-    [count record, DP-SGD record]; the statement prints the DP-SGD record's q and σ and the count apart."""
+    """A run planned from a DP count writes [count record, DP-SGD record]; the statement prints the
+    DP-SGD record's q and σ (not the count's "q = nan, noise multiplier 20.0"), the count apart, and
+    keeps the patient note."""
     from dpbert.privacy import count
 
     counted = count.count_event(20.0, 682, unit="patient", max_contributions=4)
@@ -76,8 +76,8 @@ def test_statement_reads_the_training_record_not_the_dp_count():
 
 
 def test_statement_labels_the_effective_sigma_against_the_configured_one():
-    """Issue 24 (fails on the previous main: "noise multiplier 0.7761140001162656" next to a
-    configured 0.8, unlabelled): the ledger charges σ_eff (gradient + DP diagnostics)."""
+    """The ledger charges σ_eff (gradient + DP diagnostics): the statement labels it against the
+    configured σ, rounded ("effective σ 0.776 (σ 0.8, ...)", not an unlabelled 0.7761140001162656)."""
     train = events.dpsgd_event(0.7761140001162656, 16, 1000, 60, "poisson", 4, unit="patient")
     ledger = accountant.ledger(None, [train], 1e-5)
     text = ledger_statement({**ledger, "train_events": [train], "noise_multiplier": 0.8})
