@@ -534,7 +534,9 @@ def test_train_mlm_stops_when_the_sampler_runs_at_4q(tmp_path, monkeypatch, eage
     assert not (tmp_path / "train_result.json").exists()
 
 
-@pytest.mark.parametrize("sampler", ["fixed_size", "one_unit_always"])
+# fixed size: the slow tier (make test: the units check on the real run, 4q above; its dispersion
+# test, fixed-size control included, in test_units_per_step_passes_honest_draws_and_catches_4q_...)
+@pytest.mark.parametrize("sampler", [pytest.param("fixed_size", marks=pytest.mark.slow), "one_unit_always"])
 def test_train_mlm_stops_on_a_fixed_size_sampler_and_on_a_unit_in_every_batch(tmp_path, monkeypatch, sampler,
                                                                              request):
     """Positive controls that pass the mean test: batches of exactly nq = 16 units (dispersion 0),

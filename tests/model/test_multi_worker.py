@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import SPECIALS, eagerly, repetitive_corpus  # noqa: E402
+from conftest import SPECIALS, eagerly, repetitive_corpus, tiny_model  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -38,10 +38,10 @@ def runs(replicas: int):
     trace of the check's function); the 1-process reference skips it (test time)."""
     from prf_sampling import prf_sampler
 
-    from dpbert.config import ModelConfig, TrainingConfig
+    from dpbert.config import TrainingConfig
     from dpbert.privacy.plan import plan_training
 
-    model = ModelConfig(preset="tiny", num_layers=1, max_seq_length=16, dropout=0.0)
+    model = tiny_model()
     accumulation = 4 // replicas  # m = B/(P·T) = 2 in both layouts (the packing differs anyway)
 
     def training(**kw):
