@@ -3,7 +3,7 @@
 canaries are extra units of the run's own sampler and live on a TRAINED piece.
 
 Setting: the embedded synthetic corpus (160 rows of L = 16, WordPiece V = 1024), a 1-layer
-H = 16 BERT without dropout, C = 1, σ = 1.5, δ = 1e-5, β = 0.05, fixed seeds, m = 1000 canaries.
+H = 16 BERT without dropout, C = 1, σ = 1.5, δ = 1e-5, β = 0.05, fixed seeds, m = 500 canaries.
 Two audited runs (each costs a trace of the DP step): the patient-unit run (two rows a patient,
 k = 2, B = 8 of 80 patients → q = 0.1, only bias and head trained), run ONCE with its
 positive control and read by the tests of the loop and of the bounds (``patient_audit``); and the
@@ -30,7 +30,7 @@ from dpbert.privacy import events
 from tests.model.broken_mechanisms import noise_drawn_not_added, patched
 from tests.tiny import CLASSIC
 
-ROWS, STEPS, SIGMA = 160, 12, 1.5
+ROWS, STEPS, SIGMA, CANARIES = 160, 12, 1.5, 500
 TINY_MODEL = ["model.max_seq_length=16", "model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
               "model.intermediate_size=32", "model.dropout=0.0", "training.batch_size=16",
               f"training.steps={STEPS}", f"training.dataset_size={ROWS}", "membership.holdout_patient_fraction=0",
@@ -87,7 +87,7 @@ def patient_audit(rows):
 
     cfg = config(*PATIENT_RUN)
     spy = LoopSpy()
-    res = audit(rows, cfg, plan=plan_for_config(cfg, PATIENTS), patient_keys=patients(ROWS), canaries=1000, seed=3,
+    res = audit(rows, cfg, plan=plan_for_config(cfg, PATIENTS), patient_keys=patients(ROWS), canaries=CANARIES, seed=3,
                 positive_control=True, hooks=[spy], return_arrays=True)
     return spy, res
 
@@ -171,7 +171,7 @@ def test_fault_injection_noise_not_added_is_refuted_by_the_honest_reading(rows):
     stop the run first; they are switched off here (no brute-force clipping check, no evaluation)
     so the audit itself is what catches it."""
     with noise_drawn_not_added(), patched(integrity.RunChecks, _evaluate=lambda self: None):
-        res = audit(rows, config("training.integrity_check_every=0"), canaries=1000, seed=4, report_power=False)
+        res = audit(rows, config("training.integrity_check_every=0"), canaries=CANARIES, seed=4, report_power=False)
     assert res["epsilon_lower_bound"] > res["epsilon_upper_bound"], res
     assert not res["consistent"]
 
