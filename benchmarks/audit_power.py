@@ -54,7 +54,7 @@ def plain_training_seconds(ids, vocab: int, sigma: float) -> dict:
 
     from dpbert import storage
     from dpbert.evaluate.whitebox import MASK_ID, SPECIAL_IDS
-    from dpbert.model.engine.build import ChainOutputs, ModelStart, TrainingRows, build_training
+    from dpbert.engine.build import ChainOutputs, ModelStart, TrainingRows, build_training
 
     mc, tc = tiny_configs(sigma)
     uri = f"ram://dpbert-audit-power/{secrets.token_hex(6)}"

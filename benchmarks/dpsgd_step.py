@@ -4,7 +4,7 @@ SHIPPED training loop.
     python benchmarks/dpsgd_step.py [--quick] [--configs tiny base] [--trainable-only] [--xla]
 
 Each config runs in its own process; each mode (non-private baseline, then DP) is built with
-``dpbert.model.engine.build.build_training`` — the trainer's own composition — and run through its
+``dpbert.engine.build.build_training`` — the trainer's own composition — and run through its
 ``TrainLoop`` with a :class:`TimingHook` recording each step's wall time. The first ``warmup``
 steps (tracing) are dropped; the ratio is of the medians (target ≤ 1.5) and of the minimums.
 ``--trainable-only`` times each ``training.trainable`` set on the demo's model; ``--xla`` compares
@@ -40,7 +40,7 @@ TRAINABLE_SETS = (["all"], ["lora"], ["bias"], ["head"], ["new_tokens"])
 
 def timing_hook():
     """A loop hook that records the wall time of every step (from the previous step's end)."""
-    from dpbert.model.engine.hooks import Hook
+    from dpbert.engine.hooks import Hook
 
     class TimingHook(Hook):
         def __init__(self):
@@ -81,7 +81,7 @@ def run_loop(model_config, vocab: int, batch: int, accumulation: int, steps: int
     import secrets
 
     from dpbert import storage
-    from dpbert.model.engine.build import ChainOutputs, ModelStart, RunHooks, TrainingRows, build_training
+    from dpbert.engine.build import ChainOutputs, ModelStart, RunHooks, TrainingRows, build_training
 
     ids, tc = _rows_and_config(model_config, vocab, batch, accumulation, steps, mode, trainable, seed)
     hook = timing_hook()
@@ -108,7 +108,7 @@ def interleaved(model_config, vocab: int, batch: int, accumulation: int, steps: 
     import secrets
 
     from dpbert import storage
-    from dpbert.model.engine.build import ChainOutputs, ModelStart, TrainingRows, build_training
+    from dpbert.engine.build import ChainOutputs, ModelStart, TrainingRows, build_training
 
     total = warmup + steps
     out = {mode: {"seconds": []} for mode in ("nondp", "dp")}
@@ -207,7 +207,7 @@ def _trainable_worker(quick: bool) -> dict:
     import dpbert  # noqa: F401
     import numpy as np
     from dpbert.config import ModelConfig
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
 
     cfg = dict(TRAINABLE_CONFIG)
     if quick:
@@ -232,7 +232,7 @@ def _trainable_worker(quick: bool) -> dict:
     return {"model": {k: cfg[k] for k in ("hidden", "layers", "heads", "inter", "vocab", "new_tokens", "seq",
                                           "batch", "lora_rank")},
             "total_parameters": bert_lib.count_parameters(spec), "timed_steps_per_mode": cfg["steps"],
-            "loop": "dpbert.model.engine.build.build_training (TrainLoop + TimingHook)", "sets": rows}
+            "loop": "dpbert.engine.build.build_training (TrainLoop + TimingHook)", "sets": rows}
 
 
 def _worker(name: str, quick: bool, only: str = None) -> dict:
@@ -240,7 +240,7 @@ def _worker(name: str, quick: bool, only: str = None) -> dict:
     import dpbert  # noqa: F401
     import numpy as np
     from dpbert.config import ModelConfig
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
 
     def rss_mb():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -265,7 +265,7 @@ def _worker(name: str, quick: bool, only: str = None) -> dict:
         "vocab": spec.vocab_size, "seq_len": spec.max_seq_length, "batch": cfg["batch"],
         "accumulation": cfg["accumulation"], "micro_batch": cfg["batch"] // cfg["accumulation"],
         "timed_steps_per_mode": cfg["steps"], "clipping_path": clipping,
-        "loop": "dpbert.model.engine.build.build_training (TrainLoop + TimingHook)",
+        "loop": "dpbert.engine.build.build_training (TrainLoop + TimingHook)",
         "nondp_step_seconds_median": median["nondp"], "dp_step_seconds_median": median["dp"],
         "nondp_step_seconds_all": times["nondp"], "dp_step_seconds_all": times["dp"],
         "ratio_dp_over_nondp": median["dp"] / median["nondp"],

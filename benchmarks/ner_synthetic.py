@@ -44,7 +44,7 @@ def main(argv=None):
     from dpbert.config import ModelConfig, NerConfig, TrainingConfig
     from dpbert.evaluate import ner
     from dpbert.evaluate.utility import f1_summary
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
     from dpbert.stages.ner import load_ner_data
     from dpbert.stages.pretrain import public_start_weights
     from dpbert.vocab import public
@@ -60,7 +60,7 @@ def main(argv=None):
     tc = TrainingConfig()
     t0 = time.time()
     weights, _, _ = public_start_weights(mc, tc, tokenizer, vocab_dir)
-    from dpbert.model import init_public
+    from dpbert.network import init_public
     from dpbert.resources import checkpoint
 
     spec = init_public.spec_for_public(mc, tokenizer.get_vocab_size(), tc.mask_probability,
@@ -105,10 +105,10 @@ def main(argv=None):
 
 def _train_in_domain(models, tokenizer, steps, args, tc):
     """The public start after ``steps`` non-private Adam MLM steps (every weight) on the synthetic
-    corpus (``dpbert.model.public_warmup.warm_up`` given the corpus's rows)."""
+    corpus (``dpbert.engine.public_warmup.warm_up`` given the corpus's rows)."""
     from dpbert.data.synthetic import generate_notes
     from dpbert.data.tuples import corpus_tuples
-    from dpbert.model.public_warmup import warm_up
+    from dpbert.engine.public_warmup import warm_up
     from dpbert.vocab.wordpiece import tokenize_tuples
 
     L = models.spec.max_seq_length

@@ -33,8 +33,8 @@ def main():
 
     from dpbert.config import ModelConfig
     from dpbert.evaluate import ner
-    from dpbert.model import bert as bert_lib
-    from dpbert.model import init_public
+    from dpbert.network import bert as bert_lib
+    from dpbert.network import init_public
     from dpbert.vocab import public
 
     tok, _ = public.build_vocabulary("public")

@@ -48,9 +48,9 @@ def _stepper(spec, group_size: int, rows: int):
 
     from dpbert.mechanism.gaussian import DPSGDConfig
     from dpbert.mechanism.step import DPSGDTrainStep
-    from dpbert.model import bert as bert_lib
-    from dpbert.model.engine.build import GHOST
-    from dpbert.model.train import make_mlm_functions
+    from dpbert.network import bert as bert_lib
+    from dpbert.engine.build import GHOST
+    from dpbert.engine.train import make_mlm_functions
 
     models = bert_lib.build_bert(spec, seed=0)
     config = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, expected_batch_size=float(rows // group_size),
@@ -64,8 +64,8 @@ def _stepper(spec, group_size: int, rows: int):
 def time_step(preset: str, length: int, rows: int, group_size: int, steps: int) -> float:
     import numpy as np
 
-    from dpbert.model import bert as bert_lib
-    from dpbert.model.masking import example_keys
+    from dpbert.network import bert as bert_lib
+    from dpbert.engine.masking import example_keys
 
     spec = bert_lib.BertSpec(vocab_size=8000, max_seq_length=length,
                              max_predictions=bert_lib.max_predictions_for(length), preset=preset,

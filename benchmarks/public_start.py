@@ -39,8 +39,9 @@ def main(argv=None):
     from dpbert.data.tuples import corpus_tuples
     from dpbert.evaluate.mlm_loss import heldout_mlm_loss
     from dpbert.mechanism import step as step_lib
-    from dpbert.model import init_public, public_warmup
-    from dpbert.model.train import train_mlm
+    from dpbert.network import init_public
+    from dpbert.engine import public_warmup
+    from dpbert.engine.train import train_mlm
     from dpbert.stages.ner import HELDOUT_PATIENTS, HELDOUT_SEED
     from dpbert.vocab import public
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, tokenize_tuples
@@ -86,7 +87,7 @@ def main(argv=None):
                 t0 = time.perf_counter()
                 weights, rec = public_warmup.public_start(spec, tokenizer, vocab_tokens, steps=steps, seed=0)
                 seconds = time.perf_counter() - t0
-                from dpbert.model import bert as bert_lib
+                from dpbert.network import bert as bert_lib
 
                 models = bert_lib.build_bert(spec, seed=0)
                 models.mlm.set_weights(weights)

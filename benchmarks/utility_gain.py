@@ -152,7 +152,7 @@ def _evaluate(config, rows: List[Dict], vocab_dir: str, out_dir: str):
     one row at a time, each cached next to its model (``bench_metrics.json``): rows added to a
     finished table cost only their own evaluation."""
     from dpbert.evaluate.ner_models import encoder_builder, evaluate_rows, mlm_builder
-    from dpbert.model.bert import load_bert
+    from dpbert.network.bert import load_bert
     from dpbert.stages.pretrain import public_start_weights
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer
 
@@ -205,7 +205,7 @@ def _pilot_report(config, rows: List[Dict], vocab_dir: str, out: str):
     """Held-out MLM loss of every DP row and of the public start (the choice of the best set)."""
     from dpbert.evaluate.mlm_loss import heldout_mlm_metrics
     from dpbert.evaluate.ner_models import mlm_builder
-    from dpbert.model.bert import load_bert
+    from dpbert.network.bert import load_bert
     from dpbert.stages.pretrain import public_start_weights
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer
 

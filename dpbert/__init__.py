@@ -2,7 +2,7 @@
 
 Plain-Python core (no TFX imports): ``dpbert.data`` (readers, word/tuple partition, synthetic
 corpus), ``dpbert.privacy`` (mechanisms, DP events, accounting), ``dpbert.vocab`` (WordPiece
-from a noisy histogram), ``dpbert.model`` (BERT MLM, DP-SGD), ``dpbert.evaluate``.
+from a noisy histogram), ``dpbert.network`` (BERT MLM), ``dpbert.mechanism`` (the DP-SGD step), ``dpbert.engine`` (training), ``dpbert.evaluate``.
 """
 import os
 import sys

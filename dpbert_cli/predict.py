@@ -49,7 +49,7 @@ def _text(args) -> str:
 def _load(args):
     """(models, tokenizer, what was read, its folder, why it is not shown DP or None)."""
     from dpbert.evaluate import fill_mask
-    from dpbert.model import hf_layout
+    from dpbert.network import hf_layout
     from dpbert_cli.export import find_model
 
     if args.model and storage.storage_for(args.model).exists(storage.join(args.model, hf_layout.WEIGHTS_FILE)):

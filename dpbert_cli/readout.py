@@ -111,7 +111,7 @@ def _check(config, parts: RunParts, spec):
         problems.append(f"membership.holdout_patient_fraction = {config.membership.holdout_patient_fraction}, the "
                         f"model records {parts.fraction}")
     if not problems and mc.init == "minilm":
-        from dpbert.model import init_public
+        from dpbert.network import init_public
 
         rebuilt = init_public.spec_for_public(mc, spec.vocab_size, config.training.mask_probability, mc.init_dir)
         if dataclasses.replace(rebuilt, dropout=spec.dropout, attention_dropout=spec.attention_dropout) != spec:
@@ -125,8 +125,8 @@ def _start(config, tokenizer, vocabulary_dir: str, spec):
     ``_check``), or None: the uniform guess."""
     if config.model.init != "minilm":
         return None
-    from dpbert.model import bert as bert_lib
-    from dpbert.model.public_warmup import public_start_weights
+    from dpbert.network import bert as bert_lib
+    from dpbert.engine.public_warmup import public_start_weights
 
     weights, _, _ = public_start_weights(config.model, config.training, tokenizer, vocabulary_dir)
     start = bert_lib.build_bert(spec)
@@ -164,7 +164,7 @@ def _request(args, config, parts: RunParts):
 def cmd_readout(args) -> int:
     from dpbert.accounting.gate import BudgetRefused
     from dpbert.evaluate import readout
-    from dpbert.model import hf_layout
+    from dpbert.network import hf_layout
     from dpbert.vocab.wordpiece import load_tokenizer
     from dpbert_cli.commands import load
     from dpbert_cli.export import model_spec

@@ -40,7 +40,10 @@ TOP = (
 #: Core packages that only the core (and ``TOP``) imports: the model and its training engine are
 #: the stages' business.
 CORE_ONLY = (
-    "model",
+    "network",
+    "mechanism",
+    "engine",
+    "diagnostics",
 )
 
 #: dpbert's packages and top-level modules, bottom first: an import may only point to an EARLIER
@@ -60,8 +63,10 @@ ORDER = (
     "accounting",       # THE owner of ε decisions: accounted σ, ε → σ solver, the budget gate, reserve
     "data",             # readers, tuples, the synthetic corpus, the corpus's warnings
     "vocab",            # WordPiece from a DP histogram (its Beam job), public vocabularies
-    "mechanism",        # the DP-SGD step by role: the Gaussian sum mechanism, the replica executor, the step
-    "model",            # BERT, DP-SGD, training
+    "network",          # BERT and its public start: the encoder, the HF layout, which pieces train
+    "mechanism",        # the DP-SGD step by role (mechanism, replica executor, step), its sampling, ghost clipping and run-time checks
+    "engine",           # training: the loop, its chain and hooks, masking, optimizers, train_mlm
+    "diagnostics",      # measurements of a run's mechanism (the noise check) and its loss curve
     "evaluate",         # canaries, NER, membership, the white-box audit's harness
     "tuning",           # lr and C chosen on a public proxy (the shipped loop, the evaluators; no ε)
     "local_privacy",    # dχ-privacy (uses the model and the evaluators)
@@ -72,7 +77,7 @@ ORDER = (
     "trainer_workers",  # the trainer stage in W worker processes (python -m dpbert.trainer_workers)
 )
 #: What the math layer must never import.
-ABOVE_PRIVACY = ("model", "evaluate", "stages", "data", "vocab", "local_privacy")
+ABOVE_PRIVACY = ("network", "mechanism", "engine", "diagnostics", "evaluate", "stages", "data", "vocab", "local_privacy")
 #: The one module of ``dpbert.stages`` every stage may import (the result every stage returns).
 STAGE_SHARED = ("dpbert.stages", "dpbert.stages.result")
 

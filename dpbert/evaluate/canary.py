@@ -771,7 +771,7 @@ def evaluate_exposure(canaries: CanarySet, score_fn: ScoreFn, max_seq_length: in
 
 def mlm_score_fn(mlm_model, max_predictions: int) -> ScoreFn:
     """Adapt a Keras MLM with inputs ``{"input_ids" [B, L], "masked_positions" [B, M]}`` and
-    output logits ``[B, M, V]`` (``dpbert.model.bert.BertModels.mlm``) to a ``score_fn``: the
+    output logits ``[B, M, V]`` (``dpbert.network.bert.BertModels.mlm``) to a ``score_fn``: the
     masked position goes in slot 0 (other slots repeat it) and slot 0's logits are returned."""
 
     def score_fn(token_ids: np.ndarray, mask_positions: np.ndarray) -> np.ndarray:

@@ -69,7 +69,7 @@ def _probabilities(models, ids: np.ndarray, positions: Sequence[int]) -> np.ndar
 
 def fill_mask(models, tokenizer, text: str, top_k: int = DEFAULT_TOP_K) -> List[MaskPrediction]:
     """The ``top_k`` most probable tokens at every ``[MASK]`` of ``text`` (module docstring);
-    ``models``: a ``dpbert.model.bert.BertModels``, ``tokenizer``: its vocabulary's."""
+    ``models``: a ``dpbert.network.bert.BertModels``, ``tokenizer``: its vocabulary's."""
     from dpbert.vocab.wordpiece import MASK
 
     if int(top_k) < 1:
@@ -89,7 +89,7 @@ def load_model(folder: str, tokenizer_dir: Optional[str] = None):
     """(models, tokenizer, what) of a Hugging Face export folder (its own vocabulary) or of a dpbert
     model folder (``model_config.json``) with ``tokenizer_dir``; local or ``gs://``."""
     from dpbert import storage
-    from dpbert.model import hf_layout, init_public
+    from dpbert.network import hf_layout, init_public
     from dpbert.vocab.wordpiece import load_tokenizer
 
     store = storage.storage_for(folder)

@@ -4,7 +4,7 @@ Setting (as in the paper): the patients are split 70/30 into *training* patients
 were used for pre-training (members, b = 1), and *out-of-training* (OOT) patients, whose tuples
 never were (non-members, b = 0). A sample is one tuple; its MLM masks are drawn afresh at
 evaluation time from a seed (80/10/10 replacement exactly as in training,
-``dpbert.model.masking.mask_with_seed``), the same masks for every model evaluated with the same
+``dpbert.engine.masking.mask_with_seed``), the same masks for every model evaluated with the same
 seed. Members and non-members come from ``dpbert.data.splits.split_patients``: the split the
 trainer holds patients out with, recomputed from its seed.
 
@@ -351,7 +351,7 @@ def _mask_seed(seed: int, draw: int = 0):
 
 def _masked_inputs(models, token_ids: np.ndarray, seed: int, draw: int, special_token_ids, mask_token_id,
                    mask_probability: float):
-    from dpbert.model import masking
+    from dpbert.engine import masking
 
     masked = masking.mask_with_seed(
         token_ids, *_mask_seed(seed, draw), special_token_ids=special_token_ids, mask_token_id=mask_token_id,
@@ -501,7 +501,7 @@ def gradient_features(models, token_ids, seed: int, *, special_token_ids: Sequen
     from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_utils
 
     from dpbert.mechanism import clipping
-    from dpbert.model import ghost
+    from dpbert.mechanism import ghost
 
     ids = _check_ids(models, token_ids)
     n = ids.shape[0]
@@ -630,7 +630,7 @@ def run_attack_results(models, token_ids, patient_ids: Sequence[Hashable],
 def run_attacks(models, token_ids, patient_ids: Sequence[Hashable],
                 admission_ids: Optional[Sequence[Optional[Hashable]]], is_member, seed: int = 0, *,
                 max_roc_points: int = MAX_ROC_POINTS, **kwargs) -> Dict[str, Dict]:
-    """Run the five attacks on ``models`` (``dpbert.model.bert.BertModels``).
+    """Run the five attacks on ``models`` (``dpbert.network.bert.BertModels``).
 
     ``token_ids`` ``[n, L]`` (padded with the model's pad id), ``patient_ids`` / ``admission_ids``
     (None entries: no admission) / ``is_member`` per sample. Returns ``{attack: {"advantage",

@@ -1,6 +1,6 @@
 """Held-out masked-LM loss: the same masked positions for every model, so losses compare.
 
-The positions are chosen by the training masking (``dpbert.model.masking``, one implementation)
+The positions are chosen by the training masking (``dpbert.engine.masking``, one implementation)
 from a public seed, each replaced by [MASK]; the loss is the mean cross-entropy of the true
 tokens at the masked positions over all examples. It compares the DP model with the
 non-private baseline and with a model without domain pre-training on public held-out text; the
@@ -17,10 +17,10 @@ def masked_batch(token_ids: np.ndarray, special_ids: Sequence[int], mask_id: int
                  mask_probability: float, seed: int):
     """(masked ids [n, L], positions [n, M], labels [n, M], weights [n, M]) — deterministic.
 
-    The training masking (``dpbert.model.masking``: k = round(p·candidates) positions per row,
+    The training masking (``dpbert.engine.masking``: k = round(p·candidates) positions per row,
     at most M) with a public seed, every chosen token replaced by [MASK].
     """
-    from dpbert.model.masking import mask_with_seed
+    from dpbert.engine.masking import mask_with_seed
 
     m = mask_with_seed(token_ids, seed, 0, special_token_ids=special_ids, mask_token_id=mask_id,
                        vocab_size=None, max_predictions=max_predictions, mask_probability=mask_probability,

@@ -25,7 +25,7 @@ encoder. The interface is deliberately small so the real encoder plugs in later:
 
 * ``encoder_builder()`` returns a fresh ``tf_keras.Model`` mapping ``input_ids`` ``[B, L]`` int32
   to either a tensor ``[B, L, H]`` or a dict with ``"sequence_output"`` ``[B, L, H]`` (the
-  ``BertModels.encoder`` of ``dpbert.model.bert``), with the pre-trained weights loaded;
+  ``BertModels.encoder`` of ``dpbert.network.bert``), with the pre-trained weights loaded;
 * ``tokenizer`` is either a Hugging Face ``tokenizers.Tokenizer`` (WordPiece) or a callable
   ``word -> list of piece ids``.
 

@@ -31,7 +31,7 @@ def mlm_builder(model_dir: Optional[str], spec=None, seed: int = 0, weights=None
                 encoder: bool = False) -> Callable[[], object]:
     """As :func:`encoder_builder`, the MLM model (``encoder=True``: the encoder)."""
     from dpbert import storage
-    from dpbert.model.bert import build_bert, load_bert
+    from dpbert.network.bert import build_bert, load_bert
 
     def build():
         if model_dir is not None:

@@ -11,7 +11,7 @@ labelled "DP estimate", and a verdict: learned / worse than its start / cannot t
 
 The sensitivity's contract, kept here: a unit (a patient; a tuple under privacy.unit: tuple) is
 read from its own tuples only — at most ``max_tuples``, its first by record id, tokenized one by
-one — masked by its tuples' own record ids and a public seed (``dpbert.model.masking``), and
+one — masked by its tuples' own record ids and a public seed (``dpbert.engine.masking``), and
 scored by two fixed models. The held-out patients are the trainer's (keyed PRF,
 ``dpbert.data.splits``: a patient's side depends on itself and the key). Without held-out patients
 (membership.holdout_patient_fraction = 0) the units are the patients trained on: still DP, but
@@ -79,7 +79,7 @@ def heldout_units(tuples, tokenizer, max_seq_length: int, *, fraction: float, ke
 def masked(units: Units, specials, mask_id: int, max_predictions: int, mask_probability: float,
            seed: int = DEFAULT_SEED) -> Dict[str, np.ndarray]:
     """Every row masked by its own record id and the public ``seed`` (each chosen token → [MASK])."""
-    from dpbert.model import masking
+    from dpbert.engine import masking
 
     keys = masking.example_keys(int(seed), 0, units.record_ids)
     return masking.mask_tokens(units.token_ids, keys, special_token_ids=tuple(specials), mask_token_id=mask_id,
@@ -162,7 +162,7 @@ def public_signal(model, start, tokenizer, max_predictions: int, mask_probabilit
     """ε-free: the MLM loss (nats) of ``model`` and of ``start`` (None: the uniform guess) on the
     first ``PUBLIC_ROWS`` rows of the shipped BC5CDR test text, the same masks for both."""
     from dpbert.evaluate.mlm_loss import masked_batch
-    from dpbert.model.public_warmup import public_rows, public_sentences
+    from dpbert.engine.public_warmup import public_rows, public_sentences
     from dpbert.resources.bundled import bundled_bc5cdr_path
     from dpbert.vocab.wordpiece import special_ids
 

@@ -25,7 +25,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from dpbert.model.engine.hooks import Hook
+from dpbert.engine.hooks import Hook
 from dpbert.privacy import one_run_audit as one_run
 from dpbert.privacy.whitebox_audit import (canary_projections, canary_sums, fdp_sigma_bound, llr_scores,
                                            max_reachable_lower_bound, probe_dims,
@@ -75,7 +75,7 @@ def demo_spec(vocab_size: int, max_seq_length: int = 16, hidden_size: int = 16, 
               num_heads: int = 2, intermediate_size: int = 32, mask_probability: float = 0.15):
     """A tiny BERT (no dropout) for audits and positive controls: V = 1024, H = 16 gives a
     16384-entry word embedding table, the probe variable."""
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
 
     return bert_lib.BertSpec(
         vocab_size=int(vocab_size), hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
@@ -151,7 +151,7 @@ class CanarySampler:
 def canary_sampler_factory(canaries: Canaries, first_canary_row: int, made: list):
     """A ``build_training`` sampler factory: the default sampler over real + canary units, wrapped
     (``made`` receives the wrapper). Canary j's unit: its row (tuple unit) or its row's patient."""
-    from dpbert.model.engine.source import default_sampler
+    from dpbert.engine.source import default_sampler
 
     def factory(spec):
         if spec.shard is not None or spec.mode == "shuffle":
@@ -242,7 +242,7 @@ def _probe_factory(canaries: Canaries, canary_dims: int, rng: np.random.Generato
 
 def _dp_event(training, rows: int) -> dict:
     """The audited run's DP-SGD record (what a ledger charges for an audit on private rows)."""
-    from dpbert.model.engine.charges import training_record
+    from dpbert.engine.charges import training_record
 
     record = training_record(training.accounted_sigma, training.plan, rows, int(training.loop.step_log.count))
     return dict(record, origin="audit")
@@ -252,7 +252,7 @@ def _run(rows, ids, keys, special_token_ids, vocab_size, model_config, tc, plan,
          canary_dims: int, rng, positive_control: bool, build_kwargs: dict, hooks, first_canary_row: int):
     """Build the configured loop with the canaries enrolled and the probe, run it; (hook, info, event)."""
     from dpbert import storage
-    from dpbert.model.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows,
+    from dpbert.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows,
                                            build_training)
 
     box: list = []
@@ -419,7 +419,7 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
         sensitivity=float(cans.clip_norm), clipping=tc.clipping,
         audited_unit=unit, max_contributions=int(plan.max_contributions) if unit == "patient" else 1,
         canary_units=f"each canary one {unit} of its own (one empty row), Poisson-sampled by the run's sampler at q",
-        loop="dpbert.model.engine.build.build_training → TrainLoop (the trainer's loop)",
+        loop="dpbert.engine.build.build_training → TrainLoop (the trainer's loop)",
         k_plus=int(result["k_plus"]), k_minus=int(result["k_minus"]), guesses=int(result["r"]),
         correct=int(result["v"]), accuracy=float(result["accuracy"]), canaries_included=included,
         canary_participations=float(probe.participation.sum() / max(1, included)),

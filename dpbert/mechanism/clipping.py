@@ -4,9 +4,9 @@ A clipping path returns, for one replica's micro-batch, Σ_u w_u·∇ℓ_u per t
 min(1, C/‖∇ℓ_u‖), or the mechanism's ``clip_factors`` of the same norms under normalized
 clipping), the per-row losses, the unclipped per-unit norms and the model's outputs:
 
-* ``ghost`` (the default, the trainer's): ``dpbert.model.ghost`` — one forward pass, ONE
+* ``ghost`` (the default, the trainer's): ``dpbert.mechanism.ghost`` — one forward pass, ONE
   backward pass, ghost norms and book-keeping. The model layer hands it in as a
-  :class:`ClippingPath` (this package sits below ``dpbert.model``).
+  :class:`ClippingPath` (this package sits below ``dpbert.engine``).
 * ``tfp_two_pass``: the same norms from tensorflow-privacy's registry functions
   (``make_layer_registry``: Dense, Embedding, EinsumDense, LayerNormalization and
   MultiHeadAttention), then a second backward pass of Σ w_i ℓ_i on the same persistent tape; a
@@ -51,7 +51,7 @@ class ClippingPath:
 
 
 def make_layer_registry() -> lr.LayerRegistry:
-    """tensorflow-privacy registry with every layer type ``dpbert.model.bert`` uses."""
+    """tensorflow-privacy registry with every layer type ``dpbert.network.bert`` uses."""
     registry = lr.LayerRegistry()
     registry.insert(tf_keras.layers.Dense, dense_fn.dense_layer_computation)
     registry.insert(tf_keras.layers.Embedding, embedding_fn.embedding_layer_computation)

@@ -1,6 +1,6 @@
 """THE MECHANISM of one DP-SGD step: clip-and-sum, ONE Gaussian draw, divide by the public B.
 
-One logical batch β (units Poisson-sampled at q by ``dpbert.model.sampling``)::
+One logical batch β (units Poisson-sampled at q by ``dpbert.mechanism.sampling``)::
 
     g_u = ∇ℓ_u · min(1, C / ‖∇ℓ_u‖)           per-unit clipping, ‖g_u‖ ≤ C = Δ   (clipped_sum)
     S   = Σ_{u∈β} g_u                            summed over micro-rounds and replicas
@@ -21,7 +21,7 @@ z is drawn once per logical batch, AFTER the replicas' clipped sums are SUMmed
 replica and worker, never stored. Why there and not per shard (tensorflow-privacy's placement,
 σ√(P·T)), the ``paper`` noise mode, the seed shared across workers and the draw made ahead:
 docs/privacy.md, "Where the noise goes". Only the selected pieces are trained
-(``dpbert.model.trainable``): z covers the trained coordinates only, and the mechanism is the
+(``dpbert.network.trainable``): z covers the trained coordinates only, and the mechanism is the
 same Gaussian mechanism with sensitivity C and multiplier σ whatever the set.
 
 ``non_private`` (the baseline, ε = ∞): no clipping, no noise, divided by the real count.

@@ -12,15 +12,15 @@ steps' in one transfer, ``training.stats_every``).
 
 ``prepare_fn(features) -> (model_inputs, targets)`` runs inside the replica and is deterministic:
 an example's randomness (MLM masks) is drawn on the host keyed by its own id
-(``dpbert.model.masking``), never by its batch slot. ``loss_fn(targets, outputs) -> [b]``;
+(``dpbert.engine.masking``), never by its batch slot. ``loss_fn(targets, outputs) -> [b]``;
 ``metrics_fn(targets, outputs, example_mask[, group_size]) -> dict of scalar sums``.
 
-What is trained (``selection``, ``dpbert.model.trainable``): ``variables`` is aligned with the
+What is trained (``selection``, ``dpbert.network.trainable``): ``variables`` is aligned with the
 pieces — a whole variable, or for a sliced piece a SHADOW variable of the slice's shape gathered
 before every apply and scattered back after it; frozen coordinates get no gradient, noise,
 optimizer state or weight decay and stay bit-identical.
 
-Run-time hooks (``dpbert.model.integrity``): ``clip`` is the mechanism's clipping path (the
+Run-time hooks (``dpbert.mechanism.integrity``): ``clip`` is the mechanism's clipping path (the
 brute-force check calls the same one), ``replay_accumulate`` the step's own accumulate on one
 round, ``last_unit_norms`` the norms the last step used; a ``NoiseProbe`` keeps S and (S + z)/B
 on a few coordinates, an ``AuditProbe`` (the white-box audit) adds canaries to S before the draw.
@@ -58,7 +58,7 @@ class AuditProbe:
 
 @dataclasses.dataclass
 class NoiseProbe:
-    """Run-time noise check hook (``dpbert.model.integrity``): flat ``coordinates`` per trainable
+    """Run-time noise check hook (``dpbert.mechanism.integrity``): flat ``coordinates`` per trainable
     variable index (a sliced piece's index is that of its shadow). Every step the apply keeps, on
     those coordinates, the clean clipped sum S (``noise_probe_clean``: read from the replica-local
     accumulators and summed over the replicas by a separate all-reduce, audit canaries included)

@@ -4,5 +4,5 @@ TensorFlow): ``histogram`` (the vocabulary mechanism: threshold, (ε, δ), noise
 ``one_run_audit`` (the one-run audit's ε lower bound), ``whitebox_audit`` (the white-box audit's
 gradient canaries and scores; its training harness is ``dpbert.evaluate.whitebox``).
 
-The math layer: nothing here imports ``dpbert.model``, ``evaluate``, ``stages``, ``data`` or
+The math layer: nothing here imports ``dpbert.network``, ``dpbert.mechanism``, ``dpbert.engine``, ``evaluate``, ``stages``, ``data`` or
 ``vocab`` (tests/test_layout.py)."""

@@ -81,7 +81,7 @@ def exact_parts(sums: Dict[str, float]) -> Dict[str, float]:
 def noisy_sums(exact: Dict[str, float], gradient_sigma: float, config: DiagnosticsConfig,
                rng: Optional[np.random.Generator] = None) -> Dict[str, float]:
     """The released noisy sums: each exact part (``exact_parts``) plus its own Gaussian draw of
-    std ``noise_stds(...)[part]``. What the run-time release check (``dpbert.model.integrity``,
+    std ``noise_stds(...)[part]``. What the run-time release check (``dpbert.mechanism.integrity``,
     ``RunChecks.released``) compares with the exact sums."""
     rng = rng if rng is not None else np.random.default_rng()
     std = noise_stds(gradient_sigma, config)

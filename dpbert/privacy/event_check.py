@@ -3,7 +3,7 @@
 The white-box audit (``whitebox_audit``) scores its canaries at the CLAIMED σ and adds them after
 the sampler and the clipping: a record whose q, step count or σ is wrong passes it whenever the
 wrong claim is beyond the audit's reach. This check closes that gap for the record itself. The
-trainer captures, from the running objects (``dpbert.model.integrity.observe``)::
+trainer captures, from the running objects (``dpbert.mechanism.integrity.observe``)::
 
     sampling, sampling_probability   the running sampler's mode and q (what it sampled with)
     sampling_unit, group_size        patient sampler or not; k of the step's clipping groups
@@ -36,7 +36,7 @@ from dpbert.privacy import events
 
 
 class IntegrityCheckFailed(RuntimeError):
-    """A run-time integrity check of the training run failed (``dpbert.model.integrity``) or the
+    """A run-time integrity check of the training run failed (``dpbert.mechanism.integrity``) or the
     recorded DP event disagrees with the running mechanism (:func:`check_event`): the run fails
     and nothing is released. The message names the check, never raw text or an exact count."""
 

@@ -1,4 +1,4 @@
-"""The statistics of the run-time integrity checks (``dpbert.model.integrity``): p-values that are
+"""The statistics of the run-time integrity checks (``dpbert.mechanism.integrity``): p-values that are
 EXACT or rigorous upper bounds (never a normal approximation of a tail), and the level each test
 is run at so that an honest run fails a whole family of checks with probability ≤ ``FALSE_ALARM``.
 

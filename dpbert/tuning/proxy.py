@@ -9,7 +9,7 @@ Sources (``SOURCES``):
   patient; held-out rows are further patients of the same seed.
 * ``public`` — the shipped BC5CDR abstracts (``dpbert/resources/ner/bc5cdr``, CC BY 4.0): training
   rows from the train split packed as the public warm-up packs them
-  (``dpbert.model.public_warmup.public_rows``), held-out rows from the test split; a unit is k
+  (``dpbert.engine.public_warmup.public_rows``), held-out rows from the test split; a unit is k
   consecutive rows (k = ``privacy.max_tuples_per_patient`` for the patient unit, else 1).
 
 Vocabulary: never the run's released one (a DP vocabulary is derived from the private corpus).
@@ -158,7 +158,7 @@ def build_proxy(spec: ProxySpec) -> Proxy:
         description = (f"synthetic clinical notes (dpbert.data.synthetic, shape {spec.shape}) at the public seed "
                        f"{spec.seed}: {spec.patients} patients, {spec.heldout_patients} held out")
     else:
-        from dpbert.model.public_warmup import public_rows, public_sentences
+        from dpbert.engine.public_warmup import public_rows, public_sentences
         from dpbert.resources.bundled import bundled_bc5cdr_path
 
         train_sentences = public_sentences(bundled_bc5cdr_path("train"))

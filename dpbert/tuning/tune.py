@@ -5,7 +5,7 @@ with noise multiplier σ; its update is (Σ clipped unit gradients + N(0, σ²C�
 on the mean gradient has standard deviation σ·C/B per coordinate. The proxy trains at a small batch
 b with σ_b = σ·b/B (:func:`proxy_noise_multiplier`): its noise on the mean is σ_b·C/b = σ·C/B, the
 same, and T stays. Every (lr, C) of the grid trains on the proxy with the shipped loop
-(``dpbert.model.engine.build.build_training``: the run's model, trainable set, schedule, unit and
+(``dpbert.engine.build.build_training``: the run's model, trainable set, schedule, unit and
 sampling; run-time integrity checks and DP diagnostics off, a fixed public noise seed so that every
 grid point sees the same batches and noise) and is scored by its held-out proxy MLM loss
 (``dpbert.evaluate.mlm_loss``, the same masks for every point). The choice: the lowest loss (ties:
@@ -128,14 +128,14 @@ def plan_of(config, accountant: str = "pld") -> TuningPlan:
 def _model_start(model_config, training_config, proxy: Proxy):
     """(``ModelStart`` for every grid point, its provenance): random init, or the public start
     (checkpoint + warm-up on the shipped public text) for ``model.init: minilm``, built once."""
-    from dpbert.model.engine.build import ModelStart
+    from dpbert.engine.build import ModelStart
 
     tokenizer, mc = proxy.tokenizer, model_config
     size = tokenizer.get_vocab_size()
     if mc.init != "minilm":
         return ModelStart(mc, size), f"random initialisation (training.seed {training_config.seed})"
-    from dpbert.model import init_public
-    from dpbert.model.public_warmup import public_start
+    from dpbert.network import init_public
+    from dpbert.engine.public_warmup import public_start
     from dpbert.resources.checkpoint import checkpoint_dir
 
     directory = checkpoint_dir(mc.init_dir)
@@ -183,7 +183,7 @@ class Tuner:
     def train_row(self, learning_rate: float, clip_norm: float, repeat: int) -> float:
         """The held-out proxy MLM loss after one proxy run with the shipped loop (inf: diverged)."""
         from dpbert.evaluate.mlm_loss import heldout_mlm_loss
-        from dpbert.model.engine.build import ChainOutputs, TrainingRows, build_training
+        from dpbert.engine.build import ChainOutputs, TrainingRows, build_training
         from dpbert.privacy.plan import plan_training
         from dpbert.vocab.wordpiece import SPECIAL_TOKENS, special_ids
 
@@ -227,7 +227,7 @@ class Tuner:
             "repeats": self.repeats, "start": self.start()[1],
             "grid": {"learning_rates": list(self.grid.learning_rates), "clip_norms": list(self.grid.clip_norms)},
             "score": f"held-out proxy MLM loss (nats), masks of the public seed {self.seed}",
-            "loop": "dpbert.model.engine.build.build_training (integrity checks and DP diagnostics off)",
+            "loop": "dpbert.engine.build.build_training (integrity checks and DP diagnostics off)",
             "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
 

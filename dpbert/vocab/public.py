@@ -15,7 +15,7 @@
   same mechanism as ``dp``) covers the appended words and the public part costs nothing.
   An appended word is a word-initial token; WordPiece's longest-match-first then encodes the word
   as that one token (and longer words starting with it as it plus ``##`` pieces).
-  ``dpbert.model.init_public`` starts each new embedding / MLM-output row from the MEAN of the
+  ``dpbert.network.init_public`` starts each new embedding / MLM-output row from the MEAN of the
   public rows of its public pieces.
 
 Special tokens. Every dpbert vocabulary has [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0..4 (masking,

@@ -12,7 +12,7 @@ from dpbert.accounting import gate, reserve, target as ledger_target
 from dpbert.accounting.accountant import planned_ledger
 from dpbert.config import PrivacyConfig, load_config
 from dpbert.ledger import dataset
-from dpbert.model.engine.charges import budget_step_limit
+from dpbert.engine.charges import budget_step_limit
 from dpbert.privacy.plan import TrainingPlan
 
 BUDGET = 3.0

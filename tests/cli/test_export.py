@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dpbert import exit_codes, metadata, release, schema
-from dpbert.model import bert as bert_lib
-from dpbert.model import hf_layout
+from dpbert.network import bert as bert_lib
+from dpbert.network import hf_layout
 from dpbert.privacy import events, histogram
 from dpbert.privacy.numbers import fmt_delta
 from dpbert_cli.export import PRIVATE_FILE
@@ -47,7 +47,7 @@ def _write_artifact(directory, dp=True, seed=0, vocab_dp=True, public=None):
                                  max_seq_length=PUBLIC_L, max_predictions=5, preset="minilm")
     models = bert_lib.build_bert(spec, seed=seed)
     if public is not None:
-        from dpbert.model import init_public
+        from dpbert.network import init_public
 
         init_public.init_from_checkpoint(models, VOCAB, public, seed)
     rng = np.random.default_rng(seed)

@@ -97,7 +97,7 @@ def test_the_resolved_preset_is_the_one_model_config_json_records():
     """model.init = minilm takes the checkpoint's sizes: the resolved preset is minilm, as the
     model_config.json says, whatever the unused model.preset."""
     from dpbert.config import load_config
-    from dpbert.model.init_public import spec_for_public
+    from dpbert.network.init_public import spec_for_public
 
     demo = load_config(preset="demo").model
     assert demo.preset == "tiny" and demo.resolved_preset == "minilm"

@@ -222,7 +222,7 @@ for name, message in [
     logging.getLogger(name).warning(message)
 logging.getLogger("dpbert.anything").warning("a real warning")
 if sys.argv[1] == "quiet":
-    from dpbert.model.train import _Progress  # imports TensorFlow (its C++ log: quiet)
+    from dpbert.engine.train import _Progress  # imports TensorFlow (its C++ log: quiet)
 
     stream = io.StringIO()  # not a terminal
     progress = _Progress(10, 0, "DP-SGD", interval=0.0, stream=stream)

@@ -84,7 +84,7 @@ def test_corpus_section_is_operator_only_and_shows_counts_not_the_location(clien
 
 def test_loss_curve_is_plotted_against_true_steps(monkeypatch):
     # a 450-step run: the stored curve is 200 strided points + the last (dpbert.stages.pretrain)
-    from dpbert.model.loss_curve import curve_steps, loss_curve
+    from dpbert.diagnostics.loss_curve import curve_steps, loss_curve
 
     losses = [10.0 - i / 100 for i in range(450)]
     report = {"pretraining": {"loss_curve": loss_curve(losses), "loss_curve_steps": curve_steps(450)}}

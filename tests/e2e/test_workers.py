@@ -63,7 +63,7 @@ def _report(out):
 
 
 def _chain(out):
-    from dpbert.model.engine.chain import chains
+    from dpbert.engine.chain import chains
 
     found = chains(str(out / "pipeline_root"))
     assert len(found) == 1, found
@@ -114,7 +114,7 @@ def _worker_pid(parent: int, rank: int):
 
 
 def _step_log_count(out):
-    from dpbert.model.engine.chain import chains
+    from dpbert.engine.chain import chains
 
     found = chains(str(out / "pipeline_root"))
     return found[0]["steps_executed"] if found else 0
@@ -176,7 +176,7 @@ def tiny_baseline(out_dir: str, workers: int) -> dict:
     every layout the same batches; the masks are keyed by the example ids."""
     import numpy as np
 
-    from dpbert.model.train import make_strategy
+    from dpbert.engine.train import make_strategy
 
     strategy = make_strategy("multi_worker", workers) if workers > 1 else None  # before any op
     from dpbert.config import ModelConfig, TrainingConfig

@@ -23,9 +23,9 @@ import pytest
 from dpbert.config import load_config
 from dpbert.evaluate import whitebox as wb
 from dpbert.mechanism import clipping
-from dpbert.model import integrity
-from dpbert.model.engine.hooks import Hook
-from dpbert.model.engine.loop import TrainLoop
+from dpbert.mechanism import integrity
+from dpbert.engine.hooks import Hook
+from dpbert.engine.loop import TrainLoop
 from dpbert.privacy import events
 from tests.model.broken_mechanisms import noise_drawn_not_added, patched
 from tests.tiny import CLASSIC
@@ -123,14 +123,14 @@ def test_the_audit_runs_the_configured_loop_with_canaries_as_patients_of_its_sam
 def test_canary_rows_contribute_no_gradient_of_their_own(rows):
     """No double count: the empty row's loss and every gradient are exactly 0, so a canary unit
     adds its injected vector (norm C) and nothing else."""
-    from dpbert.model import bert as bert_lib
-    from dpbert.model.engine.mlm import make_mlm_functions
+    from dpbert.network import bert as bert_lib
+    from dpbert.engine.mlm import make_mlm_functions
 
     ids, vocab = rows
     spec = wb.demo_spec(vocab, ids.shape[1])
     models = bert_lib.build_bert(spec, seed=0)
     mask_fn, prepare_fn, loss_fn, _ = make_mlm_functions(spec, list(wb.SPECIAL_IDS), wb.MASK_ID, 0.15)
-    from dpbert.model.masking import example_keys
+    from dpbert.engine.masking import example_keys
 
     features = mask_fn(wb.canary_rows(3, ids.shape[1]), example_keys(7, 0, np.arange(3)))
     assert not features["masked_weights"].any()

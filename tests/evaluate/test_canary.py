@@ -512,7 +512,7 @@ def test_canary_exposure_component_queries_inserted_canaries_in_context(tmp_path
     from types import SimpleNamespace
 
     import dpbert.stages.canary as component
-    import dpbert.model.bert as bert_lib
+    import dpbert.network.bert as bert_lib
     from dpbert.data.synthetic import generate_notes
     from dpbert.data.tuples import corpus_tuples
     from dpbert.vocab.wordpiece import save_vocabulary, train_wordpiece

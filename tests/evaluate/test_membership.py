@@ -262,7 +262,7 @@ def test_masked_summaries_match_numpy_percentiles_row_by_row():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from dpbert.model.bert import BertSpec, build_bert
+    from dpbert.network.bert import BertSpec, build_bert
 
     spec = BertSpec(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
                     max_seq_length=12, max_predictions=4, dropout=0.1, attention_dropout=0.1)
@@ -280,7 +280,7 @@ def tiny():
 def test_sample_losses_are_seeded_per_example_and_batch_independent(tiny):
     import tensorflow as tf
 
-    from dpbert.model import masking
+    from dpbert.engine import masking
 
     models, ids = tiny
     a = mi.sample_losses(models, ids, seed=3, batch_size=4)
@@ -318,7 +318,7 @@ def test_gradient_features_match_per_example_gradients(tiny):
     import tensorflow as tf
 
     from dpbert.mechanism import clipping
-    from dpbert.model import masking
+    from dpbert.engine import masking
 
     models, ids = tiny
     names = mi.gradient_feature_names(models)
@@ -353,8 +353,8 @@ def test_run_attacks_end_to_end_on_a_tiny_bert():
     import tf_keras
 
     from dpbert.mechanism import clipping
-    from dpbert.model import masking
-    from dpbert.model.bert import BertSpec, build_bert
+    from dpbert.engine import masking
+    from dpbert.network.bert import BertSpec, build_bert
 
     spec = BertSpec(vocab_size=40, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                     max_seq_length=16, max_predictions=4, dropout=0.0, attention_dropout=0.0)

@@ -24,7 +24,7 @@ def world(tmp_path_factory):
     from dpbert.data.synthetic import generate_notes
     from dpbert.data.tfrecord import write_tuples
     from dpbert.data.tuples import corpus_tuples
-    from dpbert.model.bert import BertSpec, build_bert, save_bert
+    from dpbert.network.bert import BertSpec, build_bert, save_bert
     from dpbert.vocab.wordpiece import save_vocabulary, train_wordpiece
 
     root = tmp_path_factory.mktemp("membership")

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_compiled_features_equal_eager_features():
-    from dpbert.model.bert import BertSpec, build_bert
+    from dpbert.network.bert import BertSpec, build_bert
 
     spec = BertSpec(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
                     max_seq_length=12, max_predictions=4)

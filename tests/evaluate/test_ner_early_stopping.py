@@ -71,7 +71,7 @@ def test_split_dev_is_a_fixed_part_of_the_training_sentences():
 def test_shorter_batches_predict_as_full_length_ones():
     """Cutting a batch to its longest window (padding is masked out of attention) changes nothing:
     the real BERT encoder, same weights, full-length vs trimmed batches."""
-    from dpbert.model.bert import BertSpec, build_bert
+    from dpbert.network.bert import BertSpec, build_bert
 
     spec = BertSpec(vocab_size=VOCAB_SIZE, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                     max_seq_length=32, max_predictions=5, dropout=0.0, attention_dropout=0.0)

@@ -23,10 +23,10 @@ from dpbert.accounting.sigma import accounted_sigma
 from dpbert.config import ConfigError, TrainingConfig
 from dpbert.mechanism import adam_bc, gaussian
 from dpbert.mechanism import step as step_lib
-from dpbert.model import optimizers
-from dpbert.model.engine.build import GHOST
-from dpbert.model.engine.hooks import Hook
-from dpbert.model.train import train_mlm
+from dpbert.engine import optimizers
+from dpbert.engine.build import GHOST
+from dpbert.engine.hooks import Hook
+from dpbert.engine.train import train_mlm
 from dpbert.privacy.diagnostics import DiagnosticsConfig
 from dpbert.privacy.plan import plan_training
 from tests.model.conftest import SPECIALS, repetitive_corpus, tiny_model
@@ -153,7 +153,7 @@ def test_the_hook_logs_vhat_over_phi_per_trained_piece(tmp_path, caplog):
     (hook,) = optimizers.hooks(tc, optimizer, stepper, str(tmp_path))
     optimizer.apply_gradients([(tf.constant(np.full(v.shape, 0.02), tf.float32), v) for v in stepper.variables])
     loop = types.SimpleNamespace(steps_planned=4)
-    with caplog.at_level(logging.INFO, logger="dpbert.model.train"):
+    with caplog.at_level(logging.INFO, logger="dpbert.engine.train"):
         for step in (1, 2, 3):
             hook.on_step(loop, step, [], {}, None)
     hook.close(loop)
@@ -195,7 +195,7 @@ def test_the_shipped_loop_runs_dp_adambc_under_normalized_clipping(tmp_path, cap
     eager = tf.config.functions_run_eagerly()
     tf.config.run_functions_eagerly(True)
     try:
-        with caplog.at_level(logging.INFO, logger="dpbert.model.train"):
+        with caplog.at_level(logging.INFO, logger="dpbert.engine.train"):
             result = train_mlm(repetitive_corpus(), SPECIALS, 40, tiny_model(), tc, str(tmp_path),
                                plan=plan_training(tc, 64), progress=False, export_saved_model=False, hooks=[spy])
     finally:

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from dpbert.config import ModelConfig, TrainingConfig
-from dpbert.model.engine.hooks import Hook
-from dpbert.model.train import train_mlm
+from dpbert.engine.hooks import Hook
+from dpbert.engine.train import train_mlm
 from tests.model.conftest import SPECIALS, repetitive_corpus
 
 GOLDEN = Path(__file__).with_name("golden_step.json")

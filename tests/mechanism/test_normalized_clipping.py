@@ -17,9 +17,9 @@ import tf_keras
 from dpbert.config import ConfigError, TrainingConfig
 from dpbert.mechanism import clipping, gaussian
 from dpbert.mechanism import step as step_lib
-from dpbert.model import bert as bert_lib
-from dpbert.model.engine.build import GHOST
-from dpbert.model.masking import mask_with_seed
+from dpbert.network import bert as bert_lib
+from dpbert.engine.build import GHOST
+from dpbert.engine.masking import mask_with_seed
 
 R = 0.01
 SPEC = bert_lib.BertSpec(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,

@@ -1,5 +1,5 @@
 """Deliberately BROKEN mechanisms: the positive controls of the run-time integrity checks
-(``dpbert.model.integrity``) and of ``dpbert.model.noise_check``, as TEST FIXTURES.
+(``dpbert.mechanism.integrity``) and of ``dpbert.diagnostics.noise_check``, as TEST FIXTURES.
 
 A noise or clipping fault is a SUBCLASS of the mechanism (``dpbert.mechanism.gaussian
 .GaussianSumMechanism``) or, for a replica fault, of the executor (``dpbert.mechanism.replicas
@@ -46,8 +46,8 @@ import tensorflow as tf
 
 from dpbert import storage
 from dpbert.mechanism import step as step_lib
-from dpbert.model import ghost, sampling
-from dpbert.model.engine import chain as chain_lib
+from dpbert.mechanism import ghost, sampling
+from dpbert.engine import chain as chain_lib
 from dpbert.privacy import diagnostics
 
 Step = step_lib.DPSGDTrainStep

@@ -88,7 +88,7 @@ def corpus():
 
 @pytest.fixture
 def tiny_spec():
-    from dpbert.model.bert import BertSpec
+    from dpbert.network.bert import BertSpec
 
     return BertSpec(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
                     max_seq_length=12, max_predictions=4, dropout=0.0, attention_dropout=0.0)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import dpbert  # noqa: F401  (TF_USE_LEGACY_KERAS, tensorflow_privacy import guard)
-from dpbert.model.train import make_strategy
+from dpbert.engine.train import make_strategy
 
 strategy = make_strategy("multi_worker", 2)  # before TensorFlow runs any op
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 if sys.argv[1] == "noise":
     import broken_mechanisms  # noqa: E402
 
-    from dpbert.model.noise_check import noise_check  # noqa: E402
+    from dpbert.diagnostics.noise_check import noise_check  # noqa: E402
 
     out = {}
     for name in sys.argv[2:]:

@@ -7,13 +7,13 @@ import json
 import sys
 
 import dpbert  # noqa: F401  (TF_USE_LEGACY_KERAS, tensorflow_privacy import guard)
-from dpbert.model.train import configure_logical_cpus
+from dpbert.engine.train import configure_logical_cpus
 
 configure_logical_cpus(2)  # before TensorFlow initialises its devices
 
 from dpbert.config import ModelConfig, TrainingConfig  # noqa: E402
-from dpbert.model.noise_check import noise_check  # noqa: E402
-from dpbert.model.train import train_mlm  # noqa: E402
+from dpbert.diagnostics.noise_check import noise_check  # noqa: E402
+from dpbert.engine.train import train_mlm  # noqa: E402
 from dpbert.privacy.plan import plan_training  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))

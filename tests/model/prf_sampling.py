@@ -2,7 +2,7 @@
 in step t's batch or not whichever worker holds it, so one process and two workers train on the
 same batches (``tests/model/test_multi_worker.py``). Injected through
 ``build_training(hooks=RunHooks(sampler_factory=prf_sampler(key)))``; refused with OS-entropy noise."""
-from dpbert.model import sampling
+from dpbert.mechanism import sampling
 
 
 def prf_sampler(key: int):
@@ -24,7 +24,7 @@ def train_with(*, token_ids, special_token_ids, vocab_size, model_config, traini
                sampler_factory, plan=None, example_ids=None, patient_keys=None, progress=True,
                export_saved_model=None, strategy=None):
     """``train_mlm`` through the builder (which takes the injected ``sampler_factory``)."""
-    from dpbert.model.engine.build import ChainOutputs, ModelStart, RunHooks, TrainingRows, build_training, finish
+    from dpbert.engine.build import ChainOutputs, ModelStart, RunHooks, TrainingRows, build_training, finish
 
     with build_training(TrainingRows(token_ids, special_token_ids, example_ids=example_ids, patient_keys=patient_keys),
                         ModelStart(model_config, vocab_size), training_config,

@@ -7,12 +7,12 @@ import json
 import sys
 
 import dpbert  # noqa: F401  (TF_USE_LEGACY_KERAS, tensorflow_privacy import guard)
-from dpbert.model.train import configure_logical_cpus
+from dpbert.engine.train import configure_logical_cpus
 
 configure_logical_cpus(2)  # before TensorFlow initialises its devices
 
 from dpbert.config import ModelConfig, TrainingConfig  # noqa: E402
-from dpbert.model.train import train_mlm  # noqa: E402
+from dpbert.engine.train import train_mlm  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from conftest import SPECIALS, repetitive_corpus  # noqa: E402

@@ -4,8 +4,8 @@ import tensorflow as tf
 
 from dpbert.config import ModelConfig
 from dpbert.mechanism import clipping
-from dpbert.model import bert as bert_lib
-from dpbert.model.engine.build import GHOST
+from dpbert.network import bert as bert_lib
+from dpbert.engine.build import GHOST
 
 
 @pytest.mark.parametrize("preset,sizes", [

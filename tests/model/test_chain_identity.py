@@ -3,8 +3,8 @@
 import dataclasses
 
 from dpbert.config import MembershipConfig, ModelConfig, PrivacyConfig, TrainingConfig
-from dpbert.model.engine.charges import chain_training_config, resume_key, stage_state_dir
-from dpbert.model.engine.workers import process_config
+from dpbert.engine.charges import chain_training_config, resume_key, stage_state_dir
+from dpbert.engine.workers import process_config
 
 
 def test_chain_identity_is_the_same_for_any_number_of_workers():

@@ -13,11 +13,11 @@ import tf_keras
 
 from dpbert.mechanism import clipping, gaussian
 from dpbert.mechanism import step as step_lib
-from dpbert.model import bert as bert_lib
-from dpbert.model import ghost
-from dpbert.model.engine.build import GHOST
-from dpbert.model.masking import mask_with_seed
-from dpbert.model.noise_check import noise_check
+from dpbert.network import bert as bert_lib
+from dpbert.mechanism import ghost
+from dpbert.engine.build import GHOST
+from dpbert.engine.masking import mask_with_seed
+from dpbert.diagnostics.noise_check import noise_check
 
 from .conftest import eagerly
 
@@ -263,8 +263,8 @@ def test_run_noise_check_cli_in_process(capsys, monkeypatch, accumulation_4):
     prints as JSON and turns into the exit code."""
     import argparse
 
-    from dpbert.model import noise_check as module
-    from dpbert.model.noise_check import run_noise_check_cli
+    from dpbert.diagnostics import noise_check as module
+    from dpbert.diagnostics.noise_check import run_noise_check_cli
 
     calls = []
 

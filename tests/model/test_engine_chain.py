@@ -1,4 +1,4 @@
-"""The training chain (``dpbert.model.engine.chain``) on every storage backend — a local folder,
+"""The training chain (``dpbert.engine.chain``) on every storage backend — a local folder,
 ``ram://`` (tf.io.gfile) and ``fake://`` (generations enforced like GCS): the lease lock (refusal,
 expiry and takeover), the write-ahead step log (legacy file read and migrated), run_config on
 resume, the shuffle key, discarding with history, and the chains the budget guard finds."""
@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from dpbert import schema, storage
-from dpbert.model.engine import chain as chain_lib
+from dpbert.engine import chain as chain_lib
 
 
 @pytest.fixture(params=["local", "ram", "fake"])
@@ -93,7 +93,7 @@ def test_prepare_refuses_a_changed_resume_and_discard_keeps_history(root, monkey
 
 def test_chains_and_charge_basis_under_the_state_root(root):
     from dpbert.config import TrainingConfig
-    from dpbert.model.engine import charges
+    from dpbert.engine import charges
     from dpbert.privacy.plan import plan_training
 
     state = chain_lib.state_dir(root, "inputs")

@@ -1,4 +1,4 @@
-"""The training loop (``dpbert.model.engine.loop.TrainLoop``) and its hooks: the order of a step
+"""The training loop (``dpbert.engine.loop.TrainLoop``) and its hooks: the order of a step
 (budget → write-ahead step-log entry → sampling → step → hooks), an in-process crash
 (``CrashAfter``) and its resume on ``ram://`` and a local folder, and a probe hook that sees the
 sampled units and the write-ahead entries."""
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from dpbert import schema, storage
-from dpbert.model.engine import chain as chain_lib
-from dpbert.model.engine.hooks import CrashAfter, Hook, SimulatedCrash
-from dpbert.model.engine.loop import BudgetExhausted, TrainLoop
+from dpbert.engine import chain as chain_lib
+from dpbert.engine.hooks import CrashAfter, Hook, SimulatedCrash
+from dpbert.engine.loop import BudgetExhausted, TrainLoop
 
 from .conftest import SPECIALS, repetitive_corpus, tiny_model
 
@@ -114,7 +114,7 @@ def test_train_mlm_crash_and_resume_in_a_chain_on_storage(tmp_path, where, eager
     step log charged every executed step; the chain's files are on that storage. (The smallest
     model's steps, eagerly: the chain is tested, not the step's trace.)"""
     from dpbert.config import TrainingConfig
-    from dpbert.model.train import load_models, train_mlm
+    from dpbert.engine.train import load_models, train_mlm
 
     out = str(tmp_path / "state") if where == "local" else f"ram://train-tests/{uuid.uuid4().hex}"
     tc = TrainingConfig(batch_size=8, steps=5, warmup_steps=1, clip_norm=1.0, noise_multiplier=0.5,

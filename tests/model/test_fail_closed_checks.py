@@ -9,9 +9,9 @@ import pytest
 
 from dpbert import schema, storage
 from dpbert.config import TrainingConfig
-from dpbert.model import sampling
-from dpbert.model.engine import chain as chain_lib
-from dpbert.model.train import CrashAfter, SimulatedCrash, train_mlm
+from dpbert.mechanism import sampling
+from dpbert.engine import chain as chain_lib
+from dpbert.engine.train import CrashAfter, SimulatedCrash, train_mlm
 from dpbert.privacy.plan import plan_training
 
 from . import broken_mechanisms as broken

@@ -1,5 +1,5 @@
-"""The Hugging Face ``BertForMaskedLM`` export (dpbert.model.hf_layout) and its reader
-(dpbert.model.init_public.load_hf_bert).
+"""The Hugging Face ``BertForMaskedLM`` export (dpbert.network.hf_layout) and its reader
+(dpbert.network.init_public.load_hf_bert).
 
 The independent check is ``hf_mlm_logits``: a numpy forward pass with BertForMaskedLM's semantics
 driven ONLY by config.json and the tensor names (no dpbert code). A self round trip cannot catch a
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from dpbert.model import bert as bert_lib
-from dpbert.model import hf_layout, init_public
+from dpbert.network import bert as bert_lib
+from dpbert.network import hf_layout, init_public
 
 from .conftest import repetitive_corpus
 from .fake_checkpoint import write_checkpoint

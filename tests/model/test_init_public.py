@@ -8,8 +8,8 @@ import pytest
 from scipy.special import erf
 
 from dpbert.config import ModelConfig, TrainingConfig
-from dpbert.model import bert as bert_lib
-from dpbert.model import init_public
+from dpbert.network import bert as bert_lib
+from dpbert.network import init_public
 
 H, HEADS, LAYERS, INTER, POS = 8, 2, 2, 16, 32
 PUBLIC_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "patient", "heart", "##s", "fever", "rate"]
@@ -90,7 +90,7 @@ def test_init_matches_reference_forward_and_copies_shared_rows(tmp_path):
 
 def test_train_mlm_with_public_init(tmp_path, eager_steps):
     """(Two steps, eagerly: the public start of the run is tested, not the step's trace.)"""
-    from dpbert.model.train import train_mlm
+    from dpbert.engine.train import train_mlm
 
     from .conftest import SPECIALS, repetitive_corpus
 

@@ -3,7 +3,7 @@ passes and deliberately broken mechanisms (positive controls, ``broken_mechanism
 
 event check (``dpbert.privacy.event_check``); units per step and per-unit participation, brute-
 force clipping, the noise handed to the optimizer per trained piece, the released diagnostics'
-noise (``dpbert.model.integrity``)."""
+noise (``dpbert.mechanism.integrity``)."""
 import json
 import math
 import re
@@ -17,11 +17,11 @@ import tf_keras
 from dpbert.config import TrainingConfig
 from dpbert.mechanism import adam_bc, clipping, gaussian
 from dpbert.mechanism import step as step_lib
-from dpbert.model import bert as bert_lib
-from dpbert.model import ghost, integrity, sampling
-from dpbert.model import trainable as trainable_lib
-from dpbert.model.engine.build import GHOST
-from dpbert.model.train import make_mlm_functions, mlm_patient_rounds, mlm_rounds, train_mlm
+from dpbert.network import bert as bert_lib
+from dpbert.mechanism import ghost, integrity, sampling
+from dpbert.network import trainable as trainable_lib
+from dpbert.engine.build import GHOST
+from dpbert.engine.train import make_mlm_functions, mlm_patient_rounds, mlm_rounds, train_mlm
 from dpbert.privacy import diagnostics, event_check, events
 from dpbert.privacy.event_check import IntegrityCheckFailed, check_event
 from dpbert.privacy.plan import plan_training

@@ -2,7 +2,7 @@ import math
 
 import numpy as np
 
-from dpbert.model.masking import IGNORE_LABEL, example_keys, mask_tokens, mask_with_seed
+from dpbert.engine.masking import IGNORE_LABEL, example_keys, mask_tokens, mask_with_seed
 
 SPECIAL = [1, 2, 3, 4]
 MASK = 4

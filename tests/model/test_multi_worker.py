@@ -68,7 +68,7 @@ def test_broken_noise_placements_fail_the_two_worker_noise_check():
     own two processes): full σ per worker before the SUM (ratio √2), the same draw before the SUM
     (ratio 2), each worker its own seed after the SUM (parameters diverge). The honest two-worker
     check: ``dpbert privacy noise-check --workers 2`` in tests/model/test_noise_check_cli.py."""
-    from dpbert.model.noise_check import combine_workers, launch_workers
+    from dpbert.diagnostics.noise_check import combine_workers, launch_workers
 
     placements = ["per_replica_full", "same_before_sum", "own_seed"]
     started = time.monotonic()
@@ -90,7 +90,7 @@ pytestmark = pytest.mark.xdist_group("multi_worker")  # one launch of the worker
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     """``launch(unit)``: one two-worker cluster training that unit's run (launched once per unit)."""
-    from dpbert.model.noise_check import launch_workers
+    from dpbert.diagnostics.noise_check import launch_workers
 
     launched = {}
 
@@ -108,7 +108,7 @@ def two_workers(tmp_path_factory):
 # The patient unit's cluster in the slow tier (CI): the tuple unit's covers the cross-worker code.
 @pytest.mark.parametrize("unit", ["tuple", pytest.param("patient", marks=pytest.mark.slow)])
 def test_two_workers_release_what_one_process_releases(two_workers, tmp_path, unit):
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
     from prf_sampling import train_with
 
     from dpbert.privacy.event_check import check_event
@@ -150,7 +150,7 @@ def test_two_workers_release_what_one_process_releases(two_workers, tmp_path, un
 
 # ------------------------------------------------------------------------------ no TensorFlow cluster needed
 def test_sharding_keeps_a_patient_on_one_worker_and_the_union_is_the_whole_poisson_sample():
-    from dpbert.model import sampling
+    from dpbert.mechanism import sampling
 
     groups = sampling.group_rows([f"P{i % 37}" for i in range(300)])
     owner = sampling.shard_of(groups.ids, 3)
@@ -175,7 +175,7 @@ def test_sharding_keeps_a_patient_on_one_worker_and_the_union_is_the_whole_poiss
 
 def test_config_names_multi_worker_and_refuses_shuffle_with_it(monkeypatch):
     from dpbert.config import ConfigError, TrainingConfig
-    from dpbert.model.train import make_strategy
+    from dpbert.engine.train import make_strategy
 
     with pytest.raises(ConfigError, match="t.strategy multi_worker_mirrored is now called multi_worker"):
         TrainingConfig(strategy="multi_worker_mirrored", steps=1).validate("t")
@@ -195,7 +195,7 @@ def test_one_strategy_per_process(monkeypatch):
     tests/e2e/test_workers.py)."""
     import tensorflow as tf
 
-    from dpbert.model.engine import devices
+    from dpbert.engine import devices
 
     built = []
 

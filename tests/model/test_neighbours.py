@@ -13,9 +13,9 @@ import tf_keras
 
 from dpbert.mechanism import gaussian
 from dpbert.mechanism import step as step_lib
-from dpbert.model import bert as bert_lib
-from dpbert.model.engine.build import GHOST
-from dpbert.model.train import make_mlm_functions, mlm_rounds
+from dpbert.network import bert as bert_lib
+from dpbert.engine.build import GHOST
+from dpbert.engine.train import make_mlm_functions, mlm_rounds
 
 CLIP = 0.01  # every per-example gradient is clipped: each contributes a vector of norm exactly C
 SPECIALS = [0, 1, 2, 3, 4]

@@ -59,7 +59,7 @@ def test_no_noise_on_one_piece_fails_the_noise_check(eager_steps):
     4008 trained coordinates), so the pooled std is √(1 − 640/4008) ≈ 0.917 × σC/B; the run-time
     noise check names the piece, and the noise check still reports what it measured. Three eager
     steps: m = 12,024, tolerance 4/√(2m) ≈ 0.026, the break 0.083 off."""
-    from dpbert.model.noise_check import noise_check
+    from dpbert.diagnostics.noise_check import noise_check
     from tests.model.broken_mechanisms import no_noise_on
 
     with no_noise_on(lambda name: name.startswith("word_embeddings")):

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from dpbert.mechanism import clipping, gaussian
-from dpbert.model import bert as bert_lib
-from dpbert.model import ghost
-from dpbert.model.masking import mask_with_seed
+from dpbert.network import bert as bert_lib
+from dpbert.mechanism import ghost
+from dpbert.engine.masking import mask_with_seed
 
 
 def _batch(spec, rows, seed=0):

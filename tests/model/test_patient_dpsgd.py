@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from dpbert.config import ModelConfig, TrainingConfig
-from dpbert.model import sampling
-from dpbert.model.noise_check import noise_check
-from dpbert.model.train import CrashAfter, SimulatedCrash, train_mlm
+from dpbert.mechanism import sampling
+from dpbert.diagnostics.noise_check import noise_check
+from dpbert.engine.train import CrashAfter, SimulatedCrash, train_mlm
 from dpbert.privacy.plan import plan_training
 
 from .conftest import SPECIALS, repetitive_corpus

@@ -1,4 +1,4 @@
-"""The public start (dpbert.model.public_warmup, init_public): public rows unchanged, appended rows =
+"""The public start (dpbert.engine.public_warmup, init_public): public rows unchanged, appended rows =
 mean of their public pieces, model.public_layers, and a warm-up that reads no private input."""
 import builtins
 import inspect
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from dpbert.config import ModelConfig
-from dpbert.model import bert as bert_lib
-from dpbert.model import init_public, public_warmup
+from dpbert.network import bert as bert_lib
+from dpbert.network import init_public
+from dpbert.engine import public_warmup
 from dpbert.vocab import public
 
 from .fake_checkpoint import LAYERS, VOCAB, write_checkpoint

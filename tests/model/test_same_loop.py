@@ -1,5 +1,5 @@
 """Same loop, observed: the DAG's trainer stage, the white-box audit, the step benchmark and the
-noise check each run the SAME ``dpbert.model.engine.loop.TrainLoop`` class, built by
+noise check each run the SAME ``dpbert.engine.loop.TrainLoop`` class, built by
 ``build_training``. An observer hook (a ``Hook``) sees every step and the write-ahead step-log
 entry as stored (``loop.step_log.read()``): entry k is on storage before step k's hook runs.
 
@@ -18,8 +18,8 @@ import os
 import numpy as np
 
 from dpbert.config import MembershipConfig, PrivacyConfig
-from dpbert.model.engine import loop as loop_lib
-from dpbert.model.engine.hooks import Hook
+from dpbert.engine import loop as loop_lib
+from dpbert.engine.hooks import Hook
 from tests.stages.conftest import (raw_tuples, tiny_model_config, tiny_training_config,  # noqa: F401
                                    tuples_dir, vocabulary_dir)
 
@@ -89,7 +89,7 @@ def test_c_the_step_benchmark_runs_the_loop(eager_steps):
 
 
 def test_d_the_noise_check_runs_the_loop(monkeypatch, eager_steps):
-    from dpbert.model.noise_check import noise_check
+    from dpbert.diagnostics.noise_check import noise_check
 
     observer = Observer()
     real_init = loop_lib.TrainLoop.__init__
@@ -103,4 +103,4 @@ def test_d_the_noise_check_runs_the_loop(monkeypatch, eager_steps):
     assert result["steps"] == 2
     assert_same_loop(observer, 2)
     assert np.isfinite(result["measured_std"]) and result["checks"]["every_step_measured"]
-    assert result["loop"] == "dpbert.model.engine.loop.TrainLoop (build_training)"
+    assert result["loop"] == "dpbert.engine.loop.TrainLoop (build_training)"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpbert.model import sampling
+from dpbert.mechanism import sampling
 
 
 def test_poisson_mean_batch_size_within_binomial_tolerance():

@@ -10,7 +10,7 @@ def test_saved_model_export_matches_keras_weights(tmp_path):
     import tensorflow as tf
 
     from dpbert.config import ModelConfig, TrainingConfig
-    from dpbert.model.train import load_models, train_mlm
+    from dpbert.engine.train import load_models, train_mlm
 
     from .conftest import SPECIALS, repetitive_corpus
 

@@ -1,5 +1,5 @@
 """``training.stats_every``: the loop reads the steps' statistics from the device every N steps in
-one transfer (``dpbert.model.engine.loop``). The same run at N = 1 and N = 4 releases the same
+one transfer (``dpbert.engine.loop``). The same run at N = 1 and N = 4 releases the same
 values, checkpoints the same weights at the same step and charges the same steps; the transfers
 are the N-step ones; a broken mechanism still stops the run (the checks' looks come late, not
 never); a bad N is refused naming the parameter."""
@@ -17,7 +17,7 @@ VOCAB = 40
 
 
 def _train(out, stats_every, steps=7, **overrides):
-    from dpbert.model.train import train_mlm
+    from dpbert.engine.train import train_mlm
 
     params = dict(batch_size=16, steps=steps, learning_rate=3e-3, warmup_steps=2, clip_norm=1.0,
                   noise_multiplier=0.3, checkpoint_every=3, noise_seed=1, integrity_check_every=0, seed=2,

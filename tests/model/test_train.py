@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dpbert.config import ModelConfig, TrainingConfig
-from dpbert.model.train import CrashAfter, SimulatedCrash, load_models, train_mlm
+from dpbert.engine.train import CrashAfter, SimulatedCrash, load_models, train_mlm
 from dpbert.privacy.plan import plan_training
 
 from .conftest import SPECIALS, tiny_model
@@ -110,7 +110,7 @@ def test_input_validation(corpus, tmp_path):
 
 
 def test_a_second_run_into_a_held_state_directory_is_refused_before_any_step(corpus, tmp_path):
-    from dpbert.model.train import StateDirectoryBusy, state_lock
+    from dpbert.engine.train import StateDirectoryBusy, state_lock
 
     with state_lock(tmp_path):
         with pytest.raises(StateDirectoryBusy, match="another training run is using"):

@@ -8,10 +8,10 @@ import tf_keras
 
 from dpbert.mechanism import clipping, gaussian
 from dpbert.mechanism import step as step_lib
-from dpbert.model import bert as bert_lib
-from dpbert.model import ghost
-from dpbert.model import trainable as trainable_lib
-from dpbert.model.engine.build import GHOST
+from dpbert.network import bert as bert_lib
+from dpbert.mechanism import ghost
+from dpbert.network import trainable as trainable_lib
+from dpbert.engine.build import GHOST
 from tests.model.test_patient_clipping import _batch
 
 # Every set, in two unions (bias+head: a Dense with only its bias trained; new_tokens: sliced rows of
@@ -127,7 +127,7 @@ def test_selection_counts_and_validation():
 
 
 def _stepper(models, selection, optimizer, group_size=1, noise_multiplier=1.3, seed=7, batch=4.0):
-    from dpbert.model.train import make_mlm_functions
+    from dpbert.engine.train import make_mlm_functions
 
     mask_fn, prepare_fn, loss_fn, metrics_fn = make_mlm_functions(models.spec, [0, 1, 2, 3, 4], 4, 0.15)
     config = gaussian.DPSGDConfig(clip_norm=0.5, noise_multiplier=noise_multiplier, expected_batch_size=batch,
@@ -138,7 +138,7 @@ def _stepper(models, selection, optimizer, group_size=1, noise_multiplier=1.3, s
 
 
 def _rounds(spec, mask_fn, rows, real=True, seed=0):
-    from dpbert.model.masking import example_keys
+    from dpbert.engine.masking import example_keys
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(5, spec.vocab_size, (rows, spec.max_seq_length)).astype(np.int32)
@@ -189,7 +189,7 @@ def test_frozen_coordinates_bit_identical_after_dp_steps(eager_steps):
 def test_noise_only_on_trainable_coordinates(names, request):
     """All-padding batches (zero gradient), SGD at lr 1: the update is the noise alone. Its std on
     the trained coordinates is σ·C/B (tolerance from the sample std's standard error, as
-    dpbert.model.noise_check); on every frozen coordinate it is exactly 0."""
+    dpbert.diagnostics.noise_check); on every frozen coordinate it is exactly 0."""
     spec = _spec()
     models, selection = _models(spec, names)
     if selection.size >= 1000:  # a few steps: eagerly (the values the step writes are tested, not its trace)
@@ -256,7 +256,7 @@ def test_train_mlm_subset_same_dp_event_merged_export_and_resume_refused(corpus,
     import dataclasses
 
     from dpbert.config import ModelConfig, TrainingConfig
-    from dpbert.model.train import train_mlm
+    from dpbert.engine.train import train_mlm
     from dpbert.privacy import diagnostics
     from dpbert.accounting.accountant import dpsgd_epsilon
     from dpbert.privacy.plan import plan_training

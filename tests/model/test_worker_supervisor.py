@@ -1,4 +1,4 @@
-"""The trainer stage as a launched job (dpbert/trainer_workers.py, dpbert/model/engine/workers.py):
+"""The trainer stage as a launched job (dpbert/trainer_workers.py, dpbert/engine/workers.py):
 the layout every process trains with; the chief's result returned, or what it failed with
 raised, whichever launcher ran it (in process, a Vertex AI custom job against a fake client); a
 stopped chief's lease released only when it is that chief's. The non-private baseline on
@@ -21,7 +21,7 @@ from tests.launch.test_launcher import FakeJobService
 
 def test_every_process_trains_one_cluster_of_w_times_p_replicas():
     from dpbert.config import ConfigError, TrainingConfig
-    from dpbert.model.engine.workers import process_config
+    from dpbert.engine.workers import process_config
 
     one = TrainingConfig(steps=1, batch_size=8)
     assert process_config(one) is one
@@ -146,7 +146,7 @@ def test_the_baselines_update_divides_by_the_clusters_example_count():
 
     from dpbert.mechanism import gaussian
     from dpbert.mechanism import step as step_lib
-    from dpbert.model.engine.build import GHOST
+    from dpbert.engine.build import GHOST
 
     x = tf_keras.Input((3,))
     model = tf_keras.Model(x, tf_keras.layers.Dense(2, kernel_initializer=tf_keras.initializers.Constant(0.1))(x))
@@ -171,7 +171,7 @@ def test_the_baselines_update_divides_by_the_clusters_example_count():
 def test_a_step_without_an_example_is_left_out_of_the_baselines_shown_means(caplog):
     """0/0 is recorded as NaN for such a step (no loss); the progress line and the artifact's
     initial/final loss average the steps that had one. Control: the plain mean is NaN."""
-    from dpbert.model.engine.progress import Progress, finite_mean
+    from dpbert.engine.progress import Progress, finite_mean
     from dpbert.stages.pretrain import _head_mean, _tail_mean
 
     losses = [4.0, float("nan"), 3.0, 2.0, float("nan")]
@@ -180,7 +180,7 @@ def test_a_step_without_an_example_is_left_out_of_the_baselines_shown_means(capl
     mean, counted = finite_mean([])
     assert counted == 0 and math.isnan(mean)
     progress = Progress(5, 0, "SGD (non-private)", interval=0.0, label="exact (private)")
-    with caplog.at_level(logging.INFO, logger="dpbert.model.train"):
+    with caplog.at_level(logging.INFO, logger="dpbert.engine.train"):
         for step, loss in enumerate(losses, 1):
             progress.update(step, {"loss": loss, "accuracy": 0.5 if loss == loss else float("nan")})
     assert "nan" not in caplog.records[-1].getMessage()

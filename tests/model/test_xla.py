@@ -17,10 +17,11 @@ from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import
 
 from dpbert.mechanism import gaussian
 from dpbert.mechanism import step as step_lib
-from dpbert.model import bert as bert_lib
-from dpbert.model import ghost, integrity, masking
-from dpbert.model.engine.build import GHOST
-from dpbert.model.engine.mlm import make_mlm_functions
+from dpbert.network import bert as bert_lib
+from dpbert.mechanism import ghost, integrity
+from dpbert.engine import masking
+from dpbert.engine.build import GHOST
+from dpbert.engine.mlm import make_mlm_functions
 from tests.model import broken_mechanisms as broken
 from tests.model.conftest import SPECIALS, eagerly, repetitive_corpus
 
@@ -179,7 +180,7 @@ def test_two_replicas_xla_step_equals_the_uncompiled_step_in_subprocess():
 
 def _train(**overrides):
     from dpbert.config import ModelConfig, TrainingConfig
-    from dpbert.model.train import train_mlm
+    from dpbert.engine.train import train_mlm
 
     tc = TrainingConfig(**dict(dict(batch_size=8, steps=3, warmup_steps=1, clip_norm=1.0, noise_multiplier=0.8,
                                     accumulation_steps=2, noise_seed=3, integrity_check_every=1, jit_compile=True),

@@ -8,7 +8,7 @@ import json
 import sys
 
 import dpbert  # noqa: F401  (TF_USE_LEGACY_KERAS, tensorflow_privacy import guard)
-from dpbert.model.train import configure_logical_cpus
+from dpbert.engine.train import configure_logical_cpus
 
 configure_logical_cpus(2)  # before TensorFlow initialises its devices
 
@@ -17,11 +17,12 @@ import tf_keras  # noqa: E402
 
 from dpbert.mechanism import gaussian  # noqa: E402
 from dpbert.mechanism import step as step_lib  # noqa: E402
-from dpbert.model import bert as bert_lib  # noqa: E402
-from dpbert.model import integrity, masking  # noqa: E402
-from dpbert.model.engine.build import GHOST  # noqa: E402
-from dpbert.model.engine.devices import mirrored_strategy  # noqa: E402
-from dpbert.model.engine.mlm import make_mlm_functions  # noqa: E402
+from dpbert.network import bert as bert_lib  # noqa: E402
+from dpbert.engine import masking  # noqa: E402
+from dpbert.mechanism import integrity  # noqa: E402
+from dpbert.engine.build import GHOST  # noqa: E402
+from dpbert.engine.devices import mirrored_strategy  # noqa: E402
+from dpbert.engine.mlm import make_mlm_functions  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from conftest import SPECIALS, repetitive_corpus  # noqa: E402

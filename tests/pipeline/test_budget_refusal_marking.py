@@ -116,9 +116,9 @@ def test_progress_lines_say_what_their_losses_are(caplog):
     import io
     import logging
 
-    from dpbert.model.train import _Progress
+    from dpbert.engine.train import _Progress
 
-    with caplog.at_level(logging.INFO, logger="dpbert.model.train"):
+    with caplog.at_level(logging.INFO, logger="dpbert.engine.train"):
         for label in ("exact (private)", "DP estimate"):
             bar = _Progress(10, 0, "SGD", interval=0.0, stream=io.StringIO(), label=label)
             bar.update(5, {"loss": 2.5, "accuracy": 0.5, "clipped_fraction": 0.0, "batch_size": 4.0})

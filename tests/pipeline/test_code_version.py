@@ -27,7 +27,7 @@ def _edit(path: Path):
 def test_trainer_sources_are_what_it_imports():
     sources = cv.component_sources("components.trainer")
     for needed in ("components/trainer.py", "components/__init__.py", "components/artifacts.py",
-                   "dpbert/__init__.py", "dpbert/model/__init__.py", "dpbert/model/train.py",
+                   "dpbert/__init__.py", "dpbert/engine/__init__.py", "dpbert/engine/train.py",
                    "dpbert/privacy/plan.py"):
         assert needed in sources
     assert "dpbert/local_privacy/experiments.py" not in sources
@@ -56,11 +56,11 @@ def test_an_edit_changes_exactly_the_components_that_import_it(tree):
     _edit(tree / "dpbert" / "local_privacy" / "experiments.py")  # imported by no component
     assert {m: cv.component_code_version(m, tree) for m in before} == before
 
-    _edit(tree / "dpbert" / "model" / "train.py")
+    _edit(tree / "dpbert" / "engine" / "train.py")
     after = {m: cv.component_code_version(m, tree) for m in before}
     assert after["components.trainer"] != before["components.trainer"]
     for m in before:
-        assert (after[m] != before[m]) == ("dpbert/model/train.py" in cv.component_sources(m, tree)), m
+        assert (after[m] != before[m]) == ("dpbert/engine/train.py" in cv.component_sources(m, tree)), m
 
     _edit(tree / "dpbert" / "vocab" / "beam_histogram.py")  # a function-body import of the vocabulary only
     again = {m: cv.component_code_version(m, tree) for m in before}

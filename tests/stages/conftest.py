@@ -47,7 +47,7 @@ def tiny_bert_dir(tmp_path_factory, vocabulary_dir):
     import shutil
 
     from dpbert import schema
-    from dpbert.model.bert import BertSpec, build_bert, save_bert
+    from dpbert.network.bert import BertSpec, build_bert, save_bert
     from dpbert.vocab.wordpiece import load_tokenizer
 
     root = tmp_path_factory.mktemp("tiny_bert") / "model"
@@ -136,7 +136,7 @@ def step_probe():
     units sampled, the units the step processed) and ``ended``."""
     import numpy as np
 
-    from dpbert.model.engine.hooks import Hook
+    from dpbert.engine.hooks import Hook
 
     class StepProbe(Hook):
         def __init__(self):
@@ -200,8 +200,8 @@ def shuffled_chain(tmp_path_factory, tuples_dir, vocabulary_dir, raw_tuples):
     rows of every window the sampler drew, in order, over both runs."""
     from types import SimpleNamespace
 
-    from dpbert.model import sampling
-    from dpbert.model.engine.hooks import CrashAfter, SimulatedCrash
+    from dpbert.mechanism import sampling
+    from dpbert.engine.hooks import CrashAfter, SimulatedCrash
     from tests.model.conftest import eagerly
 
     root = tmp_path_factory.mktemp("shuffled_chain")
@@ -234,7 +234,7 @@ def patient_chain(tmp_path_factory, tuples_dir, vocabulary_dir):
     from types import SimpleNamespace
 
     from dpbert.config import PrivacyConfig
-    from dpbert.model.engine.hooks import CrashAfter, SimulatedCrash
+    from dpbert.engine.hooks import CrashAfter, SimulatedCrash
     from tests.model.conftest import eagerly
 
     root = tmp_path_factory.mktemp("patient_chain")

@@ -10,7 +10,7 @@ import pytest
 from dpbert import exit_codes
 from dpbert.config import ConfigError, load_config
 from dpbert.ledger.dataset import read_ledger
-from dpbert.model.engine.hooks import Hook
+from dpbert.engine.hooks import Hook
 from dpbert.privacy.whitebox_audit import max_reachable_lower_bound, whitebox_k_grid
 from dpbert.stages import audit
 from tests.tiny import CLASSIC
@@ -142,7 +142,7 @@ def stub_loop(token_ids, specials, vocab_size, model_config, training_config, *,
     """The audited loop without training (cheap): it starts its hooks, as the trainer's loop does,
     and reports the record of the plan's steps. The real loop: tests/cli/test_audit_charge.py (slow)."""
     from dpbert.accounting.sigma import configured_sigma
-    from dpbert.model.engine.charges import training_record
+    from dpbert.engine.charges import training_record
 
     for hook in hooks:
         hook.on_start(None)

@@ -61,7 +61,7 @@ def test_carrier_rows_are_tokenized_public_notes(vocabulary_dir):
 def test_exposure_report_files_properties_and_audit_failure(tmp_path, canaries_dir, vocabulary_dir, monkeypatch):
     import shutil
 
-    import dpbert.model.bert as bert_lib
+    import dpbert.network.bert as bert_lib
     from dpbert.privacy.one_run_audit import AuditInconsistencyError
 
     path, _ = canaries_dir

@@ -60,7 +60,7 @@ def test_logic_lines_counts_code_only(tmp_path):
 
 @pytest.mark.parametrize("path", STAGES, ids=lambda p: p.name)
 def test_no_stage_imports_another_stage(path):
-    """Stages sit side by side: what two stages share lives below them (``dpbert.model``,
+    """Stages sit side by side: what two stages share lives below them (``dpbert.engine``,
     ``dpbert.evaluate``, ``dpbert.privacy``); only the shared result type is allowed."""
     own = f"dpbert.stages.{path.stem}"
     others = [m for m in _imports(path) if m.startswith("dpbert.stages") and m not in (own, "dpbert.stages.result")]

@@ -122,8 +122,8 @@ def public_checkpoint(tmp_path):
 def test_the_public_row_is_the_dp_trainers_public_start(tmp_path, public_checkpoint, eager_steps):
     """A "DP" model that IS the trainer's public start (zero DP steps) scores exactly as the public
     row: the evaluator rebuilds the same start (checkpoint, public layers, warm-up, seed)."""
-    from dpbert.model import bert as bert_lib
-    from dpbert.model import init_public
+    from dpbert.network import bert as bert_lib
+    from dpbert.network import init_public
     from dpbert.stages.pretrain import public_start_weights
     from dpbert.vocab import public
     from dpbert.vocab.wordpiece import save_vocabulary

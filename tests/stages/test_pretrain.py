@@ -157,7 +157,7 @@ def test_holdout_trains_on_the_split_membership_recomputes(non_private_holdout_r
 
 @pytest.mark.slow  # make test-all; covered in make test by the stage's crash and resume: tests/stages/test_pretrain_ledger.py
 def test_a_crashed_run_resumes_from_the_state_directory(tmp_path, tuples_dir, vocabulary_dir, monkeypatch):
-    from dpbert.model.train import SimulatedCrash
+    from dpbert.engine.train import SimulatedCrash
 
     tc = tiny_training_config(steps=2, checkpoint_every=1)
     monkeypatch.setenv(stage.CRASH_AFTER_STEPS_ENV, "1")

@@ -1,5 +1,5 @@
 """The trainer stage's loop seen through a hook: the white-box audit, the noise check and the
-benchmarks attach probes to THIS loop (``dpbert.model.engine``), so a hook passed to the stage
+benchmarks attach probes to THIS loop (``dpbert.engine``), so a hook passed to the stage
 must see every step the stage runs, the units each step sampled, and each step's write-ahead
 step-log entry already on storage when the step ran."""
 import pytest

@@ -33,7 +33,7 @@ def _epsilon(tc, steps, n):
 def test_a_resume_never_executes_a_step_the_budget_does_not_cover(tmp_path, tuples_dir, vocabulary_dir, raw_tuples):
     """Budget = ε of 4 steps (the plan); a crash after 3 steps with no checkpoint; the resume would
     run 4 more (7 in the chain): it runs 1, is refused before the 5th, and records ε of 4."""
-    from dpbert.model.train import CrashAfter, SimulatedCrash
+    from dpbert.engine.train import CrashAfter, SimulatedCrash
 
     n = len(raw_tuples)
     tc = tiny_training_config(steps=4, checkpoint_every=50, dataset_size=n, dp_diagnostics=False)
@@ -68,7 +68,7 @@ def test_a_run_refused_by_the_state_lock_draws_no_dp_count(tmp_path, tuples_dir,
     import shutil
 
     from dpbert import storage
-    from dpbert.model.train import StateDirectoryBusy
+    from dpbert.engine.train import StateDirectoryBusy
 
     tc = dp_count_run.training_config  # no dataset_size: the plan is over a DP count
     shutil.copytree(dp_count_run.root, tmp_path / "root")

@@ -2,11 +2,11 @@
 
 One call trains (or resumes) a BERT MLM on already tokenized, padded tuples ``token_ids``
 ``[n, L]`` (pad id 0) in the training chain ``output_dir`` (local, ``gs://`` or ``ram://``; its
-files: ``dpbert.model.engine.chain``): checkpoints, the write-ahead step log, run_config.json,
-``model/`` (``dpbert.model.bert.load_bert``), ``saved_model/`` (optional), ``tensorboard/``
+files: ``dpbert.engine.chain``): checkpoints, the write-ahead step log, run_config.json,
+``model/`` (``dpbert.network.bert.load_bert``), ``saved_model/`` (optional), ``tensorboard/``
 (released diagnostics only) and the PRIVATE ``train_result.json`` (``TrainResult``).
 
-The run is composed by ``dpbert.model.engine.build.build_training`` — batch source (sampler,
+The run is composed by ``dpbert.engine.build.build_training`` — batch source (sampler,
 keyed masks, packing), DP-SGD stepper, chain, integrity checks, loop with hooks — which the
 white-box audit, the noise check and the benchmarks reuse with their own hooks.
 
@@ -17,7 +17,7 @@ those. The exact values (``TrainResult.losses`` / ``final_mlm_*`` / ``clipped_fr
 ``train_result.json``) are computed on the private examples without noise: operator-only, they
 stay in the private state directory.
 
-Distribution (``dpbert.model.engine.devices``): default, mirrored, tpu (untested), multi_worker
+Distribution (``dpbert.engine.devices``): default, mirrored, tpu (untested), multi_worker
 (``MultiWorkerMirroredStrategy`` over ``$TF_CONFIG``; every worker process calls ``train_mlm``
 with the same inputs and the same shared ``output_dir``): worker w keeps the units with
 ``sampling.shard_of(id, W) == w`` (a patient's tuples on one worker) and Poisson-samples its own
@@ -36,18 +36,18 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from dpbert import schema, storage
-from dpbert.model import bert as bert_lib
-from dpbert.model.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows, build_training,
+from dpbert.network import bert as bert_lib
+from dpbert.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows, build_training,
                                        finish)
-from dpbert.model.engine.chain import HeldStateLock, StateDirectoryBusy, state_lock  # noqa: F401
-from dpbert.model.engine.devices import (configure_logical_cpus, make_strategy, mirrored_strategy,  # noqa: F401
+from dpbert.engine.chain import HeldStateLock, StateDirectoryBusy, state_lock  # noqa: F401
+from dpbert.engine.devices import (configure_logical_cpus, make_strategy, mirrored_strategy,  # noqa: F401
                                          multi_worker_strategy)
-from dpbert.model.engine.hooks import CrashAfter, Hook, SimulatedCrash  # noqa: F401
-from dpbert.model.engine.loop import BudgetExhausted  # noqa: F401
-from dpbert.model.engine.mlm import MASK_TOKEN_NAMES, WarmupLinearDecay, make_mlm_functions, make_optimizer  # noqa: F401
-from dpbert.model.engine.progress import Progress as _Progress  # noqa: F401
-from dpbert.model.engine.result import TrainResult
-from dpbert.model.engine.source import mlm_patient_rounds, mlm_rounds  # noqa: F401
+from dpbert.engine.hooks import CrashAfter, Hook, SimulatedCrash  # noqa: F401
+from dpbert.engine.loop import BudgetExhausted  # noqa: F401
+from dpbert.engine.mlm import MASK_TOKEN_NAMES, WarmupLinearDecay, make_mlm_functions, make_optimizer  # noqa: F401
+from dpbert.engine.progress import Progress as _Progress  # noqa: F401
+from dpbert.engine.result import TrainResult
+from dpbert.engine.source import mlm_patient_rounds, mlm_rounds  # noqa: F401
 from dpbert.privacy.plan import TrainingPlan
 
 
@@ -70,11 +70,11 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     pipeline always passes a public or DP-counted plan. Its q is used exactly whatever the actual n.
     ``special_token_ids``: mapping name → id (must contain ``[MASK]``) or a sequence of ids plus
     ``mask_token_id``. ``model.init: minilm`` takes the sizes from the public checkpoint
-    (``dpbert.model.init_public``) and needs ``vocab_tokens`` (the new vocabulary's token strings).
+    (``dpbert.network.init_public``) and needs ``vocab_tokens`` (the new vocabulary's token strings).
     ``example_ids`` ``[n]``: each row's own record id (default the row index), which keys its MLM
     masks. ``export_saved_model``: None = ``training.export_saved_model``. ``initial_weights``:
     the MLM model's starting weights (e.g. the public start of
-    ``dpbert.model.public_warmup``); a resumed run restores its checkpoint over them.
+    ``dpbert.engine.public_warmup``); a resumed run restores its checkpoint over them.
     ``patient_keys`` ``[n]``: each row's patient, required by a plan with ``unit == "patient"``
     (user-level DP-SGD: patients Poisson-sampled at q, ≤ k rows each chosen by a secret PRF, the
     patient's summed gradient clipped to C).
@@ -87,7 +87,7 @@ def train_mlm(token_ids: np.ndarray, special_token_ids: Union[Mapping[str, int],
     ``training.trainable`` ``new_tokens``. What DP-SGD trains is ``training.trainable``; the
     released ``model/`` holds the MERGED weights (a plain BERT).
     ``strategy``: with ``MultiWorkerMirroredStrategy`` every worker calls ``train_mlm`` with the
-    same arguments. ``hooks``: extra loop hooks (``dpbert.model.engine.hooks.Hook``), run after
+    same arguments. ``hooks``: extra loop hooks (``dpbert.engine.hooks.Hook``), run after
     the built-in ones (tests: ``CrashAfter(k)`` stops like a crash after k steps).
     """
     rows = TrainingRows(token_ids, special_token_ids, mask_token_id, example_ids, patient_keys)

@@ -1,13 +1,13 @@
 """Measure the noise DP-SGD really adds per update, on the SHIPPED training loop.
 
-``noise_check`` builds the loop ``dpbert run`` trains with (``dpbert.model.engine.build.
+``noise_check`` builds the loop ``dpbert run`` trains with (``dpbert.engine.build.
 build_training``: plan, Poisson sampler, keyed masks, packing, the real ``DPSGDTrainStep``, step
 log, run-time integrity checks, ``TrainLoop`` with its hooks) on a tiny BERT and a synthetic,
 public data set of random token rows (n = ``UNITS_PER_BATCH``·B units, q = B/n), in a throw-away
 ``ram://`` chain, with the configured strategy (P replicas: ``MirroredStrategy`` over P logical
 CPUs when P > 1; or a ready ``MultiWorkerMirroredStrategy``), and runs ``steps`` steps.
 
-What it measures is what the run-time noise check (``dpbert.model.integrity``, check 3) reads on
+What it measures is what the run-time noise check (``dpbert.mechanism.integrity``, check 3) reads on
 every step: on EVERY coordinate of every trained variable (``noise_probe_coordinates`` covers
 them all), the clean clipped sum S and the gradient HANDED TO THE OPTIMIZER G, so the noise the
 update carried is G − S/B, per coordinate, wherever and however it was added. The pooled
@@ -21,7 +21,7 @@ distribution, not tuned) and the other statistics: docs/audits.md, "The noise-st
 
 CLI (its own process, so P logical CPUs can be configured before TensorFlow starts)::
 
-    python -m dpbert.model.noise_check --replicas 2 --accumulation 1 4 --noise-multiplier 1.0 \
+    python -m dpbert.diagnostics.noise_check --replicas 2 --accumulation 1 4 --noise-multiplier 1.0 \
         --clip 0.01 --batch-size 16 --steps 30 [--json]
 
 ``run_noise_check_cli(args)`` serves ``dpbert privacy noise-check`` (P > 1 in a subprocess).
@@ -61,7 +61,7 @@ VOCAB_SIZE, SPECIALS, MASK_ID = 40, (0, 1, 2, 3, 4), 4
 
 def _ensure_devices(replicas: int):
     import tensorflow as tf
-    from dpbert.model.train import configure_logical_cpus
+    from dpbert.engine.train import configure_logical_cpus
 
     if replicas > 1 and len(tf.config.list_logical_devices("GPU")) < replicas:
         try:
@@ -71,7 +71,7 @@ def _ensure_devices(replicas: int):
         if len(tf.config.list_logical_devices("CPU")) < replicas:
             raise RuntimeError(
                 f"noise_check with {replicas} replicas needs {replicas} devices; TensorFlow was "
-                f"initialised with fewer. Run it in a fresh process: python -m dpbert.model.noise_check "
+                f"initialised with fewer. Run it in a fresh process: python -m dpbert.diagnostics.noise_check "
                 f"--replicas {replicas}")
 
 
@@ -102,7 +102,7 @@ def _data(batch_size: int, group_size: int, length: int, seed: Optional[int]):
 
 
 class NoiseProbeHook:
-    """A loop hook (``dpbert.model.engine.hooks.Hook``'s methods; not a subclass, so importing
+    """A loop hook (``dpbert.engine.hooks.Hook``'s methods; not a subclass, so importing
     this module starts no TensorFlow): per step, that the run-time noise check took the whole probe
     of this step (its value count grew by the probe's size)."""
 
@@ -162,9 +162,9 @@ def _run_loop(tc, model, ids, keys, units: int, group_size: int, noise_mode: str
     """Build the shipped loop on a throw-away ``ram://`` chain and run it; (result fields, hook)."""
     from dpbert import storage
     from dpbert.mechanism.replicas import strategy_name
-    from dpbert.model.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows,
+    from dpbert.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows,
                                            build_training, digest)
-    from dpbert.model.integrity import IntegrityCheckFailed
+    from dpbert.mechanism.integrity import IntegrityCheckFailed
     from dpbert.privacy.plan import plan_training
 
     plan = plan_training(tc, units, unit="patient" if group_size > 1 else "tuple", max_contributions=group_size)
@@ -260,7 +260,7 @@ def multi_worker_noise_check(workers: int, accumulations: Sequence[int], noise_m
             noise_multiplier, "--clip", clip, "--batch-size", batch_size, "--steps", steps, "--noise-mode", noise_mode,
             "--json", *(["--seed", seed] if seed is not None else []))
     launcher = LocalWorkersLauncher(timeout=timeout, capture_stdout=True)
-    stdout = launcher.launch(Job("dpbert.model.noise_check", tuple(map(str, args)), workers))
+    stdout = launcher.launch(Job("dpbert.diagnostics.noise_check", tuple(map(str, args)), workers))
     outputs = [json.loads(out.strip().splitlines()[-1]) for out in stdout]
     return [combine_workers([out[t_index] for out in outputs]) for t_index in range(len(accumulations))]
 
@@ -278,7 +278,7 @@ def combine_workers(per_worker: List[Dict]) -> Dict:
 def _as_worker(args) -> List[Dict]:
     """One worker process of ``multi_worker_noise_check``: the strategy first (before any op)."""
     import dpbert  # noqa: F401  (sets TF_USE_LEGACY_KERAS)
-    from dpbert.model.train import make_strategy
+    from dpbert.engine.train import make_strategy
 
     strategy = make_strategy("multi_worker", args.replicas)
     return [noise_check(args.replicas, t, args.noise_multiplier, args.clip, args.batch_size, steps=args.steps,
@@ -300,7 +300,7 @@ def _run(replicas: int, accumulations: List[int], noise_multiplier: float, clip:
          steps: int, seed: Optional[int], noise_mode: str) -> List[Dict]:
     if replicas > 1:  # before TensorFlow initialises its devices
         import dpbert  # noqa: F401  (sets TF_USE_LEGACY_KERAS)
-        from dpbert.model.train import configure_logical_cpus
+        from dpbert.engine.train import configure_logical_cpus
         configure_logical_cpus(replicas)
     return [noise_check(replicas, t, noise_multiplier, clip, batch_size, steps=steps, seed=seed,
                         noise_mode=noise_mode) for t in accumulations]
@@ -338,7 +338,7 @@ def run_noise_check_cli(args) -> int:
         from dpbert.launch.cluster import module_command
         from dpbert.launch.supervisor import dying_with_parent
 
-        cmd = module_command("dpbert.model.noise_check", "--replicas", args.replicas, "--accumulation",
+        cmd = module_command("dpbert.diagnostics.noise_check", "--replicas", args.replicas, "--accumulation",
                              *accumulations, "--noise-multiplier", args.noise_multiplier, "--clip", args.clip,
                              "--batch-size", args.batch_size, "--steps", args.steps, "--noise-mode", mode,
                              "--json", *(["--seed", seed] if seed is not None else []))

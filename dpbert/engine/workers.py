@@ -4,7 +4,7 @@
 processes, each running the same trainer code on the same inputs with its own ``TF_CONFIG``
 (rank 0 is the chief: the only one that locks and writes the state directory). Starting and
 supervising the processes is ``dpbert.launch`` (which knows nothing of training); what a lost
-worker cost is read from the chain's step log (``dpbert.model.engine.chain.read_step_log``).
+worker cost is read from the chain's step log (``dpbert.engine.chain.read_step_log``).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 ``training.trainable`` is a list of sets whose UNION is trained; everything else is frozen:
 
 * ``all``: every weight (the default; cannot be combined with another set).
-* ``lora``: the LoRA adapters (``dpbert.model.bert``: rank ``training.lora_rank``, scale
+* ``lora``: the LoRA adapters (``dpbert.network.bert``: rank ``training.lora_rank``, scale
   ``training.lora_alpha / lora_rank``) on the attention query / key / value / output projections
   and the two FFN dense layers of every encoder layer; the base weights are frozen.
 * ``bias``: every bias and every LayerNorm γ / β (BiTFiT).
@@ -15,7 +15,7 @@
 A :class:`Piece` is one trainable variable, WHOLE, or the slice of it along one axis at the
 trainable indices (``new_tokens``: axis 0 of the word embedding, axis 1 of the output kernel,
 axis 0 of the output bias). Frozen parameters get no gradient, take no part in the per-unit
-norm (``dpbert.model.ghost`` sums only the trainable pieces' terms), get no noise (the one draw
+norm (``dpbert.mechanism.ghost`` sums only the trainable pieces' terms), get no noise (the one draw
 of ``dpbert.mechanism.step`` has the pieces' shapes) and no weight decay (the optimizer is given the
 pieces only: a sliced piece as a small "shadow" variable gathered from and scattered back into
 its variable, so frozen coordinates stay bit-identical). The accountant is unchanged: σ, q and
@@ -155,7 +155,7 @@ def _layer_variables(model, name: str):
 
 def _bias_like(model) -> List[tf.Variable]:
     """Every bias and LayerNorm γ / β of the model (BiTFiT), adapters excluded (they have none)."""
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
     import tf_keras
 
     out = []
@@ -175,8 +175,8 @@ def _bias_like(model) -> List[tf.Variable]:
 
 
 def lora_variables(model) -> List[tf.Variable]:
-    """The LoRA adapter kernels of an adapted model (``dpbert.model.bert``)."""
-    from dpbert.model import bert as bert_lib
+    """The LoRA adapter kernels of an adapted model (``dpbert.network.bert``)."""
+    from dpbert.network import bert as bert_lib
     import tf_keras
 
     out = []

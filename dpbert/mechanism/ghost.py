@@ -29,8 +29,8 @@ from tensorflow_privacy.privacy.fast_gradient_clipping import gradient_clipping_
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import einsum_utils
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import registry_function_utils
 
-from dpbert.model import bert as bert_lib
-from dpbert.model import trainable as trainable_lib
+from dpbert.network import bert as bert_lib
+from dpbert.network import trainable as trainable_lib
 
 
 @dataclasses.dataclass
@@ -400,7 +400,7 @@ def clipped_gradient_sum(model: tf_keras.Model, inputs, loss_fn: Callable, examp
                          clip_factors: Optional[Callable] = None):
     """S = Σ_i mask_i·min(1, C/‖∇ℓ_i‖)·∇ℓ_i in ``model.trainable_variables`` order.
 
-    ``selection`` (``dpbert.model.trainable``): only its pieces are trained — the norms are those
+    ``selection`` (``dpbert.network.trainable``): only its pieces are trained — the norms are those
     of the gradient of the selected pieces (frozen variables and frozen rows take no part) and
     the returned list is aligned with ``selection.pieces`` (a sliced piece's gradient has the
     slice's shape). Default: every trainable variable, whole.

@@ -1,4 +1,4 @@
-"""Hooks of the training loop (``dpbert.model.engine.loop.TrainLoop``): what happens around each
+"""Hooks of the training loop (``dpbert.engine.loop.TrainLoop``): what happens around each
 step that is not the mechanism itself.
 
 A hook gets ``on_start(loop)`` before the first step, ``on_step(loop, step, rounds, stats,
@@ -18,7 +18,7 @@ from typing import List, Optional
 import numpy as np
 import tensorflow as tf
 
-from dpbert.model.engine.progress import Progress
+from dpbert.engine.progress import Progress
 from dpbert.privacy import diagnostics
 
 

@@ -9,9 +9,9 @@ import tensorflow as tf
 import tf_keras
 
 from dpbert.mechanism import clipping
-from dpbert.model import bert as bert_lib
-from dpbert.model import masking
-from dpbert.model import optimizers
+from dpbert.network import bert as bert_lib
+from dpbert.engine import masking
+from dpbert.engine import optimizers
 
 MASK_TOKEN_NAMES = ("[MASK]", "<mask>", "MASK")
 
@@ -36,7 +36,7 @@ class WarmupLinearDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_optimizer(training_config, total_steps: int):
-    """``training.optimizer`` (AdamW or DP-AdamBC: ``dpbert.model.optimizers``; decoupled weight
+    """``training.optimizer`` (AdamW or DP-AdamBC: ``dpbert.engine.optimizers``; decoupled weight
     decay, not on LayerNorm or biases) with ``WarmupLinearDecay``."""
     schedule = WarmupLinearDecay(training_config.learning_rate, training_config.warmup_steps, total_steps)
     optimizer = optimizers.make(training_config, schedule)
@@ -58,7 +58,7 @@ def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask
                        mask_probability: float):
     """(mask_fn, prepare_fn, loss_fn, metrics_fn) for ``dpbert.mechanism.step.DPSGDTrainStep`` on the MLM model.
 
-    ``mask_fn(token_ids [b, L], keys [b]) -> features`` masks on the host (``dpbert.model.masking``,
+    ``mask_fn(token_ids [b, L], keys [b]) -> features`` masks on the host (``dpbert.engine.masking``,
     keys from ``masking.example_keys(secret key, step, example ids)``); ``prepare_fn(features)``
     splits them into model inputs and targets inside the step.
     """
@@ -88,7 +88,7 @@ def make_mlm_functions(spec: bert_lib.BertSpec, special_ids: Sequence[int], mask
         else:
             accuracy_sum = tf.reduce_sum(per_example * example_mask)
         return {"correct": tf.reduce_sum(correct * weights), "predictions": tf.reduce_sum(weights),
-                # Σ_i accuracy_i ∈ [0, 1] per unit: sensitivity 1 (dpbert.model.diagnostics).
+                # Σ_i accuracy_i ∈ [0, 1] per unit: sensitivity 1 (dpbert.mechanism.integrity).
                 "accuracy_sum": accuracy_sum}
 
     return mask_fn, prepare_fn, loss_fn, metrics_fn

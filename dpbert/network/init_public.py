@@ -7,7 +7,7 @@ Nothing is fetched at run time: the directory (``dpbert.resources.checkpoint``) 
 ``$DPBERT_MINILM_DIR``, or the installed package's ``get_model_path()``. Any BERT checkpoint in
 the same layout (``config.json``, ``vocab.txt``, ``model.safetensors`` with ``embeddings.*`` and
 ``encoder.layer.N.*`` tensors, or the same names under ``bert.`` as ``BertForMaskedLM`` writes
-them) works; the name table is ``dpbert.model.hf_layout``'s.
+them) works; the name table is ``dpbert.network.hf_layout``'s.
 
 Mapping (PyTorch ``Linear`` weights are ``[out, in]``; ours are ``[in, ...out]``):
 
@@ -38,7 +38,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from dpbert.model import hf_layout
+from dpbert.network import hf_layout
 from dpbert.resources.checkpoint import checkpoint_dir
 
 
@@ -63,7 +63,7 @@ def public_sizes(directory=None) -> Dict[str, int]:
 
 def spec_for_public(model_config, vocab_size: int, mask_probability: float = 0.15, directory=None):
     """``BertSpec`` with the public checkpoint's sizes (explicit conflicting sizes are an error)."""
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
 
     sizes = public_sizes(directory)
     layers = model_config.public_layers
@@ -166,7 +166,7 @@ def load_hf_bert(directory: str):
     (a checkpoint without one gets the head of ``init_from_checkpoint``: untied copy of the word
     embeddings, LayerNorm γ=1 β=0, random transform). ``hf_layout.LayoutError`` names what does
     not fit."""
-    from dpbert.model import bert as bert_lib
+    from dpbert.network import bert as bert_lib
 
     config, t = hf_layout.read_hf_checkpoint(directory)
     where = f"{directory.rstrip('/')}/{hf_layout.WEIGHTS_FILE}"

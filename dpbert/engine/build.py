@@ -32,22 +32,23 @@ from dpbert.accounting.sigma import accounted_sigma
 from dpbert.mechanism import gaussian, replicas
 from dpbert.mechanism import step as step_lib
 from dpbert.mechanism.clipping import ClippingPath
-from dpbert.model import bert as bert_lib
-from dpbert.model import ghost, integrity, optimizers, sampling
-from dpbert.model import trainable as trainable_lib
-from dpbert.model.engine import hooks as hooks_lib
-from dpbert.model.engine.chain import HeldStateLock, TrainingChain, _norm, state_lock
-from dpbert.model.engine.devices import make_strategy
-from dpbert.model.engine.loop import TrainLoop
-from dpbert.model.engine.mlm import make_mlm_functions, make_optimizer, mask_token_id_of
-from dpbert.model.engine.result import TrainResult
-from dpbert.model.engine.source import BatchSource, SamplerFactory, SamplerSpec, default_sampler
+from dpbert.network import bert as bert_lib
+from dpbert.mechanism import ghost, integrity, sampling
+from dpbert.engine import optimizers
+from dpbert.network import trainable as trainable_lib
+from dpbert.engine import hooks as hooks_lib
+from dpbert.engine.chain import HeldStateLock, TrainingChain, _norm, state_lock
+from dpbert.engine.devices import make_strategy
+from dpbert.engine.loop import TrainLoop
+from dpbert.engine.mlm import make_mlm_functions, make_optimizer, mask_token_id_of
+from dpbert.engine.result import TrainResult
+from dpbert.engine.source import BatchSource, SamplerFactory, SamplerSpec, default_sampler
 from dpbert.privacy import diagnostics
 from dpbert.privacy.plan import TrainingPlan, plan_training
 
-log = logging.getLogger("dpbert.model.train")
+log = logging.getLogger("dpbert.engine.train")
 
-#: The trainer's per-unit clipping: ``dpbert.model.ghost`` handed to the mechanism (which sits
+#: The trainer's per-unit clipping: ``dpbert.mechanism.ghost`` handed to the mechanism (which sits
 #: below the model layer), looked up at each call so that a test's patch of ghost reaches it.
 GHOST = ClippingPath(clipped_sum=lambda *args, **kwargs: ghost.clipped_gradient_sum(*args, **kwargs),
                      is_registered=lambda layer: ghost.is_registered(layer),
@@ -217,7 +218,7 @@ def _check_plan(plan: Optional[TrainingPlan], tc, n: int) -> TrainingPlan:
 def _model_spec(start: ModelStart, tc):
     if start.config.init != "minilm":
         return bert_lib.spec_from_config(start.config, start.vocab_size, tc.mask_probability)
-    from dpbert.model import init_public
+    from dpbert.network import init_public
 
     if start.vocab_tokens is None:
         raise ValueError("model.init=minilm needs vocab_tokens (the new vocabulary's token strings)")
@@ -264,7 +265,7 @@ def _build_models(spec, tc, start: ModelStart, strategy, names, lora_spec, steps
             models.mlm.set_weights(start.initial_weights)
             log.info("initialised from the given (public) weights")
         elif start.config.init == "minilm":
-            from dpbert.model import init_public
+            from dpbert.network import init_public
 
             init_stats = init_public.init_from_checkpoint(models, start.vocab_tokens, start.public_checkpoint_dir,
                                                           tc.seed)
@@ -445,7 +446,7 @@ def build_training(rows: TrainingRows, model: ModelStart, training_config, chain
                    plan: Optional[TrainingPlan] = None, noise: NoiseSpec = NoiseSpec(), hooks: RunHooks = RunHooks(),
                    strategy: Optional[tf.distribute.Strategy] = None) -> Training:
     """Compose one training run (module docstring; the arguments' fields: the dataclasses above and
-    ``dpbert.model.train.train_mlm``). ``plan``: the ``TrainingPlan`` the budget was checked
+    ``dpbert.engine.train.train_mlm``). ``plan``: the ``TrainingPlan`` the budget was checked
     against (default planned from ``training.dataset_size`` or the exact n); ``strategy``: a ready
     strategy (default from ``training.strategy``). Use the result as a context manager."""
     composer = _Composer(rows, model, training_config, chain, noise, hooks)

@@ -6,7 +6,7 @@ packing into fixed-shape rounds, behind one interface (:class:`BatchSource`).
 * tuple Poisson (``sampling.PoissonSampler``): each row in with probability q at optimizer step
   ``step``; unit = row.
 * tuple shuffle (``sampling.ShuffleSampler``): window ``window`` of the secret permutation stream —
-  the step log's count of steps ever executed (``dpbert.model.engine.chain``), not ``step``, so a
+  the step log's count of steps ever executed (``dpbert.engine.chain``), not ``step``, so a
   step replayed after a crash reads a NEW window.
 * patient Poisson (``sampling.PatientPoissonSampler``): each patient in with probability q, with
   ≤ k of its rows chosen by a secret PRF; unit = patient. Its groups come from
@@ -29,7 +29,8 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from dpbert.model import masking, sampling
+from dpbert.engine import masking
+from dpbert.mechanism import sampling
 
 
 @dataclasses.dataclass

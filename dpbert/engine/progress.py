@@ -8,7 +8,7 @@ from typing import Iterable, Optional, Tuple
 
 from dpbert.privacy import diagnostics
 
-log = logging.getLogger("dpbert.model.train")
+log = logging.getLogger("dpbert.engine.train")
 
 
 class Progress:

@@ -2,7 +2,7 @@
 
 One table (``_pairs``) names, for every dpbert layer, the HF tensor prefix and how its weights are
 laid out; the writer (``to_hf_tensors``) and the readers (``assign_*``, used by
-``dpbert.model.init_public``) both walk it, so the two directions cannot drift apart.
+``dpbert.network.init_public``) both walk it, so the two directions cannot drift apart.
 
 Orientation: PyTorch ``Linear.weight`` is ``[out, in]``; a Keras ``Dense`` kernel is ``[in, out]``
 (transposed). ``MultiHeadAttention`` keeps query/key/value kernels as ``[H, heads, head]`` and the
@@ -21,7 +21,7 @@ Semantics kept exactly (what an HF reader computes with ``attention_mask = ids !
   (the tokenizer's padding sets it to 0 on pads). Keras adds −1e9 to masked scores, HF the float
   minimum: both give the pad keys weight 0.
 * the output projection is untied (``tie_word_embeddings: false``; DP-SGD's ghost norms need it,
-  see ``dpbert.model.bert``); ``cls.predictions.decoder.bias`` is written equal to
+  see ``dpbert.network.bert``); ``cls.predictions.decoder.bias`` is written equal to
   ``cls.predictions.bias``, as HF ties those two.
 * positions: the run's table has L = ``max_seq_length`` rows. A model that started from a PUBLIC
   checkpoint (``model.init: minilm``) is exported with the checkpoint's whole table
@@ -44,7 +44,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from dpbert.model import bert as bert_lib
+from dpbert.network import bert as bert_lib
 
 ARCHITECTURE = "BertForMaskedLM"
 CONFIG_FILE = "config.json"
@@ -444,7 +444,7 @@ def write_files(directory: str, files: Dict[str, bytes]):
 
 
 def load_dpbert(model_dir: str):
-    """``dpbert.model.bert.load_bert`` for a local or remote folder: ``model_config.json`` through
+    """``dpbert.network.bert.load_bert`` for a local or remote folder: ``model_config.json`` through
     ``dpbert.storage``, the weights through TensorFlow's checkpoint reader (gfile: ``gs://``)."""
     import json
 

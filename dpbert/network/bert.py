@@ -4,7 +4,7 @@ The network is ONE flat Keras functional graph built only from layers that ghost
 per-example clipping has registry functions for — ``Embedding``, ``Dense``, ``EinsumDense``
 (inside ``MultiHeadAttention``), ``LayerNormalization``, ``MultiHeadAttention`` — plus
 parameter-free layers. No custom layer subclass carries trainable weights, so
-``dpbert.model.ghost`` computes every example's gradient norm without materialising per-example
+``dpbert.mechanism.ghost`` computes every example's gradient norm without materialising per-example
 gradients; the MLM output projection is untied from the input embedding (a variable used by two
 layers would be clipped to a wrong norm).
 

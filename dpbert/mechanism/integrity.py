@@ -30,7 +30,7 @@ import tf_keras
 
 from dpbert import storage
 from dpbert.mechanism import step as step_lib
-from dpbert.model import sampling
+from dpbert.mechanism import sampling
 from dpbert.privacy import integrity_stats as stats
 from dpbert.privacy.event_check import IntegrityCheckFailed  # noqa: F401  (re-exported)
 

@@ -10,7 +10,7 @@ import json
 from typing import Optional
 
 from dpbert import schema, storage
-from dpbert.model.engine.chain import chain_state, read_step_log
+from dpbert.engine.chain import chain_state, read_step_log
 
 
 def chain_training_config(tc):
@@ -34,7 +34,7 @@ def stage_state_dir(pipeline_root: str, tuples_dir: str, vocabulary_dir: str, mc
                     canaries_dir) -> str:
     """The trainer stage's chain for these inputs and this configuration (any number of workers:
     :func:`chain_training_config`); one definition for the stage and its worker processes."""
-    from dpbert.model.engine.chain import state_dir
+    from dpbert.engine.chain import state_dir
 
     return state_dir(pipeline_root, json.dumps(
         [tuples_dir, vocabulary_dir, dataclasses.asdict(mc), dataclasses.asdict(chain_training_config(tc)),

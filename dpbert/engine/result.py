@@ -54,7 +54,7 @@ class TrainResult:
     #: The values the DP event must agree with, read from the running sampler, step and ledger
     #: (``integrity.observe``; ``dpbert.privacy.event_check``). PRIVATE (shuffle: the exact n).
     observed: dict = dataclasses.field(default_factory=dict)
-    #: PRIVATE: the run-time integrity checks (``dpbert.model.integrity``): which ran, statistic,
+    #: PRIVATE: the run-time integrity checks (``dpbert.mechanism.integrity``): which ran, statistic,
     #: tolerance, passed — with exact counts.
     integrity_checks: dict = dataclasses.field(default_factory=dict)
     #: What DP-SGD trained (``training.trainable``): the sets and the trained parameter count.

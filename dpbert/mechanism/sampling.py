@@ -145,7 +145,7 @@ class ShuffleSampler:
     The stream is perm_0 ‖ perm_1 ‖ …, perm_e = a permutation of the n rows drawn from
     (``key``, e); window w takes positions [w·B, (w+1)·B) of it (a batch may straddle two epochs).
     A batch is a function of (key, w) only. The trainer passes w = the write-ahead step log's count
-    of steps EXECUTED before this one (``dpbert.model.engine.loop``), not the optimizer's step: a run
+    of steps EXECUTED before this one (``dpbert.engine.loop``), not the optimizer's step: a run
     resumed from a checkpoint at step c after executing e > c steps replays steps c…e−1 on NEW
     windows e, e+1, …, so over the whole chain every example takes part ceil(executed·B/n) times
     at most (+1 when batches straddle), what the accountant charges. (Indexing by the
@@ -322,7 +322,7 @@ def pack_patient_rounds(data, patients: List[np.ndarray], k: int, micro_patients
     """Pack the sampled patients into R ≥ 1 rounds ``{"features": [P, m·k, ...], "example_mask":
     [P, m·k]}``: m patients per replica per round, patient j of a replica in slots j·k … j·k + k − 1
     (its ≤ k rows first, the rest padding with mask 0). ``data``: array ``[n, ...]`` or mapping,
-    indexed by row. The layout ``dpbert.model.ghost`` clips per group of k slots."""
+    indexed by row. The layout ``dpbert.mechanism.ghost`` clips per group of k slots."""
     per_round = micro_patients * replicas
     b = len(patients)
     rounds = max(1, int(math.ceil(b / per_round)))

@@ -17,7 +17,7 @@ Per step, in this order:
    refusal and whenever a hook asks (``Hook.needs_read``: a checkpoint step, the audit's probe),
    the steps taken since the last read are read in ONE transfer (``checks.read``), then per step
    in order ``checks.settle`` (the checks' look: a failure raises) and the hooks
-   (``dpbert.model.engine.hooks``). Between reads nothing depends on the statistics: the step log,
+   (``dpbert.engine.hooks``). Between reads nothing depends on the statistics: the step log,
    the budget and the noise are decided without them, so reading later changes no release.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from dpbert.model.engine.hooks import Hook
+from dpbert.engine.hooks import Hook
 
 
 class BudgetExhausted(RuntimeError):

@@ -2,7 +2,7 @@
 
 The DP literature's recipe is "public pre-training, then private in-domain training" (the
 paper's BERT → BERT-M; Yu et al. 2021; Anil et al. 2021). ``model.init: minilm`` loads the public
-all-MiniLM-L6-v2 encoder (``dpbert.model.init_public``), but that checkpoint has no MLM head:
+all-MiniLM-L6-v2 encoder (``dpbert.network.init_public``), but that checkpoint has no MLM head:
 the head's transform starts random and DP-SGD would spend its first, noisiest steps learning
 it. :func:`warm_up` trains the model on masked-LM over text SHIPPED IN THE REPOSITORY — the
 token text of the bundled BC5CDR TRAINING abstracts (``dpbert/resources/ner/bc5cdr/train.tsv``,
@@ -105,14 +105,14 @@ def warm_up(models, tokenizer, steps: int, seed: int, *, batch_size: int = 32, l
     public text, tokenized with ``tokenizer``; returns a record for the model artifact.
 
     Batches: ``batch_size`` rows drawn without replacement (epoch after epoch) by
-    ``np.random.default_rng(seed)``; masks: ``dpbert.model.masking`` keyed by (seed, step, row).
+    ``np.random.default_rng(seed)``; masks: ``dpbert.engine.masking`` keyed by (seed, step, row).
     ``rows``: tests only (pre-tokenized public rows).
     """
     import tensorflow as tf
     import tf_keras
 
     from dpbert.mechanism.clipping import per_example_mlm_loss
-    from dpbert.model import masking
+    from dpbert.engine import masking
     from dpbert.vocab.wordpiece import special_ids
 
     if scope not in SCOPES:
@@ -163,8 +163,8 @@ def public_start(spec, tokenizer, vocab_tokens: Sequence[str], *, steps: int, se
                  scope: str = "head"):
     """(MLM weights as a list of arrays, record): a model of ``spec`` initialised from the public
     checkpoint and warmed up for ``steps`` steps on the shipped public text. No private input."""
-    from dpbert.model import bert as bert_lib
-    from dpbert.model import init_public
+    from dpbert.network import bert as bert_lib
+    from dpbert.network import init_public
 
     models = bert_lib.build_bert(spec, seed=seed)
     init = init_public.init_from_checkpoint(models, vocab_tokens, checkpoint_dir, seed)
@@ -184,7 +184,7 @@ def public_start_weights(mc, tc, tokenizer, vocabulary_dir: str):
     from os import environ
 
     from dpbert import schema
-    from dpbert.model import init_public
+    from dpbert.network import init_public
     from dpbert.resources import checkpoint
     from dpbert.vocab import public
 

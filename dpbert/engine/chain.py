@@ -47,7 +47,7 @@ from typing import List, Optional
 
 from dpbert import schema, storage
 
-log = logging.getLogger("dpbert.model.train")
+log = logging.getLogger("dpbert.engine.train")
 
 #: Where the trainer stage keeps its chains, under the pipeline root.
 STATE_ROOT = "_trainer_state"

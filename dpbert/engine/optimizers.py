@@ -24,9 +24,9 @@ import tf_keras
 
 from dpbert import storage
 from dpbert.mechanism import adam_bc
-from dpbert.model.engine.hooks import Hook
+from dpbert.engine.hooks import Hook
 
-log = logging.getLogger("dpbert.model.train")
+log = logging.getLogger("dpbert.engine.train")
 
 
 def make(training_config, schedule):
