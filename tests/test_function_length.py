@@ -37,7 +37,6 @@ TO_SHRINK = {
     ("dpbert/evaluate/ner_models.py", "evaluate_rows"): "group NER settings",
     ("dpbert/evaluate/whitebox.py", "whitebox_audit"): "group audit settings",
     ("dpbert/evaluate/ner.py", "_probe_and_score"): "group NER settings",
-    ("dpbert/accounting/reserve.py", "reserve"): "group reservation settings",
     ("dpbert/evaluate/whitebox.py", "_run"): "group audit settings",
     ("dpbert/stages/pretrain.py", "pretrain"): "group stage inputs",
 }

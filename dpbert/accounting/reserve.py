@@ -48,31 +48,46 @@ def _entry_mechanism(records: Sequence[Mapping[str, Any]], mechanism: str) -> st
     return "non_private" if any(r.get("mechanism") == "non_private" for r in records) else mechanism
 
 
-def _check_arguments(unit: str, delta: float, budget: Optional[float]):
+@dataclasses.dataclass(frozen=True)
+class EntryKeys:
+    """Who writes an entry and how it is found again. ``run_id`` / ``pipeline_root``: the run and
+    the output tree reserving it. ``chain``: the training chain whose own entry a resume replaces
+    (None: a one-off event). ``config_key`` / ``resume_key`` / ``plan_key``: what the guard and the
+    one-run check match the entry by (the vocabulary's configuration, the chain's resume key, the
+    run's vocabulary plan). ``entry_id``: a fixed id for this reservation (None: a fresh random one)."""
+    run_id: str
+    pipeline_root: str
+    chain: Optional[str] = None
+    config_key: Optional[str] = None
+    resume_key: Optional[str] = None
+    plan_key: Optional[str] = None
+    entry_id: Optional[str] = None
+
+
+def _check_arguments(unit: str, delta: Optional[float], budget: Optional[float]):
     if unit not in _compose.UNITS:
         raise ValueError(f"unit must be one of {', '.join(_compose.UNITS)}, got {unit!r}")
-    if not 0 < delta < 1:
+    if delta is None or not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     if budget is not None and not (budget > 0 and math.isfinite(budget)):
         raise ValueError(f"budget must be > 0, got {budget!r}")
 
 
-def reserve(ledger_uri: str, dataset_id: str, run_id: str, pipeline_root: str, mechanism: str,
-            records: Iterable, unit: str, *, delta: float, budget: Optional[float] = None,
-            chain: Optional[str] = None, config_key: Optional[str] = None, resume_key: Optional[str] = None,
-            plan_key: Optional[str] = None, entry_id: Optional[str] = None, threshold_delta: float = 0.0,
-            first_plan: Sequence[Mapping[str, Any]] = (), orders: int = 1) -> Reservation:
+def reserve(ledger_uri: str, dataset_id: str, keys: EntryKeys, mechanism: str, records: Iterable, unit: str, *,
+            request: "_gate.Request") -> Reservation:
     """Write a ``reserved`` entry for ``records`` (event records or ledger forms) before the
-    mechanism reads the data, if the gate admits every entry with it (``budget``: the run's
-    ``privacy.epsilon_budget``, None: the pinned one if any). ``threshold_delta`` / ``first_plan`` /
-    ``orders``: what a first budgeted reservation pins (``gate.Request``). ``chain``: replace this
-    chain's own entry. Raises BudgetRefused (nothing written), UnitMismatch, LedgerInvalid, ValueError."""
+    mechanism reads the data, if the gate admits every entry with it. ``request``: the run's
+    ``privacy.epsilon_budget`` (None: the pinned one if any), its δ (required) and what a first
+    budgeted reservation pins (``threshold_delta``, ``first_plan``, ``orders``). ``keys``: the
+    entry's identity (``keys.chain``: replace this chain's own entry). Raises BudgetRefused
+    (nothing written), UnitMismatch, LedgerInvalid, ValueError."""
+    budget, delta = request.epsilon_budget, request.delta
     _check_arguments(unit, delta, budget)
     planned = [_compose.ledger_record(r) for r in records]
     _compose.check_unit(unit, planned)
     kind = _entry_mechanism(planned, mechanism)
-    new_id = entry_id or uuid.uuid4().hex
-    request = _gate.Request(budget, delta, threshold_delta, tuple(first_plan), orders)
+    new_id = keys.entry_id or uuid.uuid4().hex
+    request = dataclasses.replace(request, first_plan=tuple(request.first_plan))
     found: Dict[str, str] = {}
 
     def update(doc):
@@ -83,12 +98,12 @@ def reserve(ledger_uri: str, dataset_id: str, run_id: str, pipeline_root: str, m
             found["id"] = new_id
             return doc
         _doc.keep_previous(ledger_uri, doc)
-        own = next((e for e in doc["entries"].values() if _same_chain(e, chain, kind)), None)
-        entry = own or {"id": new_id, "chain": chain, "mechanism": kind, "time": _doc.now(), "executed": None}
-        entry.update({"stage": planned[0]["stage"] if planned else None, "run_id": run_id,
-                      "pipeline_root": str(pipeline_root), "updated": _doc.now(), "status": "reserved", "unit": unit,
-                      "planned": planned, "epsilon_budget": budget, "config_key": config_key,
-                      "resume_key": resume_key, "plan_key": plan_key, "reservation": new_id})
+        own = next((e for e in doc["entries"].values() if _same_chain(e, keys.chain, kind)), None)
+        entry = own or {"id": new_id, "chain": keys.chain, "mechanism": kind, "time": _doc.now(), "executed": None}
+        entry.update({"stage": planned[0]["stage"] if planned else None, "run_id": keys.run_id,
+                      "pipeline_root": str(keys.pipeline_root), "updated": _doc.now(), "status": "reserved",
+                      "unit": unit, "planned": planned, "epsilon_budget": budget, "config_key": keys.config_key,
+                      "resume_key": keys.resume_key, "plan_key": keys.plan_key, "reservation": new_id})
         doc["entries"][entry["id"]] = entry
         doc.update(schema=_doc.SCHEMA, unit=doc.get("unit") or unit, delta=doc.get("delta") or delta)
         if kind not in _compose.LISTED_ONLY:

@@ -18,6 +18,7 @@ import json
 import posixpath
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+from dpbert.accounting import gate as _gate
 from dpbert.accounting import reserve as _reserve
 from dpbert.accounting.deltas import dataset_delta, threshold_delta  # noqa: F401 (part of the target's API)
 from dpbert.config import Config
@@ -120,11 +121,12 @@ def reserve_event(target: LedgerTarget, mechanism: str, records: Iterable, outpu
                   resume_key: Optional[str] = None) -> _reserve.Reservation:
     """``dataset.reserve`` for a stage writing ``output_uri`` (its run and pipeline root)."""
     where = run_of(output_uri)
-    return _reserve.reserve(target.uri(), target.dataset_id, where["run_id"], where["pipeline_root"], mechanism,
-                            list(records), target.unit, delta=target.delta, budget=target.epsilon_budget,
-                            chain=chain, config_key=config_key, resume_key=resume_key, plan_key=target.vocab_key,
-                            threshold_delta=target.threshold_delta, first_plan=target.first_plan,
-                            orders=target.orders)
+    keys = _reserve.EntryKeys(where["run_id"], where["pipeline_root"], chain=chain, config_key=config_key,
+                              resume_key=resume_key, plan_key=target.vocab_key)
+    request = _gate.Request(target.epsilon_budget, target.delta, target.threshold_delta, tuple(target.first_plan),
+                            target.orders)
+    return _reserve.reserve(target.uri(), target.dataset_id, keys, mechanism, list(records), target.unit,
+                            request=request)
 
 
 def finalize_event(reservation: _reserve.Reservation, records: Iterable) -> Dict[str, Any]:

@@ -21,8 +21,8 @@ def _record(steps: int, sigma: float = 1.0):
 
 
 def _reserve(uri, dataset_id, run, steps, budget):
-    return reserve.reserve(uri, dataset_id, run, f"/out/{run}", "dp_sgd", [_record(steps)], "tuple", delta=DELTA,
-                           budget=budget, first_plan=[_record(steps)])
+    return reserve.reserve(uri, dataset_id, reserve.EntryKeys(run, f"/out/{run}"), "dp_sgd", [_record(steps)], "tuple",
+                           request=gate.Request(budget, DELTA, first_plan=(_record(steps),)))
 
 
 def _bytes(path):

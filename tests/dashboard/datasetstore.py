@@ -67,8 +67,8 @@ def build(folder: str, with_dataset: bool = True) -> dict:
     location = os.path.join(folder, "ledgers")
     uri = identity.ledger_uri(location, DATASET)
     for run_id, steps in zip(RUNS, STEPS):
-        reserve.reserve(uri, DATASET, f"MLMPretrainer/{run_id}", f"/out/{run_id}", "dp_sgd", [_record(steps)],
-                        "tuple", delta=DELTA, budget=BUDGET, first_plan=[_record(steps)])
+        reserve.reserve(uri, DATASET, reserve.EntryKeys(f"MLMPretrainer/{run_id}", f"/out/{run_id}"), "dp_sgd",
+                        [_record(steps)], "tuple", request=gate.Request(BUDGET, DELTA, first_plan=(_record(steps),)))
     doc = dataset.read_ledger(uri, DATASET)
     entries = dataset.entries_of(doc)
     target = LedgerTarget(dataset_id=DATASET, unit="tuple", delta=DELTA, epsilon_budget=BUDGET, location=location)

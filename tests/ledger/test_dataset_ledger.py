@@ -43,8 +43,8 @@ def uri(request, tmp_path):
 
 
 def reserve(uri, records, budget=None, chain=None, mechanism="dp_sgd", unit="tuple", entry_id=None):
-    return areserve.reserve(uri, "ds-1", "run", "/out/pipeline_root", mechanism, records, unit, delta=DELTA,
-                      budget=budget, chain=chain, entry_id=entry_id)
+    keys = areserve.EntryKeys("run", "/out/pipeline_root", chain=chain, entry_id=entry_id)
+    return areserve.reserve(uri, "ds-1", keys, mechanism, records, unit, request=gate.Request(budget, DELTA))
 
 
 # ------------------------------------------------------------------------------------------ identity

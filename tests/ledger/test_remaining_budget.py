@@ -19,9 +19,8 @@ def test_what_the_gate_admits_shrinks_as_the_dataset_spends(tmp_path):
     assert fresh["steps"] >= fresh["planned_steps"]  # nothing spent yet: the plan fits
     target = ledger_target.ledger_target(config)
     record = events.dpsgd_event(1.0, 50, 1000, 4 * fresh["steps"] // 5, "poisson")
-    reserve.reserve(target.uri(), target.dataset_id, "run-1", "/out/root", "dp_sgd", [record], "tuple",
-                    delta=target.delta, budget=10.0, threshold_delta=target.threshold_delta,
-                    first_plan=target.first_plan)
+    reserve.reserve(target.uri(), target.dataset_id, reserve.EntryKeys("run-1", "/out/root"), "dp_sgd", [record],
+                    "tuple", request=gate.Request(10.0, target.delta, target.threshold_delta, target.first_plan))
     after = guard.remaining_budget(config)
     assert 0 < after["steps"] < fresh["steps"]
     # The figure is the gate's: one more step than it says is refused by the same call the CAS makes.
@@ -44,7 +43,8 @@ def test_dpbert_ledger_json_lists_the_runs_and_the_totals(tmp_path, capsys):
     record = events.dpsgd_event(1.0, 50, 1000, 100, "poisson")
     uri = identity.ledger_uri(str(tmp_path), "ward-7")
     for run in ("run-1", "run-2"):  # two runs from two output folders: both composed
-        reserve.reserve(uri, "ward-7", run, f"/out/{run}", "dp_sgd", [record], "tuple", delta=1e-5, budget=None)
+        reserve.reserve(uri, "ward-7", reserve.EntryKeys(run, f"/out/{run}"), "dp_sgd", [record], "tuple",
+                        request=gate.Request(None, 1e-5))
     assert main(["ledger", "--dataset", "ward-7", "--ledger", str(tmp_path), "--json"]) == 0
     view = json.loads(capsys.readouterr().out)
     assert [e["run_id"] for e in view["entries"]] == ["run-1", "run-2"] and view["runs"] == 2
