@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
+from dpbert import properties as typed_properties
 from dpbert import schema
 
 #: The run status of an interrupted run (``RunInfo.status``), and the name shown for MLMD's
@@ -69,6 +70,13 @@ class ArtifactInfo:
     @property
     def private(self) -> bool:
         return bool(self.properties.get(schema.PRIVATE))
+
+    @property
+    def typed(self) -> typed_properties.ArtifactProperties:
+        """The properties as their kind's frozen dataclass (``dpbert.properties.read_properties``);
+        a malformed value is a ``PropertyError`` naming this artifact and the key."""
+        return typed_properties.read_properties(
+            self.type, self.properties, f"{schema.short_type_name(self.type)} artifact {self.id} ({self.uri})")
 
 
 @dataclasses.dataclass
@@ -123,6 +131,30 @@ class RunInfo:
     def artifacts(self, type_name: str, key: Optional[str] = None) -> List[ArtifactInfo]:
         return [a for c in self.components for a in c.outputs
                 if a.type == type_name and (key is None or a.name == key)]
+
+    def typed(self, short_type: str, where: Optional[Callable[[Any], bool]] = None):
+        """The typed properties of the run's first artifact of that type (``where`` them: a
+        predicate on the typed object), or None."""
+        for artifact in self.artifacts(schema.type_name(short_type)):
+            props = artifact.typed
+            if where is None or where(props):
+                return props
+        return None
+
+
+class RunReader(Protocol):
+    """Where runs are read from: an ML Metadata store (``MetadataRunReader``) or a pipeline root's
+    executor outputs (``dpbert.pipeline_root.PipelineRootRunReader``). Both give ``RunInfo``
+    objects whose artifacts' ``typed`` properties are the same for the same run."""
+
+    #: What is read (a store's path, a pipeline root), for messages.
+    source: str
+
+    def list_runs(self) -> List[RunInfo]:
+        """Every run, newest first."""
+
+    def get_run(self, run_id: Optional[str] = None) -> RunInfo:
+        """The run ``run_id`` (default: the newest); LookupError naming the runs there."""
 
 
 def _artifact_infos(store, events, wanted_types) -> List[ArtifactInfo]:
@@ -181,6 +213,20 @@ def get_run(store, run_id: Optional[str] = None) -> RunInfo:
         if run.run_id == run_id:
             return run
     raise LookupError(f"no run {run_id!r} (have: {', '.join(r.run_id for r in runs[:10])})")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetadataRunReader:
+    """The runs of the ML Metadata store at ``source`` (opened read-only at each call, so a
+    running pipeline's new executions are seen)."""
+
+    source: str
+
+    def list_runs(self) -> List[RunInfo]:
+        return list_runs(open_store(self.source))
+
+    def get_run(self, run_id: Optional[str] = None) -> RunInfo:
+        return get_run(open_store(self.source), run_id)
 
 
 def _open_writable(path: str) -> metadata_store.MetadataStore:

@@ -3,7 +3,8 @@
 On Vertex AI there is no ML Metadata store to open: each step writes, under the pipeline root,
 ``executor_output.json`` with its output artifacts' URIs and custom properties as Vertex AI records
 them (a struct: every number a JSON double, ints included). This module turns those files into the
-``dpbert.metadata.RunInfo`` that ``dpbert report`` and the dashboard read, so a ``gs://`` root, a
+``dpbert.metadata.RunInfo`` that ``dpbert report`` and the dashboard read (``PipelineRootRunReader``:
+the ``dpbert.metadata.RunReader`` of a root; typed properties equal to the store's), so a ``gs://`` root, a
 ``ram://`` one and the local rehearsal's (``kubeflow/local_v2.py``) are inspected like a local store.
 Every file is read through ``dpbert.storage``.
 
@@ -23,6 +24,7 @@ against the compiled spec).
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import math
 import posixpath
 import re
@@ -181,3 +183,16 @@ def get_run(root: str, run_id: Optional[str] = None) -> RunInfo:
         if run.run_id == run_id:
             return run
     raise LookupError(f"no run {run_id!r} under {root} (runs there: {', '.join(r.run_id for r in runs[:10])})")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineRootRunReader:
+    """The runs under pipeline root ``source`` (``dpbert.metadata.RunReader``; re-read at each call)."""
+
+    source: str
+
+    def list_runs(self) -> List[RunInfo]:
+        return list_runs(self.source)
+
+    def get_run(self, run_id: Optional[str] = None) -> RunInfo:
+        return get_run(self.source, run_id)

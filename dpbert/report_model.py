@@ -29,6 +29,8 @@ import math
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 from dpbert import schema
+from dpbert.properties import (AuditReportProperties, CanaryReportProperties, ModelProperties, NerReportProperties,
+                               PrivacyReportProperties, VocabularyProperties, WordTuplesProperties, read_properties)
 from dpbert.metadata import (BUDGET_REFUSED_PROPERTY, DELTA_CHARGED, EPSILON_BUDGET, EPSILON_CHARGED,
                              INTERRUPTED_CHECKPOINT_STEP, INTERRUPTED_COMPONENT, INTERRUPTED_PROPERTY,
                              INTERRUPTED_STEP, STEPS_CHARGED, RunInfo)
@@ -142,6 +144,12 @@ class PrivacySection:
                    within_budget=_flag(values.get(schema.WITHIN_BUDGET)),
                    approximate=frozenset(k for k in LEDGER_KEYS if values.get(k + schema.APPROX_SUFFIX)))
 
+    @classmethod
+    def from_properties(cls, ledger: PrivacyReportProperties) -> "PrivacySection":
+        """From the PrivacyReport's typed properties (``dpbert.properties``)."""
+        return cls(**{k: getattr(ledger, k) for k in LEDGER_KEYS + DATASET_KEYS}, statement=ledger.statement,
+                   approximate=ledger.approximate & frozenset(LEDGER_KEYS))
+
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {k: getattr(self, k) for k in LEDGER_KEYS}
         out[schema.WITHIN_BUDGET] = _int_flag(self.within_budget)
@@ -169,11 +177,9 @@ class VocabSection:
     source: Optional[str] = None
 
     @classmethod
-    def from_properties(cls, props: Mapping[str, Any]) -> "VocabSection":
-        return cls.from_json({"size": props.get(schema.VOCAB_SIZE), "words_kept": props.get(schema.WORDS_KEPT),
-                              "sigma": props.get(schema.SIGMA), "threshold": props.get(schema.THRESHOLD),
-                              "epsilon": props.get(schema.EPSILON), "non_private": props.get(schema.NON_PRIVATE),
-                              "source": props.get(schema.VOCAB_SOURCE)})
+    def from_properties(cls, vocab: VocabularyProperties) -> "VocabSection":
+        return cls(size=vocab.vocab_size, words_kept=vocab.words_kept, sigma=vocab.sigma, threshold=vocab.threshold,
+                   epsilon=vocab.epsilon, non_private=vocab.non_private, source=vocab.vocab_source)
 
     @classmethod
     def from_json(cls, values: Any) -> "VocabSection":
@@ -267,20 +273,23 @@ def curve_steps_of(points: Tuple[float, ...], steps: Optional[Tuple[int, ...]]) 
     return steps if points and steps is not None and len(steps) == len(points) else None
 
 
-def loss_curve_steps(model: Mapping[str, Any]) -> Optional[List[int]]:
+def loss_curve_steps(model: Union[ModelProperties, Mapping[str, Any]]) -> Optional[List[int]]:
     """The true training step of each point of a model's ``loss_curve``: its ``loss_curve_steps``
     property, else (runs written before it) derived as ``dpbert.diagnostics.loss_curve.loss_curve``
-    strides this run's steps (``resumed_from_step`` + 1 … + ``steps_this_run``); None when unknown."""
-    curve = model.get(schema.LOSS_CURVE)
+    strides this run's steps (``resumed_from_step`` + 1 … + ``steps_this_run``); None when unknown.
+    ``model``: the typed properties, or raw ones (read by ``dpbert.properties``)."""
+    if isinstance(model, Mapping):
+        model = read_properties(schema.PRETRAINED_MODEL, model)
+    curve = model.loss_curve
     if not isinstance(curve, list) or not curve:
         return None
     from dpbert.diagnostics.loss_curve import curve_steps
 
-    steps = model.get(schema.LOSS_CURVE_STEPS)
+    steps = model.loss_curve_steps
     if isinstance(steps, list) and len(steps) == len(curve):
         return steps
-    first = model.get("resumed_from_step") or 0
-    n = model.get("steps_this_run")
+    first = model.resumed_from_step or 0
+    n = model.steps_this_run
     if not isinstance(n, int) or not isinstance(first, int):
         return None
     derived = curve_steps(n, first)
@@ -318,20 +327,19 @@ class PretrainingSection:
     non_dp_final_mlm_loss: Optional[Number] = None  # operator-only: the non-private baseline's
 
     @classmethod
-    def from_properties(cls, dp_model: Mapping[str, Any], baseline: Mapping[str, Any]) -> "PretrainingSection":
-        steps = loss_curve_steps(dp_model)
+    def from_properties(cls, dp_model: ModelProperties, baseline: ModelProperties) -> "PretrainingSection":
+        """From the DP model's and the baseline's typed properties (their shapes parsed as ``from_json``)."""
         return cls.from_json({
-            "steps": dp_model.get(schema.STEPS_TAKEN_TOTAL), "workers": dp_model.get("workers"),
-            "final_mlm_loss": dp_model.get(schema.FINAL_MLM_LOSS), "initial_mlm_loss": dp_model.get(schema.INITIAL_MLM_LOSS),
-            "loss_curve": dp_model.get(schema.LOSS_CURVE), "loss_curve_steps": steps,
-            "final_mlm_accuracy": dp_model.get("final_mlm_accuracy"), "clipped_fraction": dp_model.get("clipped_fraction"),
-            "diagnostics": dp_model.get("diagnostics"),
-            "diagnostics_step_noise_std": dp_model.get("diagnostics_step_noise_std"),
-            "diagnostics_window": dp_model.get("diagnostics_window"),
-            "diagnostics_sum_noise_std": dp_model.get("diagnostics_noise_std"),
-            "expected_batch_size": dp_model.get("logical_batch"), "steps_this_run": dp_model.get("steps_this_run"),
-            "released_batch_size_mean": dp_model.get(RELEASED_BATCH_SIZE), "trainable": dp_model.get(TRAINABLE),
-            "non_dp_final_mlm_loss": baseline.get(schema.FINAL_MLM_LOSS)})
+            "steps": dp_model.steps_taken_total, "workers": dp_model.workers,
+            "final_mlm_loss": dp_model.final_mlm_loss, "initial_mlm_loss": dp_model.initial_mlm_loss,
+            "loss_curve": dp_model.loss_curve, "loss_curve_steps": loss_curve_steps(dp_model),
+            "final_mlm_accuracy": dp_model.final_mlm_accuracy, "clipped_fraction": dp_model.clipped_fraction,
+            "diagnostics": dp_model.diagnostics, "diagnostics_step_noise_std": dp_model.diagnostics_step_noise_std,
+            "diagnostics_window": dp_model.diagnostics_window,
+            "diagnostics_sum_noise_std": dp_model.diagnostics_noise_std,
+            "expected_batch_size": dp_model.logical_batch, "steps_this_run": dp_model.steps_this_run,
+            "released_batch_size_mean": dp_model.diagnostics_batch_size_mean, "trainable": dp_model.trainable,
+            "non_dp_final_mlm_loss": baseline.final_mlm_loss})
 
     @classmethod
     def from_json(cls, values: Any) -> "PretrainingSection":
@@ -397,6 +405,10 @@ class NerSection:
                    table=values.get(schema.TABLE), mode=_text(values.get("mode")), task=_text(values.get("task")),
                    seeds=_number(values.get("seeds")))
 
+    @classmethod
+    def from_properties(cls, ner: NerReportProperties) -> "NerSection":
+        return cls(f1=ner.f1, per_type=ner.per_type, table=ner.table, mode=ner.mode, task=ner.task, seeds=ner.seeds)
+
     def to_json(self) -> Dict[str, Any]:
         return {"f1": self.f1, "per_type": self.per_type, "table": self.table, "mode": self.mode, "task": self.task,
                 "seeds": self.seeds}
@@ -453,6 +465,13 @@ class CanarySection:
                    **{k: _number(values.get(k)) for k in (schema.AUDIT_EPSILON_LOWER_BOUND, "audit_max_reachable_lower_bound",
                                                           "baseline_audit_epsilon_lower_bound")})
 
+    @classmethod
+    def from_properties(cls, canary: CanaryReportProperties) -> "CanarySection":
+        return cls(groups=[] if canary.groups is None else canary.groups,
+                   audit_epsilon_lower_bound=canary.audit_epsilon_lower_bound,
+                   audit_max_reachable_lower_bound=canary.audit_max_reachable_lower_bound,
+                   baseline_audit_epsilon_lower_bound=canary.baseline_audit_epsilon_lower_bound)
+
     def to_json(self) -> Dict[str, Any]:
         return {"groups": self.groups, "audit_epsilon_lower_bound": self.audit_epsilon_lower_bound,
                 "audit_max_reachable_lower_bound": self.audit_max_reachable_lower_bound,
@@ -495,8 +514,8 @@ class CorpusSection:
     corpus_bytes: Optional[Number] = None
 
     @classmethod
-    def from_properties(cls, props: Mapping[str, Any]) -> "CorpusSection":
-        return cls(**{key: _number(props.get(prop)) for key, prop in CORPUS_KEYS})
+    def from_properties(cls, tuples: WordTuplesProperties) -> "CorpusSection":
+        return cls(**{key: getattr(tuples, prop) for key, prop in CORPUS_KEYS})
 
     @classmethod
     def from_json(cls, values: Any) -> Optional["CorpusSection"]:
@@ -600,15 +619,15 @@ def dataset_target(run: RunInfo):
     return None
 
 
-def dataset_section(run: RunInfo, ledger: Mapping[str, Any]) -> Optional[DatasetSection]:
+def dataset_section(run: RunInfo, ledger: PrivacyReportProperties) -> Optional[DatasetSection]:
     """The dataset block from the PrivacyReport's properties: the ledger URI the accountant stage
     recorded (``dataset_ledger``; runs written before it: resolved here as the stage resolved it
     from the ``ledger_target``). None when the run names no dataset and stored no dataset figures."""
     target = dataset_target(run)
-    privacy = PrivacySection.from_json(ledger)
+    privacy = PrivacySection.from_properties(ledger)
     if target is None and all(getattr(privacy, k) is None for k in DATASET_KEYS):
         return None
-    uri = ledger.get("dataset_ledger")
+    uri = ledger.dataset_ledger
     if uri is None and target is not None:
         try:
             uri = target.uri()
@@ -616,7 +635,7 @@ def dataset_section(run: RunInfo, ledger: Mapping[str, Any]) -> Optional[Dataset
             uri = None
     spent = privacy.dataset_epsilon_spent
     return DatasetSection(
-        dataset_id=_text(ledger.get("dataset_id")) or (None if target is None else target.dataset_id), ledger=_text(uri),
+        dataset_id=ledger.dataset_id or (None if target is None else target.dataset_id), ledger=_text(uri),
         epsilon_spent=spent, epsilon_rdp=privacy.dataset_epsilon_rdp, epsilon_pld=privacy.dataset_epsilon_pld,
         delta=privacy.dataset_delta, epsilon_budget=privacy.dataset_epsilon_budget, rule=privacy.dataset_rule,
         within_budget=privacy.within_budget if spent is not None else None, run_epsilon=privacy.epsilon_total_pld)
@@ -722,6 +741,11 @@ class AuditSection:
             return None
         return cls(**{k: (_flag if k in _AUDIT_FLAGS else _number)(values.get(k)) for k in AUDIT_KEYS})
 
+    @classmethod
+    def from_properties(cls, audit: Optional[AuditReportProperties]) -> Optional["AuditSection"]:
+        """From the AuditReport's typed properties; None when the run has no AuditReport."""
+        return None if audit is None else cls(**{k: getattr(audit, k) for k in AUDIT_KEYS})
+
     def to_json(self) -> Dict[str, Any]:
         return {k: _int_flag(getattr(self, k)) if k in _AUDIT_FLAGS else getattr(self, k) for k in AUDIT_KEYS}
 
@@ -793,7 +817,7 @@ class InterruptedSection:
 MODEL_LABELS = {"dp": "DP", "non_dp": "non-DP"}
 
 
-def membership_rows(attacks, roc_curves=None, ledger: Optional[Mapping[str, Any]] = None):
+def membership_rows(attacks, roc_curves=None, ledger: Union["PrivacySection", Mapping[str, Any], None] = None):
     """``MembershipReport.attacks`` (``{"dp"|"non_dp": {attack: {"advantage", "auc"}}}``) as one
     row per (model, attack): ``{"name": "S-BBA (DP)", "advantage", "auc", "fpr", "tpr"}``, the
     ROC from ``roc_curves`` (same shape, ``{"fpr", "tpr"}``). On the DP model's sample-level
@@ -805,7 +829,7 @@ def membership_rows(attacks, roc_curves=None, ledger: Optional[Mapping[str, Any]
         return attacks
     from dpbert.evaluate.membership import ATTACKS, advantage_bound
 
-    privacy = PrivacySection.from_json(ledger or {})
+    privacy = ledger if isinstance(ledger, PrivacySection) else PrivacySection.from_json(ledger or {})
     bound = None
     eps, delta = privacy.epsilon_total_pld, privacy.delta
     if eps is not None and delta is not None and privacy.unit == "tuple":
@@ -933,7 +957,7 @@ def significant(x: float, digits: int = 2) -> str:
     return text
 
 
-def public_size_warning(tuples: Mapping[str, Any], model: Mapping[str, Any]) -> Optional[ReportWarning]:
+def public_size_warning(tuples: WordTuplesProperties, model: ModelProperties) -> Optional[ReportWarning]:
     """OPERATOR-ONLY (the corpus's exact count): a warning when the units the trainer sampled from
     differ from the plan's n by more than ``PUBLIC_SIZE_FACTOR``. The plan's n is the configured
     public size (``training.dataset_size``, ``dataset_patients`` for the patient unit) after the
@@ -941,19 +965,19 @@ def public_size_warning(tuples: Mapping[str, Any], model: Mapping[str, Any]) -> 
     to its noise and nothing is compared. q = B/n comes from that n, so a corpus r× larger gives
     Poisson batches r× the planned B. Never logged: only the report (and the dashboard's
     operator-only warnings) carry it; ``released_view`` drops every warning."""
-    planned = _number(model.get("planned_dataset_size"))
-    if model.get("dataset_size_source") != "public" or not planned:
+    planned = model.planned_dataset_size
+    if model.dataset_size_source != "public" or not planned:
         return None
-    patient = model.get("privacy_unit") == "patient"
-    units = _number(tuples.get("num_patients" if patient else schema.NUM_TUPLES))
+    patient = model.privacy_unit == "patient"
+    units = tuples.num_patients if patient else tuples.num_tuples
     if not units:
         return None
-    ratio = units * (1.0 - (_number(model.get(schema.HOLDOUT_FRACTION)) or 0.0)) / planned
+    ratio = units * (1.0 - (model.holdout_patient_fraction or 0.0)) / planned
     if 1.0 / PUBLIC_SIZE_FACTOR <= ratio <= PUBLIC_SIZE_FACTOR:
         return None
     field = "training.dataset_patients" if patient else "training.dataset_size"
     unit = "patients" if patient else "tuples"
-    batch = _number(model.get("logical_batch"))
+    batch = model.logical_batch
     planned_b = f" = {batch:g} {unit}" if batch is not None else ""
     times = significant(ratio)  # 2 significant digits: 0.012×, not 0.0×
     effect = ("more memory and time per step; the DP diagnostics, normalised by the planned B, read "
@@ -966,16 +990,16 @@ def public_size_warning(tuples: Mapping[str, Any], model: Mapping[str, Any]) -> 
         f"to plan from a DP count"))
 
 
-def small_batches_warning(model: Mapping[str, Any]) -> Optional[ReportWarning]:
+def small_batches_warning(model: ModelProperties) -> Optional[ReportWarning]:
     """A warning when the RELEASED (noisy, DP) batch sizes averaged far below the planned B: the
     Poisson batches held fewer units than planned (the corpus is smaller than the public n), so
     each DP estimate's noise, fixed on its SUM, is a larger share of it than the std stated at the
     expected B. From released values only (the model artifact's mean of the noisy batch sizes and
     the public plan): released, unlike the corpus counts' warnings."""
-    released, planned = _float(model.get(RELEASED_BATCH_SIZE)), _float(model.get("logical_batch"))
+    released, planned = _float(model.diagnostics_batch_size_mean), _float(model.logical_batch)
     if released is None or not planned or released * SMALL_BATCH_FACTOR >= planned:
         return None
-    unit = "patients" if model.get("privacy_unit") == "patient" else "tuples"
+    unit = "patients" if model.privacy_unit == "patient" else "tuples"
     field = "training.dataset_patients" if unit == "patients" else "training.dataset_size"
     return ReportWarning("pretraining", "small_batches", (
         f"the released (noisy) batch size averaged about {significant(max(released, 0.0))} {unit} per step against "
@@ -984,8 +1008,8 @@ def small_batches_warning(model: Mapping[str, Any]) -> Optional[ReportWarning]:
         f"noise swamps the smaller clipped sums; is {field} (the public n of q = B/n) far above your corpus?"))
 
 
-def report_warnings(tuples: Mapping[str, Any], vocab: Mapping[str, Any],
-                    model: Mapping[str, Any]) -> Tuple[ReportWarning, ...]:
+def report_warnings(tuples: WordTuplesProperties, vocab: VocabularyProperties,
+                    model: ModelProperties) -> Tuple[ReportWarning, ...]:
     """Heavy byte replacement, short documents, a tiny corpus, a corpus far from the configured
     public size (operator-only: computed from the corpus's exact counts), a tiny DP vocabulary, and
     batches far smaller than planned; from the WordTuples, DPVocabulary and DP model properties."""
@@ -993,7 +1017,7 @@ def report_warnings(tuples: Mapping[str, Any], vocab: Mapping[str, Any],
 
     out = []
     # A public vocabulary (vocab.source: public) builds no DP vocabulary: no warning about one.
-    for w in corpus_warnings(tuples, vocab.get(schema.WORDS_KEPT), vocab.get(schema.VOCAB_SOURCE)):
+    for w in corpus_warnings(tuples.to_properties(), vocab.words_kept, vocab.vocab_source):
         out.append(ReportWarning("vocab" if w["code"] == "tiny_vocabulary" else "corpus", w["code"], w["message"]))
     out += [w for w in (public_size_warning(tuples, model), small_batches_warning(model)) if w is not None]
     return tuple(out)
@@ -1072,41 +1096,39 @@ def as_report(report: Union[RunReport, Mapping[str, Any], None]) -> RunReport:
 
 
 # --------------------------------------------------------------------------- the reader
-def _props(run: RunInfo, short_type: str, where=None) -> Dict[str, Any]:
-    """The properties of the run's first artifact of that type (``where`` them), or ``{}``."""
-    for artifact in run.artifacts(schema.type_name(short_type)):
-        if where is None or where(artifact.properties):
-            return artifact.properties
-    return {}
+def _dp_model(model: ModelProperties) -> bool:
+    return not model.non_private
 
 
-def _dp_model(props: Mapping[str, Any]) -> bool:
-    return not props.get(schema.NON_PRIVATE)
-
-
-def _baseline_model(props: Mapping[str, Any]) -> bool:
-    return bool(props.get(schema.NON_PRIVATE))
+def _baseline_model(model: ModelProperties) -> bool:
+    return bool(model.non_private)
 
 
 def read_report(run: RunInfo) -> RunReport:
-    """THE reader: the report of ``run`` from its artifacts' custom properties (module docstring)."""
-    ledger, tuples = _props(run, schema.PRIVACY_REPORT), _props(run, schema.WORD_TUPLES)
-    vocab, ner = _props(run, schema.DP_VOCABULARY), _props(run, schema.NER_REPORT)
-    dp_model = _props(run, schema.PRETRAINED_MODEL, _dp_model)
-    mia = _props(run, schema.MEMBERSHIP_REPORT)
-    membership = None
-    if mia:
-        attacks = mia.get(schema.ATTACKS)
-        membership = MembershipSection.from_json(attacks, membership_rows(attacks, mia.get(schema.ROC_CURVES), ledger))
+    """THE reader: the report of ``run`` from its artifacts' typed properties (``RunInfo.typed``,
+    ``dpbert.properties``; a run without an artifact reads that kind's empty dataclass)."""
+    def typed(short_type, cls, where=None):
+        found = run.typed(short_type, where)
+        return cls() if found is None else found
+
+    ledger, tuples = typed(schema.PRIVACY_REPORT, PrivacyReportProperties), run.typed(schema.WORD_TUPLES)
+    vocab, ner = typed(schema.DP_VOCABULARY, VocabularyProperties), typed(schema.NER_REPORT, NerReportProperties)
+    dp_model = typed(schema.PRETRAINED_MODEL, ModelProperties, _dp_model)
+    privacy, mia = PrivacySection.from_properties(ledger), run.typed(schema.MEMBERSHIP_REPORT)
+    membership = None if mia is None else \
+        MembershipSection.from_json(mia.attacks, membership_rows(mia.attacks, mia.roc_curves, privacy))
     return RunReport(
         run_id=run.run_id, pipeline=run.pipeline, status=run.status, duration_s=round(run.duration_s, 1),
         components=tuple(ComponentTiming(c.node_id, c.state, round(c.duration_s, 1)) for c in run.components),
-        privacy=PrivacySection.from_json(ledger), vocab=VocabSection.from_properties(vocab),
-        pretraining=PretrainingSection.from_properties(dp_model, _props(run, schema.PRETRAINED_MODEL, _baseline_model)),
-        ner=NerSection.from_json(ner), canary=CanarySection.from_json(_props(run, schema.CANARY_REPORT)),
-        corpus=CorpusSection.from_properties(tuples) if run.artifacts(schema.type_name(schema.WORD_TUPLES)) else None,
-        warnings=report_warnings(tuples, vocab, dp_model), dataset=dataset_section(run, ledger),
-        utility=UtilitySection.from_json(ner.get("utility")), audit=AuditSection.from_json(_props(run, schema.AUDIT_REPORT)),
+        privacy=privacy, vocab=VocabSection.from_properties(vocab),
+        pretraining=PretrainingSection.from_properties(
+            dp_model, typed(schema.PRETRAINED_MODEL, ModelProperties, _baseline_model)),
+        ner=NerSection.from_properties(ner),
+        canary=CanarySection.from_properties(typed(schema.CANARY_REPORT, CanaryReportProperties)),
+        corpus=None if tuples is None else CorpusSection.from_properties(tuples),
+        warnings=report_warnings(tuples or WordTuplesProperties(), vocab, dp_model),
+        dataset=dataset_section(run, ledger), utility=UtilitySection.from_json(ner.utility),
+        audit=AuditSection.from_properties(run.typed(schema.AUDIT_REPORT)),
         charged=ChargedSection.from_properties(run.properties),
         interrupted=InterruptedSection.from_properties(run.properties), membership=membership)
 
@@ -1116,14 +1138,15 @@ def privacy_of(run: RunInfo) -> Optional[PrivacySection]:
     and runs list show), or None."""
     for artifact in run.artifacts(schema.type_name(schema.PRIVACY_REPORT)):
         if not artifact.private:
-            return PrivacySection.from_json(artifact.properties)
+            return PrivacySection.from_properties(artifact.typed)
     return None
 
 
 def baseline_curve(run: RunInfo) -> Tuple[Tuple[float, ...], Optional[Tuple[int, ...]]]:
     """Operator-only: the non-private baseline's loss curve (points, their steps or None), or ``((), None)``."""
     for artifact in run.artifacts(schema.type_name(schema.PRETRAINED_MODEL)):
-        if _flag(artifact.properties.get(schema.NON_PRIVATE)):
-            points = finite_points(_curve(artifact.properties.get(schema.LOSS_CURVE)))
-            return points, curve_steps_of(points, _steps(loss_curve_steps(artifact.properties)))
+        model = artifact.typed
+        if model.non_private:
+            points = finite_points(_curve(model.loss_curve))
+            return points, curve_steps_of(points, _steps(loss_curve_steps(model)))
     return (), None

@@ -54,6 +54,7 @@ ORDER = (
     "storage",          # the one storage layer (local, gs://, ram://, fake://): imports no other dpbert
     "launch",           # process plumbing: cluster layout, the one supervisor, launchers (knows no DP)
     "schema",           # contracts and locators
+    "properties",       # the artifact properties as typed, versioned objects (one reader)
     "config",
     "resources",
     "metadata",
