@@ -105,6 +105,16 @@ def render_plot(name: str, args: tuple) -> bytes:
     return svg
 
 
+def run_reader(metadata_path: Optional[str], pipeline_root: Optional[str] = None) -> metadata.RunReader:
+    """The runs the dashboard shows: the store's (``MetadataRunReader``) or, with ``pipeline_root``,
+    its executor outputs' (``dpbert.pipeline_root.PipelineRootRunReader``)."""
+    if pipeline_root is None:
+        return metadata.MetadataRunReader(metadata_path)
+    from dpbert.pipeline_root import PipelineRootRunReader
+
+    return PipelineRootRunReader(pipeline_root)
+
+
 def create_app(metadata_path: Optional[str], *, allowed_hosts: Optional[Sequence[str]] = None,
                pipeline_root: Optional[str] = None, ledger: Optional[str] = None) -> Starlette:
     """The dashboard over the ML Metadata store at ``metadata_path`` (opened READONLY per request),
@@ -124,20 +134,15 @@ def create_app(metadata_path: Optional[str], *, allowed_hosts: Optional[Sequence
     if (metadata_path is None) == (pipeline_root is None):
         raise ValueError("create_app: give the ML Metadata store's path or a pipeline_root (one of them)")
 
-    def list_runs():
-        if pipeline_root is not None:
-            from dpbert import pipeline_root as root_reader
-
-            return root_reader.list_runs(pipeline_root)
-        return metadata.list_runs(metadata.open_store(metadata_path))
+    # One interface for both sources (dpbert.metadata.RunReader): re-read at each request.
+    reader = run_reader(metadata_path, pipeline_root)
+    list_runs, source = reader.list_runs, reader.source
 
     def find_run(run_id: str) -> metadata.RunInfo:
         for run in list_runs():
             if run.run_id == run_id:
                 return run
         raise HTTPException(status_code=404, detail="no such run")
-
-    source = metadata_path if pipeline_root is None else pipeline_root
 
     def page(request: Request, name: str, context: dict, status_code: int = 200, headers=None) -> Response:
         return templates.TemplateResponse(request, name, dict(context, metadata_path=source),

@@ -469,7 +469,7 @@ def baseline_rows(report: Report) -> List[Dict[str, str]]:
 def marked_private(run: RunInfo, short: str) -> bool:
     """Whether the run's artifact of that type (the one the report reads) is marked private."""
     artifacts = [a for a in run.artifacts(schema.type_name(short))
-                 if short != schema.PRETRAINED_MODEL or not _bool_flag(a.properties.get(schema.NON_PRIVATE))]
+                 if short != schema.PRETRAINED_MODEL or not a.typed.non_private]
     return bool(artifacts) and is_private(artifacts[0])
 
 

@@ -26,6 +26,7 @@ import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
 from dpbert import schema, storage
+from dpbert.properties import PrivacyReportProperties
 
 MANIFEST_FILE = "manifest.json"
 AUDIT_FILE = "audit/audit.json"
@@ -77,7 +78,7 @@ class ReleaseError(RuntimeError):
 def _released_artifact(run, short_type: str):
     """The run's artifact of that type that may be released: not private, not non-private."""
     for artifact in run.artifacts(schema.type_name(short_type)):
-        if not artifact.private and not artifact.properties.get(schema.NON_PRIVATE):
+        if not artifact.private and not artifact.typed.non_private:
             return artifact
     return None
 
@@ -105,30 +106,28 @@ MANIFEST_NUMBERS = {"epsilon": schema.EPSILON_TOTAL_PLD, "delta": schema.DELTA,
 PRIVACY_FIELDS = tuple(MANIFEST_NUMBERS) + ("unit", "adjacency", "mechanisms")
 
 
-def exact_ledger(report) -> Dict[str, Any]:
-    """The ledger's properties with its privacy numbers exact: as read (``dpbert.metadata``: exact
-    unless flagged ``<name>_approx``, a run written before ML Metadata held exact strings), else
+def exact_ledger(report) -> PrivacyReportProperties:
+    """The ledger's typed properties with its privacy numbers exact: as read (``dpbert.metadata``:
+    exact unless in ``approximate``, a run written before ML Metadata held exact strings), else
     from the released ``privacy_report.json`` (full-precision JSON, the accountant's own numbers),
     else the rounded value, still flagged. The manifest must never round δ = 1.0001e-05 to 1e-05
     nor δ_V = 1e-9 to 0."""
-    ledger = dict(report.properties)
-    approximate = [k for k in MANIFEST_NUMBERS.values() if ledger.get(k + schema.APPROX_SUFFIX)]
+    ledger = report.typed
+    approximate = [k for k in MANIFEST_NUMBERS.values() if k in ledger.approximate]
     recorded = _recorded_report(report) if approximate else {}
-    for key in approximate:
-        value = recorded.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            ledger[key] = float(value)
-            del ledger[key + schema.APPROX_SUFFIX]
-    return ledger
+    exact = {key: float(recorded[key]) for key in approximate
+             if isinstance(recorded.get(key), (int, float)) and not isinstance(recorded.get(key), bool)}
+    return dataclasses.replace(ledger, approximate=ledger.approximate - set(exact), **exact)
 
 
 def _adjacency(run, report) -> str:
     """The ledger's neighbouring relation: its property, else its ``privacy_report.json``; a ledger
     naming none is add/remove only for Poisson sampling (older runs)."""
-    adjacency = report.properties.get("adjacency")
+    ledger = report.typed
+    adjacency = ledger.adjacency
     if adjacency is None:
         adjacency = _recorded_report(report).get("adjacency")
-    if adjacency is None and report.properties.get(schema.SAMPLING) == "poisson":
+    if adjacency is None and ledger.sampling == "poisson":
         adjacency = _POISSON_ADJACENCY
     if not isinstance(adjacency, str):
         raise ReleaseError(f"run {run.run_id}: its privacy report names no adjacency (neighbouring relation); "
@@ -169,10 +168,10 @@ def _run_records(run, report):
     return vocab, trains if isinstance(trains, list) else [trains] if isinstance(trains, dict) else []
 
 
-def _privacy_fields(run, report, ledger: Dict[str, Any], unit: str) -> Dict[str, Any]:
-    fields = {name: ledger.get(key) for name, key in MANIFEST_NUMBERS.items()}
+def _privacy_fields(run, report, ledger: PrivacyReportProperties, unit: str) -> Dict[str, Any]:
+    fields = {name: getattr(ledger, key) for name, key in MANIFEST_NUMBERS.items()}
     fields.update(unit=unit, adjacency=_adjacency(run, report), mechanisms=mechanisms(*_run_records(run, report)))
-    approximate = sorted(name for name, key in MANIFEST_NUMBERS.items() if ledger.get(key + schema.APPROX_SUFFIX))
+    approximate = sorted(name for name, key in MANIFEST_NUMBERS.items() if key in ledger.approximate)
     if approximate:  # rounded by ML Metadata and not in privacy_report.json: said, not hidden
         fields["approximate"] = approximate
     return fields
@@ -206,11 +205,11 @@ def audit_record(run) -> Optional[Dict[str, Any]]:
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     for artifact in run.artifacts(schema.type_name(schema.CANARY_REPORT)):
-        props = artifact.properties
-        if props.get("audit") is None and props.get(schema.AUDIT_EPSILON_LOWER_BOUND) is None:
+        props = artifact.typed
+        if props.audit is None and props.audit_epsilon_lower_bound is None:
             continue
-        out = {k: numeric(props.get(k)) for k in AUDIT_FIELDS if k != "audit"}
-        audit = props.get("audit")
+        out = {k: numeric(getattr(props, k)) for k in AUDIT_FIELDS if k != "audit"}
+        audit = props.audit
         out["audit"] = {k: numeric(audit.get(k)) for k in AUDIT_RESULT_KEYS if k in audit} \
             if isinstance(audit, dict) else None
         return out
@@ -522,13 +521,13 @@ def _checked_ledger(run):
     if report is None:
         raise ReleaseError(f"run {run.run_id} has no privacy report: nothing can be released")
     ledger = exact_ledger(report)
-    epsilon = ledger.get(schema.EPSILON_TOTAL_PLD)
-    if ledger.get(schema.NON_PRIVATE) or not _finite(epsilon):
+    epsilon = ledger.epsilon_total_pld
+    if ledger.non_private or not _finite(epsilon):
         raise ReleaseError(f"run {run.run_id} is not differentially private (ε = ∞): nothing to release")
-    if ledger.get(schema.WITHIN_BUDGET) in (False, 0):
+    if ledger.within_budget is False:
         raise ReleaseError(f"run {run.run_id} is over its privacy budget (ε = {epsilon:.4g} > "
-                           f"{ledger.get(schema.EPSILON_BUDGET)}): refused")
-    unit = ledger.get(schema.UNIT)
+                           f"{ledger.epsilon_budget}): refused")
+    unit = ledger.unit
     if not isinstance(unit, str):
         raise ReleaseError(f"run {run.run_id}: its privacy report names no unit of privacy")
     return report, ledger, epsilon, unit
@@ -550,8 +549,8 @@ def write_bundle(run, bundle_dir: str) -> Dict[str, Any]:
     else:
         _check_target(bundle_dir)
     coverage = {
-        "epsilon_vocab": {"epsilon": ledger.get(schema.EPSILON_VOCAB), "delta": ledger.get(schema.DELTA_VOCAB)},
-        "epsilon_total": {"epsilon": epsilon, "delta": ledger.get(schema.DELTA)},
+        "epsilon_vocab": {"epsilon": ledger.epsilon_vocab, "delta": ledger.delta_vocab},
+        "epsilon_total": {"epsilon": epsilon, "delta": ledger.delta},
     }
     privacy = _privacy_fields(run, report, ledger, unit)
     adjacency = privacy["adjacency"]
