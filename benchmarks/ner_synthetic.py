@@ -90,11 +90,12 @@ def main(argv=None):
         for task, (train, dev, test, _) in data.items():
             t1 = time.time()
             cache: dict = {}
-            runs = [ner.finetune_and_score(lambda: models_with(w).encoder, tokenizer, train, test, cfg.epochs,
-                                           max_seq_length=spec.max_seq_length, batch_size=cfg.batch_size,
-                                           learning_rate=cfg.learning_rate, seed=seed, dev_sentences=dev,
-                                           patience=cfg.patience, train_encoder=args.mode == "finetune",
-                                           features_cache=cache) for seed in range(args.seeds)]
+            runs = [ner.finetune_and_score(lambda: models_with(w).encoder, tokenizer, train, test,
+                                           ner.NERSettings(cfg.epochs, max_seq_length=spec.max_seq_length,
+                                                           batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+                                                           seed=seed, patience=cfg.patience,
+                                                           train_encoder=args.mode == "finetune"),
+                                           dev_sentences=dev, features_cache=cache) for seed in range(args.seeds)]
             f1 = f1_summary([r["f1"] for r in runs])
             out[task] = {"f1_mean": round(f1["mean"], 4), "f1_std": round(f1["std"], 4),
                          "per_type": {t: round(float(np.mean([r["per_type"].get(t, {}).get("f1", 0.0) for r in runs])),

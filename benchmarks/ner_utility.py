@@ -54,9 +54,9 @@ def main():
     cache: dict = {}
     for seed in (int(s) for s in args.seeds.split(",")):
         t, c = time.time(), time.process_time()
-        r = ner.finetune_and_score(lambda: models().encoder, tok, train, test, args.epochs, max_seq_length=128,
-                                   batch_size=16, learning_rate=args.learning_rate, seed=seed, dev_sentences=dev,
-                                   patience=args.patience, train_encoder=args.mode == "finetune",
+        settings = ner.NERSettings(args.epochs, max_seq_length=128, batch_size=16, learning_rate=args.learning_rate,
+                                   seed=seed, patience=args.patience, train_encoder=args.mode == "finetune")
+        r = ner.finetune_and_score(lambda: models().encoder, tok, train, test, settings, dev_sentences=dev,
                                    features_cache=cache)
         print(json.dumps({"mode": args.mode, "layers": spec.num_layers, "lr": args.learning_rate, "seed": seed,
                           "train": len(train), "dev": len(dev), "f1": round(r["f1"], 4),

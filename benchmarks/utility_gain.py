@@ -151,7 +151,8 @@ def _evaluate(config, rows: List[Dict], vocab_dir: str, out_dir: str):
     """Held-out MLM loss/accuracy and NER F1 per task for every row (the public start included),
     one row at a time, each cached next to its model (``bench_metrics.json``): rows added to a
     finished table cost only their own evaluation."""
-    from dpbert.evaluate.ner_models import encoder_builder, evaluate_rows, mlm_builder
+    from dpbert.evaluate.ner import NERSettings
+    from dpbert.evaluate.ner_models import HeldoutMLM, encoder_builder, evaluate_rows, mlm_builder
     from dpbert.network.bert import load_bert
     from dpbert.stages.pretrain import public_start_weights
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer
@@ -183,11 +184,12 @@ def _evaluate(config, rows: List[Dict], vocab_dir: str, out_dir: str):
         t0 = time.time()
         for task, train, dev, test in tasks:
             results, mlm_rows = evaluate_rows(
-                {name: encoder}, {name: mlm}, tokenizer, train, dev, test, heldout, specials,
-                tokenizer.token_to_id("[MASK]"), spec.max_predictions, epochs=config.ner.epochs,
-                learning_rate=config.ner.learning_rate, batch_size=config.ner.batch_size,
-                max_seq_length=spec.max_seq_length, seeds=seeds, patience=config.ner.patience,
-                mlm_seed=config.ner.seed, mode="probe")
+                {name: encoder}, {name: mlm}, tokenizer, (train, dev, test),
+                HeldoutMLM(heldout, specials, tokenizer.token_to_id("[MASK]"), spec.max_predictions,
+                           seed=config.ner.seed),
+                NERSettings(config.ner.epochs, max_seq_length=spec.max_seq_length, batch_size=config.ner.batch_size,
+                            learning_rate=config.ner.learning_rate, patience=config.ner.patience,
+                            train_encoder=False), seeds)
             r = results[name]
             metrics.update({"heldout_mlm_loss": r["heldout_mlm_loss"], "heldout_mlm_accuracy": r["heldout_mlm_accuracy"],
                             f"ner_{task}_f1_mean": r["f1_mean"], f"ner_{task}_f1_std": r["f1_std"],

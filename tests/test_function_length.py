@@ -33,10 +33,7 @@ ALLOWLIST = {
 
 # Functions still over the limit, to be grouped into a settings dataclass. Target: empty.
 TO_SHRINK = {
-    ("dpbert/evaluate/ner.py", "finetune_and_score"): "group NER settings",
-    ("dpbert/evaluate/ner_models.py", "evaluate_rows"): "group NER settings",
     ("dpbert/evaluate/whitebox.py", "whitebox_audit"): "group audit settings",
-    ("dpbert/evaluate/ner.py", "_probe_and_score"): "group NER settings",
     ("dpbert/evaluate/whitebox.py", "_run"): "group audit settings",
     ("dpbert/stages/pretrain.py", "pretrain"): "group stage inputs",
 }

@@ -492,24 +492,91 @@ class EarlyStopping:
                 "best_dev_f1": None if self.best_epoch is None else float(self.best_f1)}
 
 
+@dataclasses.dataclass(frozen=True)
+class PieceIds:
+    """The special piece ids the windows are built with (``dpbert.vocab.wordpiece``'s by default)."""
+    cls_id: int = CLS_ID
+    sep_id: int = SEP_ID
+    pad_id: int = PAD_ID
+    unk_id: int = UNK_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class NERSettings:
+    """How :func:`finetune_and_score` trains the head and scores (its docstring says what each does).
+
+    Schedule: ``epochs`` passes over the windows, ``batch_size`` windows a step (a probe: × 16
+    words), Adam at ``learning_rate``, ``dropout`` before the head, ``seed`` (None: unseeded),
+    ``patience`` epochs without a better dev F1 before stopping (None: never early).
+    Windows: ``max_seq_length`` pieces each; ``dynamic_length``: each batch cut to its longest window.
+    Mode: ``train_encoder`` False is a linear probe of the frozen encoder (``ner.mode: probe``)."""
+    epochs: int
+    max_seq_length: int = 128
+    batch_size: int = 16
+    learning_rate: float = 5e-5
+    dropout: float = 0.1
+    seed: Optional[int] = 0
+    patience: Optional[int] = None
+    dynamic_length: bool = True
+    train_encoder: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    """One task's sentences, its label list and its encoded windows (``dev``: None without a dev split)."""
+    labels: List[str]
+    train_sentences: Sequence[Sentence]
+    dev_sentences: List[Sentence]
+    test_sentences: Sequence[Sentence]
+    train: EncodedNer
+    dev: Optional[EncodedNer]
+    test: EncodedNer
+
+
+def _encode_task(tokenizer: TokenizerLike, train_sentences, dev_sentences, test_sentences,
+                 entity_types: Optional[Sequence[str]], max_seq_length: int, ids: PieceIds) -> _Task:
+    dev_sentences = list(dev_sentences or [])
+    labels = label_list(list(train_sentences) + dev_sentences, entity_types)
+    label_to_id = {label: i for i, label in enumerate(labels)}
+    kwargs = dict(cls_id=ids.cls_id, sep_id=ids.sep_id, pad_id=ids.pad_id, unk_id=ids.unk_id)
+    train = encode_sentences(train_sentences, tokenizer, label_to_id, max_seq_length, **kwargs)
+    test = encode_sentences(test_sentences, tokenizer, label_to_id, max_seq_length, **kwargs)
+    dev = encode_sentences(dev_sentences, tokenizer, label_to_id, max_seq_length, **kwargs) if dev_sentences else None
+    return _Task(labels, train_sentences, dev_sentences, test_sentences, train, dev, test)
+
+
+def _scored(task: _Task, predictions, loss_history: List[float], stopping: "EarlyStopping",
+            restored_dev_f1: Optional[float], epochs: int, mode: str) -> dict:
+    """The :func:`entity_scores` of the test predictions and what :func:`finetune_and_score` returns with them."""
+    result = entity_scores([s.tags for s in task.test_sentences], predictions)
+    result.update({
+        "labels": task.labels, "loss_history": loss_history, **stopping.summary(), "restored_dev_f1": restored_dev_f1,
+        "predictions": predictions, "train_sentences": len(task.train_sentences),
+        "dev_sentences": len(task.dev_sentences), "test_sentences": len(task.test_sentences),
+        "train_windows": int(len(task.train.input_ids)), "test_windows": int(len(task.test.input_ids)),
+        "epochs": int(epochs), "epochs_run": len(loss_history), "mode": mode,
+    })
+    return result
+
+
 class _FineTuner:
     """The encoder + token-classification head of :func:`finetune_and_score`, its compiled train
     and predict steps (``tf.function`` without autograph) and its epoch loop with early stopping."""
 
-    def __init__(self, encoder_builder, labels, max_seq_length: int, dropout: float, seed, learning_rate: float,
-                 dynamic_length: bool, batch_size: int, pad_id: int):
+    def __init__(self, encoder_builder, labels, settings: NERSettings, pad_id: int):
         import tensorflow as tf
         import tf_keras
 
-        self.labels, self.max_seq_length, self.dynamic_length = labels, max_seq_length, dynamic_length
-        self.batch_size, self.pad_id = batch_size, pad_id
+        seed, max_seq_length = settings.seed, int(settings.max_seq_length)
+        self.labels, self.max_seq_length, self.dynamic_length = labels, max_seq_length, settings.dynamic_length
+        self.batch_size, self.pad_id = int(settings.batch_size), pad_id
         self.encoder = encoder_builder()
-        self.head_dropout = tf_keras.layers.Dropout(dropout, seed=seed, name="ner_dropout")
+        self.head_dropout = tf_keras.layers.Dropout(settings.dropout, seed=seed, name="ner_dropout")
         self.classifier = tf_keras.layers.Dense(
             int(len(labels)), name="ner_classifier",
             kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02, seed=seed))
         self._logits(tf.zeros((1, max_seq_length), tf.int32), False)  # build the head
-        self.optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
+        self.optimizer = tf_keras.optimizers.Adam(learning_rate=settings.learning_rate)
         self.variables = self.encoder.trainable_variables + self.classifier.trainable_variables
         # Adam's slots made here, not by the first step: a tf.function that creates variables is
         # traced twice (once to lift them), and that trace cost more than a short fine-tune.
@@ -597,15 +664,12 @@ class _FineTuner:
 
 def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: TokenizerLike,
                        train_sentences: Sequence[Sentence], test_sentences: Sequence[Sentence],
-                       epochs: int, *, max_seq_length: int = 128, batch_size: int = 16,
-                       learning_rate: float = 5e-5, dropout: float = 0.1,
-                       entity_types: Optional[Sequence[str]] = None, seed: Optional[int] = 0,
-                       dev_sentences: Optional[Sequence[Sentence]] = None, patience: Optional[int] = None,
-                       dynamic_length: bool = True, train_encoder: bool = True, features_cache: Optional[dict] = None,
-                       cls_id: int = CLS_ID, sep_id: int = SEP_ID, pad_id: int = PAD_ID,
-                       unk_id: int = UNK_ID) -> dict:
+                       settings: NERSettings, *, dev_sentences: Optional[Sequence[Sentence]] = None,
+                       entity_types: Optional[Sequence[str]] = None, features_cache: Optional[dict] = None,
+                       ids: PieceIds = PieceIds()) -> dict:
     """Fine-tune ``encoder_builder()`` + a token-classification head on ``train_sentences``
-    (non-private, as in Hoory et al.'s downstream evaluation) and score ``test_sentences``.
+    (non-private, as in Hoory et al.'s downstream evaluation) and score ``test_sentences``;
+    ``settings``: the schedule, windows and mode (:class:`NERSettings`), ``ids``: the special pieces.
 
     Training: Adam, ``epochs`` passes over the windows in a fresh random order (``seed``), loss =
     mean cross-entropy over the first pieces of the batch (every other position is ignored).
@@ -622,7 +686,7 @@ def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: Tokeniz
     called through ``Model.call`` so a shorter batch is accepted; test and dev windows are
     predicted in length order. A fixed ``max_seq_length`` batch is used when it is False.
 
-    ``train_encoder=False`` (a linear probe, ``ner.mode: probe``): the encoder is frozen and run
+    ``train_encoder`` False (a linear probe, ``ner.mode: probe``): the encoder is frozen and run
     ONCE per window (``features_cache``: a dict shared by the calls of one encoder, so several
     seeds reuse the same forward passes); only the head is trained, on the first-piece features,
     in batches of ``batch_size`` words. Orders of magnitude cheaper than fine-tuning; it measures
@@ -635,47 +699,21 @@ def finetune_and_score(encoder_builder: Callable[[], object], tokenizer: Tokeniz
     """
     import tf_keras
 
-    if epochs < 0:
-        raise ValueError(f"epochs must be >= 0, got {epochs}")
-    if seed is not None:
-        tf_keras.utils.set_random_seed(int(seed))
-    dev_sentences = list(dev_sentences or [])
-    labels = label_list(list(train_sentences) + dev_sentences, entity_types)
-    label_to_id = {label: i for i, label in enumerate(labels)}
-    kwargs = dict(cls_id=cls_id, sep_id=sep_id, pad_id=pad_id, unk_id=unk_id)
-    train = encode_sentences(train_sentences, tokenizer, label_to_id, max_seq_length, **kwargs)
-    test = encode_sentences(test_sentences, tokenizer, label_to_id, max_seq_length, **kwargs)
-    dev = encode_sentences(dev_sentences, tokenizer, label_to_id, max_seq_length, **kwargs) if dev_sentences else None
-
-    if not train_encoder:
-        return _probe_and_score(encoder_builder, train, dev, test, labels, train_sentences, dev_sentences,
-                                test_sentences, epochs, batch_size, learning_rate, dropout, seed, patience, pad_id,
-                                int(max_seq_length), features_cache)
-    tuner = _FineTuner(encoder_builder, labels, int(max_seq_length), dropout, seed, learning_rate, dynamic_length,
-                       int(batch_size), pad_id)
-    loss_history, stopping = tuner.train_epochs(train, dev, dev_sentences, epochs, seed, patience)
+    s = settings
+    if s.epochs < 0:
+        raise ValueError(f"epochs must be >= 0, got {s.epochs}")
+    if s.seed is not None:
+        tf_keras.utils.set_random_seed(int(s.seed))
+    task = _encode_task(tokenizer, train_sentences, dev_sentences, test_sentences, entity_types,
+                        s.max_seq_length, ids)
+    if not s.train_encoder:
+        return _probe_and_score(encoder_builder, task, s, ids.pad_id, features_cache)
+    tuner = _FineTuner(encoder_builder, task.labels, s, ids.pad_id)
+    loss_history, stopping = tuner.train_epochs(task.train, task.dev, task.dev_sentences, s.epochs, s.seed, s.patience)
     restored_dev_f1 = stopping.restore(len(loss_history), tuner.load, lambda: entity_scores(
-        [s.tags for s in dev_sentences], tuner.predict(dev, dev_sentences))["f1"])
-    n_train, predict = len(train.input_ids), tuner.predict
-
-    predictions = predict(test, test_sentences)
-    result = entity_scores([s.tags for s in test_sentences], predictions)
-    result.update({
-        "labels": labels,
-        "loss_history": loss_history,
-        **stopping.summary(),
-        "restored_dev_f1": restored_dev_f1,
-        "predictions": predictions,
-        "train_sentences": len(train_sentences),
-        "dev_sentences": len(dev_sentences),
-        "test_sentences": len(test_sentences),
-        "train_windows": int(n_train),
-        "test_windows": int(len(test.input_ids)),
-        "epochs": int(epochs),
-        "epochs_run": len(loss_history),
-        "mode": "finetune",
-    })
-    return result
+        [x.tags for x in task.dev_sentences], tuner.predict(task.dev, task.dev_sentences))["f1"])
+    predictions = tuner.predict(task.test, task.test_sentences)
+    return _scored(task, predictions, loss_history, stopping, restored_dev_f1, s.epochs, "finetune")
 
 
 def first_piece_features(encoder, encoded: EncodedNer, pad_id: int = PAD_ID, batch_size: int = 64) -> np.ndarray:
@@ -702,13 +740,13 @@ def first_piece_features(encoder, encoded: EncodedNer, pad_id: int = PAD_ID, bat
     return np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, width), np.float32)
 
 
-def _probe_and_score(encoder_builder, train: EncodedNer, dev: Optional[EncodedNer], test: EncodedNer, labels,
-                     train_sentences, dev_sentences, test_sentences, epochs, batch_size, learning_rate, dropout,
-                     seed, patience, pad_id, max_seq_length, cache) -> dict:
+def _probe_and_score(encoder_builder, task: _Task, settings: NERSettings, pad_id: int, cache: Optional[dict]) -> dict:
     """:func:`finetune_and_score` with a frozen encoder (see its docstring)."""
     import tensorflow as tf
     import tf_keras
 
+    train, dev, test, labels, dev_sentences = task.train, task.dev, task.test, task.labels, task.dev_sentences
+    seed = settings.seed
     cache = {} if cache is None else cache
     if "train" not in cache:
         encoder = encoder_builder()
@@ -716,10 +754,10 @@ def _probe_and_score(encoder_builder, train: EncodedNer, dev: Optional[EncodedNe
             cache[name] = None if encoded is None else first_piece_features(encoder, encoded, pad_id)
     x_train, x_dev, x_test = cache["train"], cache["dev"], cache["test"]
     y_train = train.labels[train.first_piece >= 0].astype(np.int32)
-    head = tf_keras.Sequential([tf_keras.layers.Dropout(dropout, seed=seed), tf_keras.layers.Dense(
+    head = tf_keras.Sequential([tf_keras.layers.Dropout(settings.dropout, seed=seed), tf_keras.layers.Dense(
         len(labels), kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02, seed=seed))])
     head.build((None, x_train.shape[1]))
-    optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate)
+    optimizer = tf_keras.optimizers.Adam(learning_rate=settings.learning_rate)
     optimizer.build(head.trainable_variables)  # slots outside the step: one trace, not two
 
     @tf.function(autograph=False, reduce_retracing=True)
@@ -737,9 +775,9 @@ def _probe_and_score(encoder_builder, train: EncodedNer, dev: Optional[EncodedNe
 
     rng = np.random.default_rng(seed)
     loss_history = []
-    stopping = EarlyStopping(patience)
-    bs = max(int(batch_size), 1) * 16  # words, not windows: ~16 labelled words per window
-    for epoch in range(int(epochs) if len(y_train) else 0):
+    stopping = EarlyStopping(settings.patience)
+    bs = max(int(settings.batch_size), 1) * 16  # words, not windows: ~16 labelled words per window
+    for _ in range(int(settings.epochs) if len(y_train) else 0):
         order = rng.permutation(len(y_train))
         losses = [float(step(tf.constant(x_train[order[i:i + bs]]), tf.constant(y_train[order[i:i + bs]])))
                   for i in range(0, len(order), bs)]
@@ -751,13 +789,5 @@ def _probe_and_score(encoder_builder, train: EncodedNer, dev: Optional[EncodedNe
             break
     restored_dev_f1 = stopping.restore(len(loss_history), head.set_weights, lambda: entity_scores(
         [s.tags for s in dev_sentences], predict(x_dev, dev, dev_sentences))["f1"])
-    predictions = predict(x_test, test, test_sentences)
-    result = entity_scores([s.tags for s in test_sentences], predictions)
-    result.update({
-        "labels": labels, "loss_history": loss_history, **stopping.summary(), "restored_dev_f1": restored_dev_f1,
-        "predictions": predictions, "train_sentences": len(train_sentences), "dev_sentences": len(dev_sentences),
-        "test_sentences": len(test_sentences), "train_windows": int(len(train.input_ids)),
-        "test_windows": int(len(test.input_ids)), "epochs": int(epochs), "epochs_run": len(loss_history),
-        "mode": "probe",
-    })
-    return result
+    predictions = predict(x_test, test, task.test_sentences)
+    return _scored(task, predictions, loss_history, stopping, restored_dev_f1, settings.epochs, "probe")

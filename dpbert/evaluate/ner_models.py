@@ -8,6 +8,7 @@ the comparison isolates pre-training.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -45,51 +46,65 @@ def mlm_builder(model_dir: Optional[str], spec=None, seed: int = 0, weights=None
     return build
 
 
+#: One NER task's (train, dev, test) sentences.
+Splits = Tuple[Sequence[ner.Sentence], Sequence[ner.Sentence], Sequence[ner.Sentence]]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HeldoutMLM:
+    """The held-out MLM pass each row gets (``heldout_mlm_metrics``): the token rows ``ids``, the
+    ``special_ids`` never masked, the ``mask_id``, at most ``max_predictions`` masked positions a
+    row, the masking ``seed``."""
+    ids: np.ndarray
+    special_ids: List[int]
+    mask_id: int
+    max_predictions: int
+    seed: int = 0
+
+
+def _per_type(runs: Sequence[dict]) -> Dict[str, float]:
+    types = sorted({t for r in runs for t in r["per_type"]})
+    return {t: float(np.mean([r["per_type"].get(t, {}).get("f1", 0.0) for r in runs])) for t in types}
+
+
+def _task_summary(runs: Sequence[dict]) -> dict:
+    summary = f1_summary([r["f1"] for r in runs])
+    return {"f1_mean": summary["mean"], "f1_std": summary["std"], "f1_seeds": [r["f1"] for r in runs],
+            "best_epochs": [r["best_epoch"] for r in runs], "per_type": _per_type(runs)}
+
+
 def evaluate_rows(rows: Dict[str, Callable[[], object]], mlm_builders: Dict[str, Callable[[], object]],
-                  tokenizer, train: Sequence[ner.Sentence], dev: Sequence[ner.Sentence],
-                  test: Sequence[ner.Sentence], heldout_ids: np.ndarray, special_ids: List[int], mask_id: int,
-                  max_predictions: int, *, epochs: int, learning_rate: float, batch_size: int, max_seq_length: int,
-                  seeds: Sequence[int], patience: Optional[int], mlm_seed: int = 0, mode: str = "finetune",
-                  extra_tasks: Optional[Dict[str, Tuple[Sequence[ner.Sentence], Sequence[ner.Sentence],
-                                                        Sequence[ner.Sentence]]]] = None
-                  ) -> Tuple[Dict[str, dict], Dict[str, dict]]:
-    """(results, per-row MLM sums): for each row, NER F1 after fine-tuning (``mode = probe``: a
-    linear probe of the frozen encoder) once per seed of ``seeds`` (early stopping on ``dev``),
-    its mean and std, the mean per-type F1 and the best epochs; the held-out MLM loss and
-    accuracy (one pass over ``heldout_ids``). ``extra_tasks`` (task → (train, dev, test)): the
-    same per task, in ``results[row]["tasks"][task]`` (``f1_mean``, ``f1_std``, ``f1_seeds``,
-    ``per_type``, ``best_epochs``)."""
+                  tokenizer, splits: Splits, heldout: HeldoutMLM, settings: ner.NERSettings, seeds: Sequence[int], *,
+                  extra_tasks: Optional[Dict[str, Splits]] = None) -> Tuple[Dict[str, dict], Dict[str, dict]]:
+    """(results, per-row MLM sums): for each row, NER F1 after fine-tuning with ``settings``
+    (``train_encoder`` False: a linear probe of the frozen encoder) once per seed of ``seeds``
+    (each replacing ``settings.seed``; early stopping on the dev split of ``splits``), its mean
+    and std, the mean per-type F1 and the best epochs; the held-out MLM loss and accuracy (one
+    pass, ``heldout``). ``extra_tasks`` (task → (train, dev, test)): the same per task, in
+    ``results[row]["tasks"][task]`` (``f1_mean``, ``f1_std``, ``f1_seeds``, ``per_type``, ``best_epochs``)."""
     results, mlm_rows = {}, {}
 
-    def run_seeds(build, task_train, task_dev, task_test):
+    def run_seeds(build, task_splits: Splits):
+        task_train, task_dev, task_test = task_splits
         cache: dict = {}  # probe: the frozen encoder's features, computed once for every seed
-        return [ner.finetune_and_score(build, tokenizer, task_train, task_test, epochs, max_seq_length=max_seq_length,
-                                       batch_size=batch_size, learning_rate=learning_rate, seed=int(seed),
-                                       dev_sentences=task_dev, patience=patience, train_encoder=mode == "finetune",
+        return [ner.finetune_and_score(build, tokenizer, task_train, task_test,
+                                       dataclasses.replace(settings, seed=int(seed)), dev_sentences=task_dev,
                                        features_cache=cache) for seed in seeds]
 
     for name, build in rows.items():
         t0 = time.time()
-        runs = run_seeds(build, train, dev, test)
-        tasks = {}
-        for task, (task_train, task_dev, task_test) in (extra_tasks or {}).items():
-            task_runs = run_seeds(build, task_train, task_dev, task_test)
-            summary = f1_summary([r["f1"] for r in task_runs])
-            types = sorted({t for r in task_runs for t in r["per_type"]})
-            tasks[task] = {"f1_mean": summary["mean"], "f1_std": summary["std"],
-                           "f1_seeds": [r["f1"] for r in task_runs], "best_epochs": [r["best_epoch"] for r in task_runs],
-                           "per_type": {t: float(np.mean([r["per_type"].get(t, {}).get("f1", 0.0) for r in task_runs]))
-                                        for t in types}}
+        runs = run_seeds(build, splits)
+        tasks = {task: _task_summary(run_seeds(build, task_splits))
+                 for task, task_splits in (extra_tasks or {}).items()}
         t_ner = time.time() - t0
-        mlm = heldout_mlm_metrics(mlm_builders[name](), heldout_ids, special_ids, mask_id, max_predictions,
-                                  seed=mlm_seed)
+        mlm = heldout_mlm_metrics(mlm_builders[name](), heldout.ids, heldout.special_ids, heldout.mask_id,
+                                  heldout.max_predictions, seed=heldout.seed)
         f1 = f1_summary([r["f1"] for r in runs])
-        types = sorted({t for r in runs for t in r["per_type"]})
         results[name] = {
             "f1": f1["mean"], "f1_mean": f1["mean"], "f1_std": f1["std"], "f1_seeds": [r["f1"] for r in runs],
             "precision": float(np.mean([r["precision"] for r in runs])),
             "recall": float(np.mean([r["recall"] for r in runs])),
-            "per_type": {t: float(np.mean([r["per_type"].get(t, {}).get("f1", 0.0) for r in runs])) for t in types},
+            "per_type": _per_type(runs),
             "best_epochs": [r["best_epoch"] for r in runs],
             "dev_f1": [r["best_dev_f1"] for r in runs],
             "heldout_mlm_loss": mlm["loss"], "heldout_mlm_accuracy": mlm["accuracy"],

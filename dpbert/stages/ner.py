@@ -76,7 +76,8 @@ def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_wor
     trainer built its public start (None or ``model.init: random``: no ``public`` row)."""
     from dpbert.data.synthetic import generate_notes
     from dpbert.data.tuples import corpus_tuples
-    from dpbert.evaluate.ner_models import encoder_builder, evaluate_rows, mlm_builder
+    from dpbert.evaluate.ner import NERSettings
+    from dpbert.evaluate.ner_models import HeldoutMLM, encoder_builder, evaluate_rows, mlm_builder
     from dpbert.evaluate.utility import utility_table
     from dpbert.network.bert import load_bert
     from dpbert.vocab.wordpiece import SPECIAL_TOKENS, load_tokenizer, tokenize_tuples
@@ -112,10 +113,11 @@ def ner_evaluation(model_dir: str, report_dir: str, config: NerConfig, tuple_wor
              len(test), source, "".join(f"; {task}: {len(a)} + {len(b)} dev, test {len(c)}"
                                         for task, (a, b, c) in extra.items()))
     results, mlm_rows = evaluate_rows(
-        rows, mlm, tokenizer, train, dev, test, heldout, specials, tokenizer.token_to_id("[MASK]"),
-        spec.max_predictions, epochs=cfg.epochs, learning_rate=cfg.learning_rate, batch_size=cfg.batch_size,
-        max_seq_length=spec.max_seq_length, seeds=seeds, patience=cfg.patience, mlm_seed=cfg.seed, mode=cfg.mode,
-        extra_tasks=extra)
+        rows, mlm, tokenizer, (train, dev, test),
+        HeldoutMLM(heldout, specials, tokenizer.token_to_id("[MASK]"), spec.max_predictions, seed=cfg.seed),
+        NERSettings(cfg.epochs, max_seq_length=spec.max_seq_length, batch_size=cfg.batch_size,
+                    learning_rate=cfg.learning_rate, patience=cfg.patience, train_encoder=cfg.mode == "finetune"),
+        seeds, extra_tasks=extra)
     columns = {}
     for name, r in results.items():
         columns[name] = {"heldout_mlm_loss": r["heldout_mlm_loss"], "heldout_mlm_accuracy": r["heldout_mlm_accuracy"],

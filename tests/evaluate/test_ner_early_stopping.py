@@ -14,8 +14,8 @@ def test_early_stopping_restores_the_best_dev_epoch():
     best dev epoch's (their dev F1, measured again after the restore, equals the best)."""
     rng = np.random.default_rng(0)
     train, dev, test = synthetic_sentences(60, rng), synthetic_sentences(30, rng), synthetic_sentences(20, rng)
-    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test, epochs=6, max_seq_length=16,
-                                    batch_size=8, learning_rate=2.0, seed=1, dev_sentences=dev, patience=None)
+    settings = ner.NERSettings(epochs=6, max_seq_length=16, batch_size=8, learning_rate=2.0, seed=1, patience=None)
+    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test, settings, dev_sentences=dev)
     history = result["dev_f1_history"]
     assert len(history) == result["epochs_run"] == 6
     assert result["best_epoch"] == 1 + int(np.argmax(history))  # the first best on ties
@@ -43,8 +43,8 @@ def test_patience_stops_and_the_best_epoch_is_kept(monkeypatch):
     train, dev, test = synthetic_sentences(30, rng), synthetic_sentences(10, rng), synthetic_sentences(10, rng)
     dev_tags.extend(s.tags for s in dev)
     monkeypatch.setattr(ner, "entity_scores", scripted)
-    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test, epochs=10, max_seq_length=16,
-                                    batch_size=8, learning_rate=1e-2, seed=0, dev_sentences=dev, patience=2)
+    settings = ner.NERSettings(epochs=10, max_seq_length=16, batch_size=8, learning_rate=1e-2, seed=0, patience=2)
+    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test, settings, dev_sentences=dev)
     assert result["dev_f1_history"] == [0.2, 0.8, 0.5, 0.4]
     assert (result["best_epoch"], result["epochs_run"], result["best_dev_f1"]) == (2, 4, 0.8)
     assert result["restored_dev_f1"] == 0.8  # measured again after restoring epoch 2's weights
@@ -53,7 +53,8 @@ def test_patience_stops_and_the_best_epoch_is_kept(monkeypatch):
 def test_without_a_dev_split_the_last_epoch_is_tested():
     rng = np.random.default_rng(2)
     train, test = synthetic_sentences(20, rng), synthetic_sentences(5, rng)
-    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test, epochs=2, max_seq_length=16)
+    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test,
+                                    ner.NERSettings(epochs=2, max_seq_length=16))
     assert result["best_epoch"] is None and result["dev_f1_history"] == [] and result["epochs_run"] == 2
 
 
@@ -77,9 +78,10 @@ def test_shorter_batches_predict_as_full_length_ones():
                     max_seq_length=32, max_predictions=5, dropout=0.0, attention_dropout=0.0)
     rng = np.random.default_rng(4)
     train, test = synthetic_sentences(40, rng), synthetic_sentences(15, rng)
-    runs = [ner.finetune_and_score(lambda: build_bert(spec, seed=0).encoder, tokenizer, train, test, epochs=1,
-                                   max_seq_length=32, batch_size=8, learning_rate=1e-3, seed=0, dropout=0.0,
-                                   dynamic_length=dynamic) for dynamic in (True, False)]
+    runs = [ner.finetune_and_score(lambda: build_bert(spec, seed=0).encoder, tokenizer, train, test,
+                                   ner.NERSettings(epochs=1, max_seq_length=32, batch_size=8, learning_rate=1e-3,
+                                                   seed=0, dropout=0.0, dynamic_length=dynamic))
+            for dynamic in (True, False)]
     assert runs[0]["loss_history"] == pytest.approx(runs[1]["loss_history"], rel=1e-4)
     assert runs[0]["predictions"] == runs[1]["predictions"]
 
@@ -94,9 +96,10 @@ def test_probe_runs_the_encoder_once_and_learns():
         return tiny_encoder_builder(16, hidden=32)()
 
     cache = {}
-    results = [ner.finetune_and_score(build, tokenizer, train, test, epochs=40, max_seq_length=16, batch_size=4,
-                                      learning_rate=0.2, seed=seed, dev_sentences=dev, patience=5,
-                                      train_encoder=False, features_cache=cache) for seed in (0, 1)]
+    results = [ner.finetune_and_score(build, tokenizer, train, test,
+                                      ner.NERSettings(epochs=40, max_seq_length=16, batch_size=4, learning_rate=0.2,
+                                                      seed=seed, patience=5, train_encoder=False),
+                                      dev_sentences=dev, features_cache=cache) for seed in (0, 1)]
     assert len(builds) == 1  # one encoder, one forward pass per window, for both seeds
     assert all(r["mode"] == "probe" and r["f1"] >= 0.9 for r in results)  # word identity suffices
     assert results[0]["restored_dev_f1"] == pytest.approx(results[0]["best_dev_f1"])

@@ -55,8 +55,9 @@ def tiny_encoder_builder(max_seq_length, hidden=16):
 def test_finetune_and_score_learns_a_separable_task():
     rng = np.random.default_rng(0)
     train, test = synthetic_sentences(150, rng), synthetic_sentences(60, rng)
-    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test, epochs=6,
-                                    max_seq_length=16, batch_size=16, learning_rate=1e-2, seed=0)
+    result = ner.finetune_and_score(tiny_encoder_builder(16), tokenizer, train, test,
+                                    ner.NERSettings(epochs=6, max_seq_length=16, batch_size=16, learning_rate=1e-2,
+                                                    seed=0))
     assert result["labels"] == ["O", "B-Chemical", "I-Chemical", "B-Disease", "I-Disease"]
     assert len(result["loss_history"]) == 6
     assert result["loss_history"][-1] < 0.25 * result["loss_history"][0]
@@ -79,6 +80,6 @@ def test_finetune_zero_epochs_and_tensor_output_encoder():
         ids = tf_keras.Input(shape=(12,), dtype=tf.int32)
         return tf_keras.Model(ids, tf_keras.layers.Embedding(VOCAB_SIZE, 8)(ids))
 
-    result = ner.finetune_and_score(build, tokenizer, train, test, epochs=0, max_seq_length=12)
+    result = ner.finetune_and_score(build, tokenizer, train, test, ner.NERSettings(epochs=0, max_seq_length=12))
     assert result["loss_history"] == [] and result["epochs"] == 0
     assert 0.0 <= result["f1"] <= 1.0 and result["test_windows"] == 5
