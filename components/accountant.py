@@ -12,6 +12,7 @@ from components.artifacts import DPVocabulary, PretrainedModel, PrivacyReport
 from components.common import get_property, set_properties
 from dpbert import schema
 from dpbert.config import PrivacyConfig, section_from_json
+from dpbert.properties import to_write
 
 
 @component
@@ -32,5 +33,5 @@ def PrivacyAccountant(
     result = account(report.uri, get_property(vocabulary, schema.DP_EVENT), get_property(model, schema.DP_EVENTS),
                      training_delta, section_from_json(PrivacyConfig, privacy_config), model_properties,
                      ledger_target=ledger_target)
-    set_properties(report, {**result.properties, "code_version": code_version})
+    set_properties(report, to_write(schema.PRIVACY_REPORT, {**result.properties, "code_version": code_version}))
     result.raise_failure()

@@ -13,6 +13,7 @@ from tfx.dsl.component.experimental.decorators import component
 from components.artifacts import AuditReport, DPVocabulary, PrivacyReport
 from components.common import get_property, set_properties
 from dpbert import schema
+from dpbert.properties import to_write
 
 
 @component
@@ -41,5 +42,5 @@ def PrivacyAuditor(
         audit=cfg.section_from_json(cfg.AuditConfig, audit_config))
     result = run_audit(vocabulary.uri, report.uri, config,
                        epsilon_train_ledger=get_property(privacy_report, schema.EPSILON_TRAIN))
-    set_properties(report, {**result.properties, "code_version": code_version})
+    set_properties(report, to_write(schema.AUDIT_REPORT, {**result.properties, "code_version": code_version}))
     result.raise_failure()

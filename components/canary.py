@@ -13,6 +13,7 @@ from components.artifacts import (CanaryList, CanaryReport, DPVocabulary, Pretra
 from components.common import get_property, set_properties
 from dpbert import schema
 from dpbert.config import CanaryConfig, TrainingConfig, section_from_json
+from dpbert.properties import to_write
 
 
 @component
@@ -32,7 +33,7 @@ def CanaryGen(
     rows = public_rows or section_from_json(TrainingConfig, training_config).dataset_size
     result = generate_canaries(vocabulary.uri, canaries.uri, section_from_json(CanaryConfig, canary_config),
                                public_rows=rows)
-    set_properties(canaries, {**result.properties, "code_version": code_version})
+    set_properties(canaries, to_write(schema.CANARY_LIST, {**result.properties, "code_version": code_version}))
 
 
 @component
@@ -54,5 +55,5 @@ def CanaryExposure(
         epsilon_train=get_property(privacy_report, schema.EPSILON_TRAIN),
         delta_train=get_property(privacy_report, schema.DELTA_TRAIN),
         baseline_model_dir=None if baseline_model is None else baseline_model.uri)
-    set_properties(report, {**result.properties, "code_version": code_version})
+    set_properties(report, to_write(schema.CANARY_REPORT, {**result.properties, "code_version": code_version}))
     result.raise_failure()

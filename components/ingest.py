@@ -7,7 +7,9 @@ from tfx.dsl.component.experimental.decorators import component
 
 from components.artifacts import WordTuples
 from components.common import set_properties
+from dpbert import schema
 from dpbert.config import CorpusConfig, section_from_json
+from dpbert.properties import to_write
 
 
 @component
@@ -33,4 +35,4 @@ def CorpusIngest(
     del corpus_fingerprint  # the cache key's, not the stage's
     result = ingest(section_from_json(CorpusConfig, corpus_config), tuples.uri, tuple_words, num_shards,
                     unit=privacy_unit)
-    set_properties(tuples, {**result.properties, "code_version": code_version})
+    set_properties(tuples, to_write(schema.WORD_TUPLES, {**result.properties, "code_version": code_version}))

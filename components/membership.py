@@ -12,6 +12,7 @@ from components.artifacts import MembershipReport, PretrainedModel, WordTuples
 from components.common import get_property, set_properties
 from dpbert import schema
 from dpbert.config import MembershipConfig, section_from_json
+from dpbert.properties import to_write
 
 
 def _trained_model(artifact):
@@ -37,4 +38,4 @@ def MembershipInference(
     result = membership_inference(tuples.uri, report.uri, _trained_model(model),
                                   section_from_json(MembershipConfig, membership_config),
                                   baseline=None if baseline_model is None else _trained_model(baseline_model))
-    set_properties(report, {**result.properties, "code_version": code_version})
+    set_properties(report, to_write(schema.MEMBERSHIP_REPORT, {**result.properties, "code_version": code_version}))

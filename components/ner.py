@@ -8,7 +8,9 @@ from tfx.dsl.component.experimental.decorators import component
 
 from components.artifacts import NerReport, PretrainedModel
 from components.common import set_properties
+from dpbert import schema
 from dpbert.config import ModelConfig, NerConfig, TrainingConfig, section_from_json
+from dpbert.properties import to_write
 
 
 @component
@@ -28,4 +30,4 @@ def NerEvaluator(
                             baseline_model_dir=None if baseline_model is None else baseline_model.uri,
                             model_config=section_from_json(ModelConfig, model_config),
                             training_config=section_from_json(TrainingConfig, training_config))
-    set_properties(report, {**result.properties, "code_version": code_version})
+    set_properties(report, to_write(schema.NER_REPORT, {**result.properties, "code_version": code_version}))

@@ -8,7 +8,9 @@ from tfx.dsl.component.experimental.decorators import component
 
 from components.artifacts import WordTuples
 from components.common import get_property, set_properties
+from dpbert import schema
 from dpbert.config import LocalPrivacyConfig, section_from_json
+from dpbert.properties import to_write
 
 
 @component
@@ -25,5 +27,5 @@ def TextPrivatizer(
     config = section_from_json(LocalPrivacyConfig, local_privacy_config)
     inputs = {key: get_property(tuples, key) for key in COPIED_PROPERTIES}
     result = privatize(tuples.uri, privatized_tuples.uri, config, inputs, num_shards=num_shards)
-    set_properties(privatized_tuples, {**result.properties, "code_version": code_version})
+    set_properties(privatized_tuples, to_write(schema.WORD_TUPLES, {**result.properties, "code_version": code_version}))
     result.raise_failure()

@@ -19,6 +19,7 @@ from components.artifacts import CanaryList, DPVocabulary, PretrainedModel, Word
 from components.common import get_property, pipeline_root_of, set_properties
 from dpbert import schema
 from dpbert.config import TrainingConfig, section_from_json
+from dpbert.properties import to_write
 
 
 @component
@@ -61,7 +62,8 @@ def MLMPretrainer(
                      # The dataset's privacy ledger: the run's charge is reserved before the data is read.
                      ledger_target=ledger_target)
     result = train(inv, choose_launcher(tc.workers, custom_job))
-    set_properties(model, {**result["properties"], "workers": result["workers"], "code_version": code_version})
+    set_properties(model, to_write(schema.PRETRAINED_MODEL, {**result["properties"], "workers": result["workers"],
+                                                             "code_version": code_version}))
 
 
 def choose_launcher(workers: int, custom_job: str = ""):

@@ -11,6 +11,7 @@ from components.artifacts import DPVocabulary, WordTuples
 from components.common import get_property, set_properties
 from dpbert import schema
 from dpbert.config import ModelConfig, PrivacyConfig, VocabConfig, section_from_json
+from dpbert.properties import to_write
 
 
 @component(use_beam=True)
@@ -33,4 +34,4 @@ def DPVocabularyGen(
                            tuple_words=get_property(tuples, schema.TUPLE_WORDS),
                            checkpoint_dir=section_from_json(ModelConfig, model_config).init_dir,
                            ledger_target=ledger_target)  # the dataset ledger (dpbert.ledger)
-    set_properties(vocabulary, {**result.properties, "code_version": code_version})
+    set_properties(vocabulary, to_write(schema.DP_VOCABULARY, {**result.properties, "code_version": code_version}))

@@ -77,6 +77,12 @@ def test_a_real_run_reports_from_its_pipeline_root_as_from_its_store(root):
         [a.type for c in from_store.components for a in c.outputs]
     expected, got = build_report(from_store), build_report(run)
     assert _without_identity(got) == _without_identity(expected)
+    # Both readers (dpbert.metadata.RunReader) give equal typed properties (dpbert.properties).
+    from dpbert.metadata import MetadataRunReader
+
+    runs = [reader.get_run() for reader in (MetadataRunReader(TINY_RUN_STORE), pipeline_root.PipelineRootRunReader(root))]
+    typed = [[(a.type, a.name, a.typed) for c in r.components for a in c.outputs] for r in runs]
+    assert len(typed[0]) == 4 and typed[0] == typed[1] and typed[0][3][2].epsilon_total_pld > 0
     assert got["status"] == "COMPLETE" and got["privacy"]["epsilon_total_pld"] > 0
     # The text: the same sections, line for line after the heading and the components' times.
     assert format_report(got).splitlines()[7:] == format_report(expected).splitlines()[7:]
