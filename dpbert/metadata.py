@@ -4,7 +4,10 @@ This is what `dpbert report` and the dashboard read. It never opens artifact fil
 private (``private`` custom property = 1: tuples of raw text, canary secrets); it returns only
 custom properties (decoded by ``dpbert.schema.exact_properties``, the one reader of the
 artifact contract: ε, δ and q exactly, from the strings written next to ML Metadata's rounded
-doubles; a run written before has ``<name>_approx`` = True next to each rounded one) and URIs.
+doubles; a run written before has ``<name>_approx`` = True next to each rounded one) and URIs;
+``ArtifactInfo.typed`` gives them as their kind's dataclass (``dpbert.properties``). ``RunReader``
+is the one interface of a run's readers: ``MetadataRunReader`` here, ``PipelineRootRunReader`` in
+``dpbert.pipeline_root``.
 
 The writers here are ``mark_charged`` (a run that stopped before its accountant — interrupted,
 failed, or refused over the budget — gets the ε its training chain already spent) and ``mark_interrupted`` (``dpbert run`` after SIGINT/SIGTERM): TFX leaves the

@@ -20,7 +20,7 @@ Versions (``schema_version``): 1, the fields below; a run written without the pr
 older run's report shows "n/a" where a newer property would stand, never a guessed default. A
 version above ``SCHEMA_VERSION`` (newer code wrote it) is read the same way, unknown keys in
 ``extra``. A value of the wrong type (text where a number belongs, a dict for a flag) is a
-``PropertyError`` naming the artifact and the key. docs/development.md ("Artifact contract").
+``PropertyError`` naming the artifact and the key. docs/development.md ("How a component is built").
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The run report as typed, frozen objects, read once from a run's ML Metadata properties.
 
 ``read_report(run)`` is THE reader of a run's artifacts for the report: every section is built
-here from custom properties (never from artifact files, so it holds no raw text or canary
+here from the typed custom properties (``dpbert.properties``; never from artifact files, so it holds no raw text or canary
 secret). ``RunReport.to_json()`` is the document ``dpbert report --json`` prints and the
 dashboard's JSON API serves; ``RunReport.from_json`` reads such a document back (a renderer given
 one: a test, the API's consumer). The text report (``dpbert.report``) and the dashboard's views

@@ -16,7 +16,8 @@ Encoding (strict JSON and ML Metadata custom properties):
 
 ``decode`` inverts ``encode`` (the three strings become floats again); ``decode_property`` reads
 one MLMD value (string / int / double / bool / struct) back, whatever its stored type, and
-``properties`` every custom property of an artifact: the one way properties are read back.
+``properties`` every custom property of an artifact: the one way properties are decoded
+(``dpbert.properties`` then types them per artifact kind).
 """
 from __future__ import annotations
 
