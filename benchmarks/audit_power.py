@@ -108,7 +108,7 @@ def main(argv=None) -> int:
             for seed in range(args.seeds):
                 mc, tc = tiny_configs(sigma)
                 res = wb.whitebox_audit(ids, list(wb.SPECIAL_IDS), vocab, mc, tc, mask_token_id=wb.MASK_ID,
-                                        public=True, canaries=m, seed=1000 + seed)
+                                        settings=wb.AuditSettings(canaries=m, seed=1000 + seed, public=True))
                 row = {k: res[k] for k in ("epsilon_lower_bound", "epsilon_lower_bound_snj", "sigma_upper_bound",
                                            "weakest_detected_noise_factor", "epsilon_upper_bound", "max_reachable_lower_bound",
                                            "canaries", "confidence", "steps", "q", "sigma_claimed", "k_plus",

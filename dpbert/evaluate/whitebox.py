@@ -21,7 +21,7 @@ import functools
 import math
 import secrets
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from dpbert.privacy.whitebox_audit import (canary_projections, canary_sums, fdp_
 
 __all__ = [
     "DEFAULT_CANARY_DIMS", "demo_token_rows", "demo_spec", "choose_piece", "canary_rows",
-    "CanarySampler", "ProbeHook", "whitebox_audit", "AUDIT_RELEASE_NOTE",
+    "CanarySampler", "ProbeHook", "AuditSettings", "whitebox_audit", "AUDIT_RELEASE_NOTE",
 ]
 
 DEFAULT_CANARY_DIMS = 16384
@@ -248,26 +248,44 @@ def _dp_event(training, rows: int) -> dict:
     return dict(record, origin="audit")
 
 
-def _run(rows, ids, keys, special_token_ids, vocab_size, model_config, tc, plan, canaries: Canaries,
-         canary_dims: int, rng, positive_control: bool, build_kwargs: dict, hooks, first_canary_row: int):
-    """Build the configured loop with the canaries enrolled and the probe, run it; (hook, info, event)."""
+@dataclasses.dataclass(frozen=True)
+class _Harness:
+    """The configured run the audit trains, as ``build_training`` takes it for the real run: the
+    model start (``model_config``, ``vocab_size``), the special ids, the training configuration and
+    plan, extra loop hooks and the rest of ``build_training``'s keywords (``whitebox_audit``'s)."""
+    model_config: Any
+    vocab_size: int
+    special_token_ids: Any
+    training: Any
+    plan: Any
+    hooks: tuple
+    build_kwargs: Mapping[str, Any]
+
+
+def _run(harness: _Harness, enrolled: tuple, first_canary_row: int, canaries: Canaries, settings: "AuditSettings",
+         rng: np.random.Generator):
+    """Build the configured loop on the ``enrolled`` (rows, example ids, patient keys) with the
+    canaries and the probe, run it; (hook, info, event)."""
     from dpbert import storage
     from dpbert.engine.build import (ChainOutputs, ModelStart, NoiseSpec, RunHooks, TrainingRows,
                                            build_training)
 
+    rows, ids, keys = enrolled
+    plan, build_kwargs = harness.plan, dict(harness.build_kwargs)
     box: list = []
     info: dict = {}
-    probe = ProbeHook(box, plan.steps, canaries.m, positive_control)
+    probe = ProbeHook(box, plan.steps, canaries.m, settings.positive_control)
     output_dir = build_kwargs.pop("output_dir", None) or f"ram://dpbert-whitebox-audit/{secrets.token_hex(8)}"
     outputs = ChainOutputs(output_dir, resume=False, export_saved_model=False,
                            progress=build_kwargs.pop("progress", True))
     strategy = build_kwargs.pop("strategy", None)
-    train_rows = TrainingRows(rows, special_token_ids, build_kwargs.pop("mask_token_id", None), ids, keys)
-    start = ModelStart(model_config, vocab_size, **build_kwargs)  # the model's start keywords only
+    train_rows = TrainingRows(rows, harness.special_token_ids, build_kwargs.pop("mask_token_id", None), ids, keys)
+    start = ModelStart(harness.model_config, harness.vocab_size, **build_kwargs)  # the model's start keywords only
     try:
-        with build_training(train_rows, start, tc, outputs, plan,
-                            NoiseSpec(audit_probe=_probe_factory(canaries, canary_dims, rng, info)),
-                            RunHooks([probe] + list(hooks), canary_sampler_factory(canaries, first_canary_row, box)),
+        with build_training(train_rows, start, harness.training, outputs, plan,
+                            NoiseSpec(audit_probe=_probe_factory(canaries, settings.canary_dims, rng, info)),
+                            RunHooks([probe] + list(harness.hooks),
+                                     canary_sampler_factory(canaries, first_canary_row, box)),
                             strategy) as training:
             box[0].stepper = training.stepper
             canaries.clip_norm = float(training.stepper.mechanism.sensitivity)  # Δ, as the mechanism clips
@@ -341,54 +359,45 @@ CANNOT_DETECT = (
 
 
 # ----------------------------------------------------------------------------- the audit
-def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, training_config, *,
-                   plan=None, patient_keys=None, example_ids=None, public: bool = False, canaries: int = 1000,
-                   beta: float = 0.05, canary_dims: int = DEFAULT_CANARY_DIMS, seed: Optional[int] = None,
-                   candidates=None, positive_control: bool = False, hooks=(), return_arrays: bool = False,
-                   report_power: bool = True, **build_kwargs) -> Dict[str, object]:
-    """Run the white-box one-run audit of the configured training (docs/audits.md).
+@dataclasses.dataclass(frozen=True)
+class AuditSettings:
+    """The audit's own choices (docs/audits.md).
 
-    ``token_ids`` ``[n, L]``, ``special_token_ids``, ``vocab_size``, ``model_config``,
-    ``training_config``, ``plan``, ``patient_keys``, ``example_ids``: as ``build_training`` takes
-    them for the real run (``plan``: the run's; default ``plan_training`` over
-    ``training.dataset_size`` or n). ``public``: the rows are public (the embedded corpus); only
-    then is ``positive_control`` (score the same run's sums read before the noise) allowed.
-    ``canaries``: m; ``beta``: 1 − confidence; ``canary_dims``: d' cap; ``seed``: fixes the
-    canaries and the inclusion (and, unless the configuration has one, ``training.noise_seed``);
-    ``candidates``: the pre-declared (k₊, k₋) grid (default ``whitebox_k_grid(m)``); ``hooks``:
-    extra loop hooks; ``build_kwargs``: the rest of ``build_training``'s keywords (``vocab_tokens``,
-    ``public_checkpoint_dir``, ``initial_weights``, ``new_token_ids``, ``mask_token_id``,
-    ``strategy``, ``progress``, ``output_dir``: default a throw-away ``ram://`` chain).
+    Canaries: ``canaries`` (m), ``canary_dims`` (the cap on d'), ``seed`` (fixes the canaries,
+    their inclusion and, unless the configuration has one, ``training.noise_seed``; None: fresh).
+    Test: ``beta`` (1 − confidence), ``candidates`` (the pre-declared (k₊, k₋) grid; None:
+    ``whitebox_k_grid(m)``). Rows: ``public`` (the embedded corpus); only then is
+    ``positive_control`` (score the same run's sums read before the noise) allowed. Report:
+    ``report_power`` (the power fields: a few seconds of simulation and bisection),
+    ``return_arrays`` (the per-step arrays: private counts)."""
+    canaries: int = 1000
+    beta: float = 0.05
+    canary_dims: int = DEFAULT_CANARY_DIMS
+    seed: Optional[int] = None
+    candidates: Optional[Sequence[Tuple[int, int]]] = None
+    public: bool = False
+    positive_control: bool = False
+    report_power: bool = True
+    return_arrays: bool = False
 
-    ``report_power``: also compute the power fields (a few seconds of simulation and bisection).
 
-    Returns epsilon_lower_bound (f-DP, ``estimator``), sigma_upper_bound, epsilon_lower_bound_snj,
-    epsilon_upper_bound (accountant, gradient σ, same q/T/δ), with ``report_power``
-    max_reachable_lower_bound(_snj), weakest_detected_noise_factor, detects, cannot_detect; consistent, the audited unit and k, the trainable set, the probe
-    piece, the guesses, ``dp_event`` (chargeable — ``dp_event_chargeable`` — unless the rows are
-    public) and ``dp_release``, seconds; with ``positive_control`` the
-    ``positive_control_*`` keys; with ``return_arrays`` the per-step arrays (private counts)."""
-    from dpbert.accounting.accountant import dpsgd_epsilon
-    from dpbert.privacy.plan import plan_training
-
-    t_start = time.perf_counter()
-    tc, m = training_config, int(canaries)
-    token_ids = np.asarray(token_ids)
+def _check_inputs(token_ids: np.ndarray, settings: AuditSettings, tc):
     if token_ids.ndim != 2 or not np.issubdtype(token_ids.dtype, np.integer) or token_ids.shape[0] < 1:
         raise ValueError(f"token_ids must be a non-empty integer array [n, L], got {token_ids.shape}")
-    if m < 2:
-        raise ValueError(f"canaries must be >= 2, got {canaries}")
-    if not 0 < beta < 1:
-        raise ValueError(f"beta must be in (0, 1), got {beta}")
+    if int(settings.canaries) < 2:
+        raise ValueError(f"canaries must be >= 2, got {settings.canaries}")
+    if not 0 < settings.beta < 1:
+        raise ValueError(f"beta must be in (0, 1), got {settings.beta}")
     if tc.sampling != "poisson" or tc.non_private:
         raise ValueError("the white-box audit audits Poisson-sampled DP-SGD (training.sampling = poisson, "
                          "not non_private): canaries are units of the run's Poisson sampler")
-    if positive_control and not public:
+    if settings.positive_control and not settings.public:
         raise ValueError("the positive control reads the sums BEFORE the noise: not private, refused on "
                          "non-public rows (run it on the embedded public corpus)")
-    n = int(token_ids.shape[0])
-    if plan is None:
-        plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else n)
+
+
+def _draw_canaries(seed: Optional[int], m: int, tc):
+    """(canaries, the probe's choice seed, ``tc`` with ``noise_seed`` fixed by ``seed`` unless it has one)."""
     root = np.random.SeedSequence(seed if seed is not None else secrets.randbits(128))
     canary_key, inclusion_seed, choice_seed, noise_seed = [int(s.generate_state(1, np.uint64)[0]) >> 2
                                                            for s in root.spawn(4)]
@@ -396,19 +405,21 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
         tc = dataclasses.replace(tc, noise_seed=noise_seed % (2 ** 31))
     cans = Canaries(canary_key, m, 0, math.nan,  # Δ: the mechanism's sensitivity, set once it is built
                     one_run.draw_inclusion(m, np.random.default_rng(inclusion_seed)))
-    rows, ids, keys = enrol(token_ids, example_ids, patient_keys, int(cans.enrolled.size), secrets.token_hex(6))
-    t0 = time.perf_counter()
-    probe, info, event = _run(rows, ids, keys, special_token_ids, vocab_size, model_config, tc, plan, cans,
-                              canary_dims, np.random.default_rng(choice_seed), positive_control, dict(build_kwargs),
-                              hooks, n)
-    t_train = time.perf_counter() - t0
+    return cans, choice_seed, tc
+
+
+def _report(cans: Canaries, probe: ProbeHook, harness: _Harness, settings: AuditSettings, info: dict, event: dict):
+    """(the report's fields but ``seconds``, the per-step arrays when ``settings.return_arrays``)."""
+    from dpbert.accounting.accountant import dpsgd_epsilon
+
+    plan, tc, m, beta = harness.plan, harness.training, int(settings.canaries), settings.beta
     q, T, sigma, delta = plan.sampling_probability, plan.steps, float(tc.noise_multiplier), float(tc.delta)
-    grid = whitebox_k_grid(m) if candidates is None else [tuple(c) for c in candidates]
+    grid = whitebox_k_grid(m) if settings.candidates is None else [tuple(c) for c in settings.candidates]
     scores, result = _score(cans, probe.observed, plan, sigma, grid, beta, delta)
     upper = float(dpsgd_epsilon(sigma, q, T, delta))
     lower = float(result["epsilon_lower_bound"])
-    power = _power(m, plan, sigma, beta, grid, delta, upper) if report_power else {}
-    unit = plan.unit
+    power = _power(m, plan, sigma, beta, grid, delta, upper) if settings.report_power else {}
+    unit, public = plan.unit, settings.public
     included = int(cans.included.sum())
     out: Dict[str, object] = dict(
         epsilon_lower_bound=lower, epsilon_upper_bound=upper, estimator=ESTIMATOR,
@@ -425,7 +436,12 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
         canary_participations=float(probe.participation.sum() / max(1, included)),
         dp_event=event, dp_event_chargeable=not public, dp_release=AUDIT_RELEASE_NOTE, public_rows=bool(public),
         **info)
-    if positive_control:
+    arrays: Dict[str, object] = {}
+    if settings.return_arrays:
+        arrays.update(scores=scores, included=cans.included, observed=probe.observed, participation=probe.participation,
+                      canary_sums=canary_sums(cans.key, probe.participation, cans.dims, cans.clip_norm),
+                      real_units=probe.real_units)
+    if settings.positive_control:
         control_scores, control = _score(cans, probe.noiseless, plan, sigma, grid, beta, delta)
         out.update(positive_control="the same run's sums read before the noise draw (noise off)",
                    positive_control_lower_bound=float(control["epsilon_lower_bound"]),
@@ -433,11 +449,49 @@ def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, 
                    positive_control_lower_bound_snj=control["epsilon_lower_bound_snj"],
                    positive_control_correct=int(control["v"]), positive_control_guesses=int(control["r"]),
                    positive_control_exceeds_upper_bound=bool(control["epsilon_lower_bound"] > upper))
+        if settings.return_arrays:
+            arrays.update(noiseless=probe.noiseless, control_scores=control_scores)
+    return out, arrays
+
+
+def whitebox_audit(token_ids, special_token_ids, vocab_size: int, model_config, training_config, *,
+                   settings: AuditSettings = AuditSettings(), plan=None, patient_keys=None, example_ids=None,
+                   hooks=(), **build_kwargs) -> Dict[str, object]:
+    """Run the white-box one-run audit of the configured training (docs/audits.md).
+
+    ``token_ids`` ``[n, L]``, ``special_token_ids``, ``vocab_size``, ``model_config``,
+    ``training_config``, ``plan``, ``patient_keys``, ``example_ids``: as ``build_training`` takes
+    them for the real run (``plan``: the run's; default ``plan_training`` over
+    ``training.dataset_size`` or n). ``settings``: the canaries, the test, whether the rows are
+    public (only then is the positive control allowed) and what the report holds
+    (:class:`AuditSettings`). ``hooks``: extra loop hooks; ``build_kwargs``: the rest of
+    ``build_training``'s keywords (``vocab_tokens``, ``public_checkpoint_dir``,
+    ``initial_weights``, ``new_token_ids``, ``mask_token_id``, ``strategy``, ``progress``,
+    ``output_dir``: default a throw-away ``ram://`` chain).
+
+    Returns epsilon_lower_bound (f-DP, ``estimator``), sigma_upper_bound, epsilon_lower_bound_snj,
+    epsilon_upper_bound (accountant, gradient σ, same q/T/δ), with ``report_power``
+    max_reachable_lower_bound(_snj), weakest_detected_noise_factor, detects, cannot_detect;
+    consistent, the audited unit and k, the trainable set, the probe piece, the guesses,
+    ``dp_event`` (chargeable — ``dp_event_chargeable`` — unless the rows are public) and
+    ``dp_release``, seconds; with ``positive_control`` the ``positive_control_*`` keys; with
+    ``return_arrays`` the per-step arrays (private counts)."""
+    from dpbert.privacy.plan import plan_training
+
+    t_start = time.perf_counter()
+    tc = training_config
+    token_ids = np.asarray(token_ids)
+    _check_inputs(token_ids, settings, tc)
+    n = int(token_ids.shape[0])
+    if plan is None:
+        plan = plan_training(tc, tc.dataset_size if tc.dataset_size is not None else n)
+    cans, choice_seed, tc = _draw_canaries(settings.seed, int(settings.canaries), tc)
+    enrolled = enrol(token_ids, example_ids, patient_keys, int(cans.enrolled.size), secrets.token_hex(6))
+    harness = _Harness(model_config, vocab_size, special_token_ids, tc, plan, tuple(hooks), dict(build_kwargs))
+    t0 = time.perf_counter()
+    probe, info, event = _run(harness, enrolled, n, cans, settings, np.random.default_rng(choice_seed))
+    t_train = time.perf_counter() - t0
+    out, arrays = _report(cans, probe, harness, settings, info, event)
     out["seconds"] = {"train": t_train, "total": time.perf_counter() - t_start}
-    if return_arrays:
-        out.update(scores=scores, included=cans.included, observed=probe.observed, participation=probe.participation,
-                   canary_sums=canary_sums(cans.key, probe.participation, cans.dims, cans.clip_norm),
-                   real_units=probe.real_units)
-        if positive_control:
-            out.update(noiseless=probe.noiseless, control_scores=control_scores)
+    out.update(arrays)
     return out

@@ -196,7 +196,7 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
     ``epsilon_upper_bound`` is the accountant's ε of the GRADIENT release
     (σ, q, T) at δ_T: with ``training.dp_diagnostics`` the ledger's ε_T is larger, so comparing
     with the gradient's ε is the stricter test."""
-    from dpbert.evaluate.whitebox import whitebox_audit
+    from dpbert.evaluate.whitebox import AuditSettings, whitebox_audit
     from dpbert.privacy.plan import plan_for_config
 
     tc = config.training
@@ -223,9 +223,10 @@ def audit_training(config: Config, *, tokenizer=None, public_only: bool = False,
              canaries, plan.steps, plan.sampling_probability, tc.noise_multiplier, config.privacy.unit,
              ",".join(tc.trainable))
     reservation = _reserve(config, plan, int(token_ids.shape[0]), charge, rows.private)
-    report = whitebox_audit(token_ids, rows.specials, rows.vocab_size, mc, tc, plan=plan,
-                            patient_keys=keys if patient_unit else None, public=not rows.private,
-                            canaries=int(canaries), beta=beta, seed=seed, positive_control=positive_control,
+    settings = AuditSettings(canaries=int(canaries), beta=beta, seed=seed, public=not rows.private,
+                             positive_control=positive_control)
+    report = whitebox_audit(token_ids, rows.specials, rows.vocab_size, mc, tc, settings=settings, plan=plan,
+                            patient_keys=keys if patient_unit else None,
                             hooks=tuple(watch.hooks), mask_token_id=rows.specials.mask,
                             vocab_tokens=rows.vocab_tokens if minilm else None,
                             public_checkpoint_dir=mc.init_dir if minilm else None, progress=watch.progress)

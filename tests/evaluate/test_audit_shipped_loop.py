@@ -70,13 +70,14 @@ class LoopSpy(Hook):
         self.sampled.append(np.asarray(sampled).copy())
 
 
-def audit(rows, cfg, plan=None, **kwargs):
+def audit(rows, cfg, plan=None, patient_keys=None, hooks=(), **settings):
     from dpbert.privacy.plan import plan_for_config
 
     ids, vocab = rows
-    kwargs.setdefault("public", True)
+    settings.setdefault("public", True)
     return wb.whitebox_audit(ids, list(wb.SPECIAL_IDS), vocab, cfg.model, cfg.training,
-                             plan=plan or plan_for_config(cfg, ROWS), mask_token_id=wb.MASK_ID, **kwargs)
+                             settings=wb.AuditSettings(**settings), plan=plan or plan_for_config(cfg, ROWS),
+                             patient_keys=patient_keys, hooks=hooks, mask_token_id=wb.MASK_ID)
 
 
 @pytest.fixture(scope="module")

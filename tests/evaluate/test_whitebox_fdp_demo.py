@@ -28,8 +28,8 @@ def test_noise_off_control_reaches_1_2_times_the_claim_and_the_honest_run_stays_
         "training.dp_diagnostics=false", "training.checkpoint_every=1000", "training.delta=1e-5"], preset="demo")
     ids, vocab = wb.demo_token_rows()
     res = wb.whitebox_audit(ids[:ROWS], list(wb.SPECIAL_IDS), vocab, cfg.model, cfg.training,
-                            plan=plan_for_config(cfg, ROWS), mask_token_id=wb.MASK_ID, public=True,
-                            canaries=CANARIES, seed=5, positive_control=True)
+                            plan=plan_for_config(cfg, ROWS), mask_token_id=wb.MASK_ID,
+                            settings=wb.AuditSettings(canaries=CANARIES, seed=5, public=True, positive_control=True))
     upper = res["epsilon_upper_bound"]
     print({k: res[k] for k in ("epsilon_lower_bound", "epsilon_upper_bound", "positive_control_lower_bound",
                                "positive_control_ratio", "sigma_upper_bound", "epsilon_lower_bound_snj",

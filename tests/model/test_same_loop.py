@@ -67,8 +67,9 @@ def test_b_the_white_box_audit_runs_the_loop(eager_steps):
                      max_seq_length=16, dropout=0.0)
     tc = TrainingConfig(batch_size=8, steps=2, dataset_size=80, warmup_steps=0, clip_norm=1.0, noise_multiplier=1.0,
                         delta=1e-5, dp_diagnostics=False, integrity_check_every=0)
-    res = wb.whitebox_audit(ids[:80], list(wb.SPECIAL_IDS), vocab, mc, tc, mask_token_id=wb.MASK_ID, public=True,
-                            canaries=16, seed=2, hooks=[observer], report_power=False)
+    res = wb.whitebox_audit(ids[:80], list(wb.SPECIAL_IDS), vocab, mc, tc, mask_token_id=wb.MASK_ID,
+                            settings=wb.AuditSettings(canaries=16, seed=2, public=True, report_power=False),
+                            hooks=[observer])
     assert res["steps_executed"] == 2
     assert_same_loop(observer, 2)
 
