@@ -106,10 +106,10 @@ def _train(config, tc, tuples_dir, vocab_dir, out, name) -> Dict:
             return json.load(f)  # resumable: a finished row is not trained again
     os.makedirs(model_dir, exist_ok=True)
     t0 = time.time()
-    result = pretrain.pretrain(tuples_dir, vocab_dir, model_dir, model_config=config.model, training_config=tc,
-                               privacy_config=config.privacy, membership_config=config.membership,
-                               pipeline_root=os.path.join(out, "root", name), export_saved_model=False,
-                               vocab_event=None)
+    result = pretrain.pretrain(pretrain.PretrainInputs(tuples_dir, vocab_dir, vocab_event=None), model_dir,
+                               model_config=config.model, training_config=tc, privacy_config=config.privacy,
+                               membership_config=config.membership, pipeline_root=os.path.join(out, "root", name),
+                               options=pretrain.PretrainOptions(export_saved_model=False))
     row = {"name": name, "model_dir": model_dir, "train_seconds": round(time.time() - t0, 1),
            "epsilon": result.epsilon, "sigma": tc.noise_multiplier if not tc.non_private else 0.0,
            "steps": result.properties.get("steps_taken_total")}

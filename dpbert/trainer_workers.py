@@ -120,14 +120,14 @@ def _record_failure(inv: Invocation, rank: int, err: BaseException):
 def _run_chief(inv: Invocation):
     """``pretrain`` as the component calls it; the properties go to ``result_uri``. A failure is
     recorded there too (its type and message), so the supervisor raises what the chief raised."""
-    from dpbert.stages.pretrain import pretrain
+    from dpbert.stages.pretrain import PretrainInputs, PretrainOptions, pretrain
 
     mc, tc, pc, membership = inv.sections()
     try:
-        result = pretrain(inv.tuples_dir, inv.vocabulary_dir, inv.model_dir, model_config=mc, training_config=tc,
-                          privacy_config=pc, membership_config=membership, pipeline_root=inv.pipeline_root,
-                          canaries_dir=inv.canaries_dir, non_private=inv.non_private, vocab_event=inv.vocab_event,
-                          ledger_target=inv.ledger_target)
+        result = pretrain(PretrainInputs(inv.tuples_dir, inv.vocabulary_dir, inv.canaries_dir, inv.vocab_event),
+                          inv.model_dir, model_config=mc, training_config=tc, privacy_config=pc,
+                          membership_config=membership, pipeline_root=inv.pipeline_root,
+                          options=PretrainOptions(non_private=inv.non_private, ledger_target=inv.ledger_target))
         if result.state_dir != stage_state_dir(inv):
             raise RuntimeError(f"dpbert.trainer_workers.stage_state_dir is out of date: the stage trained in "
                                f"{result.state_dir}, the other workers looked for {stage_state_dir(inv)}")

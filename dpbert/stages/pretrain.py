@@ -185,6 +185,30 @@ class PretrainResult(StageResult):
     state_dir: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class PretrainInputs:
+    """What the stage reads: the WordTuples under ``tuples_dir``, the DP vocabulary in
+    ``vocabulary_dir`` and its DP record ``vocab_event`` (JSON text or dict; None: none), the
+    canaries to insert from ``canaries_dir`` (None: none)."""
+    tuples_dir: str
+    vocabulary_dir: str
+    canaries_dir: Optional[str] = None
+    vocab_event: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainOptions:
+    """How this run trains and where it is charged. ``non_private``: the baseline (no clipping, no
+    noise, ε = ∞) whatever ``training.non_private`` says. ``export_saved_model``: as ``train_mlm``'s
+    (None: its default). ``hooks``: extra hooks of the training loop (``dpbert.engine.hooks``).
+    ``ledger_target``: the dataset ledger's ``LedgerTarget`` JSON (``dpbert.ledger``; empty: no
+    dataset identity, nothing reserved)."""
+    non_private: bool = False
+    export_saved_model: Optional[bool] = None
+    hooks: Sequence = ()
+    ledger_target: str = ""
+
+
 @dataclasses.dataclass
 class _Rows:
     """The trained-on rows: token ids, record ids, each row's patient (patient unit), the patients
@@ -503,58 +527,54 @@ def _executed_shuffle_records(run: _Run, steps: int) -> Optional[list]:
     return [r for r in (run.count_record, record) if r is not None]
 
 
-def pretrain(tuples_dir: str, vocabulary_dir: str, model_dir: str, *, model_config: ModelConfig,
-             training_config: TrainingConfig, privacy_config: PrivacyConfig,
-             membership_config: MembershipConfig, pipeline_root: str,
-             canaries_dir: Optional[str] = None, non_private: bool = False, export_saved_model: Optional[bool] = None,
-             vocab_event=None, hooks: Sequence = (), ledger_target: str = "") -> PretrainResult:
-    """Pre-train on the tuples under ``tuples_dir``; write the model artifact into ``model_dir``.
+def pretrain(inputs: PretrainInputs, model_dir: str, *, model_config: ModelConfig,
+             training_config: TrainingConfig, privacy_config: PrivacyConfig, membership_config: MembershipConfig,
+             pipeline_root: str, options: PretrainOptions = PretrainOptions()) -> PretrainResult:
+    """Pre-train on ``inputs`` (:class:`PretrainInputs`); write the model artifact into ``model_dir``.
 
-    ``non_private``: the baseline (no clipping, no noise, ε = ∞) whatever
-    ``training.non_private`` says. ``vocab_event``: the DPVocabulary's DP record (JSON text or
-    dict); with ``privacy.epsilon_budget`` the trainer never executes a step whose composed ε
+    With ``privacy.epsilon_budget`` the trainer never executes a step whose composed ε
     (vocabulary, DP count, every step the chain ever executed) exceeds the budget
-    (:class:`TrainingBudgetRefused`, the ε charged so far recorded first). ``hooks``: extra hooks
-    of the training loop (``dpbert.engine.hooks``; ``$DPBERT_TEST_CRASH_AFTER_STEPS`` adds a
-    ``CrashAfter``). ``ledger_target``: the dataset ledger's ``LedgerTarget`` JSON (``dpbert.ledger``;
-    empty: no dataset identity): the run's whole planned charge is reserved before the DP count or
-    the first step reads the data, and finalized to the executed steps however the run stops.
+    (:class:`TrainingBudgetRefused`, the ε charged so far recorded first). ``options``
+    (:class:`PretrainOptions`): the non-private baseline, the SavedModel export, extra loop hooks
+    (``$DPBERT_TEST_CRASH_AFTER_STEPS`` adds a ``CrashAfter``) and the dataset ledger's target:
+    with one, the run's whole planned charge is reserved before the DP count or the first step
+    reads the data, and finalized to the executed steps however the run stops.
     """
     from dpbert.accounting.target import LedgerTarget
     from dpbert.engine.train import state_lock
     from dpbert.privacy import events
-    from dpbert.vocab.wordpiece import TOKENIZER_FILE, VOCAB_FILE, load_tokenizer
+    from dpbert.vocab.wordpiece import load_tokenizer
 
-    mc, pc, membership = model_config, privacy_config, membership_config
-    tc = dataclasses.replace(training_config, non_private=True) if non_private else training_config
-    tokenizer = load_tokenizer(vocabulary_dir)
-    state = stage_state_dir(pipeline_root, tuples_dir, vocabulary_dir, mc, tc, pc, membership, canaries_dir)
+    mc, pc, membership, vocab_event = model_config, privacy_config, membership_config, inputs.vocab_event
+    tc = dataclasses.replace(training_config, non_private=True) if options.non_private else training_config
+    tokenizer = load_tokenizer(inputs.vocabulary_dir)
+    state = stage_state_dir(pipeline_root, inputs.tuples_dir, inputs.vocabulary_dir, mc, tc, pc, membership,
+                            inputs.canaries_dir)
     run = _Run(mc, tc, pc, membership, state,
                vocab_record=events.from_json(vocab_event) if isinstance(vocab_event, (str, bytes)) else vocab_event)
-    run.rows = _read_rows(tokenizer, tuples_dir, membership, mc, run.patient_unit)
+    run.rows = _read_rows(tokenizer, inputs.tuples_dir, membership, mc, run.patient_unit)
     with state_lock(state) as held_lock:  # held through training: a refused concurrent run draws no DP count
         key = resume_key(mc, tc, pc, membership.holdout_patient_fraction, tc.non_private)
         write_resume_key(state, key, tc.non_private)
-        target = LedgerTarget.from_json(ledger_target) if ledger_target else None
+        target = LedgerTarget.from_json(options.ledger_target) if options.ledger_target else None
         reservation = run.reservation = _reserve(run, target, model_dir, key)
         try:
-            return _run_reserved(run, tokenizer, vocabulary_dir, model_dir, canaries_dir, pipeline_root, held_lock,
-                                 export_saved_model, hooks)
+            return _run_reserved(run, tokenizer, inputs, model_dir, pipeline_root, held_lock, options)
         finally:
             _finalize(run, reservation)
 
 
-def _run_reserved(run: _Run, tokenizer, vocabulary_dir: str, model_dir: str, canaries_dir: Optional[str],
-                  pipeline_root: str, held_lock, export_saved_model: Optional[bool], hooks: Sequence) -> PretrainResult:
+def _run_reserved(run: _Run, tokenizer, inputs: PretrainInputs, model_dir: str, pipeline_root: str, held_lock,
+                  options: PretrainOptions) -> PretrainResult:
     """The stage once the plan is made and the dataset ledger holds its reservation."""
     from dpbert.vocab.wordpiece import TOKENIZER_FILE, VOCAB_FILE
 
-    if canaries_dir is not None:
-        _insert_canaries(run.rows, canaries_dir, run.plan, run.mc.max_seq_length)
-    result, public_properties = _train(run, tokenizer, vocabulary_dir, pipeline_root, held_lock,
-                                       export_saved_model, hooks)
-    copy_artifact_files(run.state, vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
-    _write_vocab_record(run, vocabulary_dir, model_dir)
+    if inputs.canaries_dir is not None:
+        _insert_canaries(run.rows, inputs.canaries_dir, run.plan, run.mc.max_seq_length)
+    result, public_properties = _train(run, tokenizer, inputs.vocabulary_dir, pipeline_root, held_lock,
+                                       options.export_saved_model, options.hooks)
+    copy_artifact_files(run.state, inputs.vocabulary_dir, model_dir, VOCAB_FILE, TOKENIZER_FILE)
+    _write_vocab_record(run, inputs.vocabulary_dir, model_dir)
     record, records, epsilon = _dp_records(run, result)
     _write_records(model_dir, run.rows.canary_counts, records)
     properties = _properties(run, result, record, records, epsilon, public_properties)

@@ -132,7 +132,7 @@ def test_pretrain_stage_records_the_public_start(checkpoint, tmp_path, eager_ste
     from dpbert.data.synthetic import generate_notes
     from dpbert.data.tfrecord import write_tuples
     from dpbert.data.tuples import corpus_tuples
-    from dpbert.stages.pretrain import pretrain
+    from dpbert.stages.pretrain import PretrainInputs, PretrainOptions, pretrain
     from dpbert.vocab.wordpiece import save_vocabulary
 
     directory, _ = checkpoint
@@ -146,10 +146,11 @@ def test_pretrain_stage_records_the_public_start(checkpoint, tmp_path, eager_ste
                      public_warmup_steps=3, public_warmup_batch_size=4)
     tc = TrainingConfig(batch_size=4, steps=2, warmup_steps=0, clip_norm=1.0, noise_multiplier=1.0, delta=1e-5,
                         dataset_size=8, integrity_check_every=0)  # the brute-force check: test_integrity_checks
-    result = pretrain(str(tmp_path / "tuples"), str(tmp_path / "vocabulary"), str(tmp_path / "model"),
+    inputs = PretrainInputs(str(tmp_path / "tuples"), str(tmp_path / "vocabulary"))
+    result = pretrain(inputs, str(tmp_path / "model"),
                       model_config=mc, training_config=tc, privacy_config=PrivacyConfig(tuple_words=24),
                       membership_config=MembershipConfig(), pipeline_root=str(tmp_path / "root"),
-                      export_saved_model=False)
+                      options=PretrainOptions(export_saved_model=False))
     props = result.properties
     assert props[schema.PUBLIC_INIT] == str(directory)
     assert (props[schema.PUBLIC_LAYERS], props[schema.PUBLIC_WARMUP_STEPS]) == (1, 3)
@@ -160,8 +161,8 @@ def test_pretrain_stage_records_the_public_start(checkpoint, tmp_path, eager_ste
     # A public vocabulary from another checkpoint is refused.
     write_checkpoint(tmp_path / "other", vocab=VOCAB + ["extra"])
     with pytest.raises(ValueError, match="another public checkpoint"):
-        pretrain(str(tmp_path / "tuples"), str(tmp_path / "vocabulary"), str(tmp_path / "model2"),
+        pretrain(inputs, str(tmp_path / "model2"),
                  model_config=ModelConfig(max_seq_length=16, init="minilm", init_dir=str(tmp_path / "other")),
                  training_config=tc, privacy_config=PrivacyConfig(tuple_words=24),
                  membership_config=MembershipConfig(), pipeline_root=str(tmp_path / "root"),
-                 export_saved_model=False)
+                 options=PretrainOptions(export_saved_model=False))

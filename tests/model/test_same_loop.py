@@ -49,11 +49,11 @@ def test_a_the_trainer_stage_runs_the_loop(tmp_path, tuples_dir, vocabulary_dir,
 
     observer = Observer()
     root = tmp_path / "root"
-    stage.pretrain(tuples_dir, vocabulary_dir, str(root / "MLMPretrainer" / "model" / "1"),
+    stage.pretrain(stage.PretrainInputs(tuples_dir, vocabulary_dir), str(root / "MLMPretrainer" / "model" / "1"),
                    model_config=tiny_model_config(),
                    training_config=tiny_training_config(steps=2, integrity_check_every=0),
                    privacy_config=PrivacyConfig(tuple_words=24), membership_config=MembershipConfig(),
-                   pipeline_root=str(root), export_saved_model=False, hooks=[observer])
+                   pipeline_root=str(root), options=stage.PretrainOptions(export_saved_model=False, hooks=[observer]))
     assert_same_loop(observer, 2)
 
 

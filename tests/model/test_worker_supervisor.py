@@ -55,7 +55,7 @@ def test_in_process_the_chief_runs_the_stage_and_its_failure_is_raised_unchanged
     inv = _invocation(tmp_path)
     seen = {}
 
-    def fake_pretrain(tuples_dir, vocabulary_dir, model_dir, **kw):
+    def fake_pretrain(inputs, model_dir, **kw):
         seen.update(kw, model_dir=model_dir)
         return type("R", (), {"properties": {"final_mlm_loss": 1.5}, "state_dir": stage_state_dir(inv),
                               "train": type("T", (), {"workers": 1})})()

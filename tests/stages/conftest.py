@@ -118,16 +118,18 @@ def ledger_entries(location, unit="tuple") -> list:
     return list(read_ledger(LedgerTarget.from_json(ledger_target(location, unit=unit)).uri())["entries"].values())
 
 
-def run_stage(root, tuples_dir, vocabulary_dir, tc, name="model", **kwargs):
-    """``dpbert.stages.pretrain.pretrain`` of the tiny model into ``root``/MLMPretrainer/model/``name``."""
+def run_stage(root, tuples_dir, vocabulary_dir, tc, name="model", privacy_config=None, **options):
+    """``dpbert.stages.pretrain.pretrain`` of the tiny model into ``root``/MLMPretrainer/model/``name``
+    (``options``: ``PretrainOptions``' fields)."""
     from dpbert.config import MembershipConfig, PrivacyConfig
     from dpbert.stages import pretrain as stage
 
-    kwargs.setdefault("privacy_config", PrivacyConfig(tuple_words=24))
-    kwargs.setdefault("membership_config", MembershipConfig())
-    return stage.pretrain(tuples_dir, vocabulary_dir, str(root / "MLMPretrainer" / "model" / name),
-                          model_config=tiny_model_config(), training_config=tc, pipeline_root=str(root),
-                          export_saved_model=False, **kwargs)
+    return stage.pretrain(stage.PretrainInputs(tuples_dir, vocabulary_dir),
+                          str(root / "MLMPretrainer" / "model" / name),
+                          model_config=tiny_model_config(), training_config=tc,
+                          privacy_config=privacy_config or PrivacyConfig(tuple_words=24),
+                          membership_config=MembershipConfig(), pipeline_root=str(root),
+                          options=stage.PretrainOptions(export_saved_model=False, **options))
 
 
 def step_probe():

@@ -13,13 +13,15 @@ from dpbert.stages import pretrain as stage
 from .conftest import tiny_model_config, tiny_training_config
 
 
-def _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, membership=None, name="model", **kwargs):
+def _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, membership=None, name="model", **options):
     root = tmp_path / "root"
     model_dir = root / "MLMPretrainer" / "model" / name
-    return stage.pretrain(tuples_dir, vocabulary_dir, str(model_dir), model_config=tiny_model_config(),
-                          training_config=tc, privacy_config=PrivacyConfig(tuple_words=24),
-                          membership_config=membership or MembershipConfig(), pipeline_root=str(root),
-                          export_saved_model=False, **kwargs), model_dir
+    result = stage.pretrain(stage.PretrainInputs(tuples_dir, vocabulary_dir), str(model_dir),
+                            model_config=tiny_model_config(), training_config=tc,
+                            privacy_config=PrivacyConfig(tuple_words=24),
+                            membership_config=membership or MembershipConfig(), pipeline_root=str(root),
+                            options=stage.PretrainOptions(export_saved_model=False, **options))
+    return result, model_dir
 
 
 #: The issue's case: the guard planned 11 steps, the trainer used to run 12.

@@ -14,14 +14,14 @@ from dpbert.stages import pretrain as stage
 from .conftest import SHUFFLED_CRASH_AFTER, tiny_model_config, tiny_training_config
 
 
-def _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, pc=None, name="model", **kwargs):
+def _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, pc=None, name="model", **options):
     root = tmp_path / "root"
     model_dir = root / "MLMPretrainer" / "model" / name
     model_dir.mkdir(parents=True, exist_ok=True)
-    return stage.pretrain(tuples_dir, vocabulary_dir, str(model_dir), model_config=tiny_model_config(),
-                          training_config=tc, privacy_config=pc or PrivacyConfig(tuple_words=24),
-                          membership_config=MembershipConfig(), pipeline_root=str(root),
-                          export_saved_model=False, **kwargs)
+    return stage.pretrain(stage.PretrainInputs(tuples_dir, vocabulary_dir), str(model_dir),
+                          model_config=tiny_model_config(), training_config=tc,
+                          privacy_config=pc or PrivacyConfig(tuple_words=24), membership_config=MembershipConfig(),
+                          pipeline_root=str(root), options=stage.PretrainOptions(export_saved_model=False, **options))
 
 
 def _epsilon(tc, steps, n):

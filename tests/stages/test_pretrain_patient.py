@@ -16,10 +16,12 @@ from .conftest import PATIENTS, tiny_model_config, tiny_training_config
 
 def _pretrain(tmp_path, tuples_dir, vocabulary_dir, tc, k=2, name="model"):
     root = tmp_path / "root"
-    return stage.pretrain(tuples_dir, vocabulary_dir, str(root / "MLMPretrainer" / "model" / name),
+    return stage.pretrain(stage.PretrainInputs(tuples_dir, vocabulary_dir),
+                          str(root / "MLMPretrainer" / "model" / name),
                           model_config=tiny_model_config(), training_config=tc,
                           privacy_config=PrivacyConfig(tuple_words=24, unit="patient", max_tuples_per_patient=k),
-                          membership_config=MembershipConfig(), pipeline_root=str(root), export_saved_model=False)
+                          membership_config=MembershipConfig(), pipeline_root=str(root),
+                          options=stage.PretrainOptions(export_saved_model=False))
 
 
 @pytest.mark.xdist_group("patient_chain")
