@@ -38,11 +38,12 @@ Number = Union[int, float]
 
 
 class PropertyError(ValueError):
-    """A custom property of the wrong type: the message names the artifact, the key and the value."""
+    """A custom property of the wrong type: the message names the artifact, the key and the value's
+    type — never the value, which may be an operator-only exact number."""
 
 
 def _malformed(what: str, key: str, value: Any, artifact: str) -> PropertyError:
-    return PropertyError(f"{artifact}: property {key!r} = {value!r:.80} is not {what}")
+    return PropertyError(f"{artifact}: property {key!r} (a {type(value).__name__}) is not {what}")
 
 
 def _parse_number(value: Any, key: str, artifact: str) -> Optional[Number]:
