@@ -17,6 +17,7 @@ CLASSIC = [
     "ner.epochs=3",
     # the previous demo's sizes (tests override what they shrink further)
     "training.trainable=[all]",
+    "corpus.synthetic.shape=fixed",
     "corpus.synthetic.patients=250",
     "corpus.synthetic.admissions_per_patient=2",
     "corpus.synthetic.notes_per_admission=2",
