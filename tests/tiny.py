@@ -12,6 +12,7 @@ CLASSIC = [
     "training.dataset_size=2000",
     "training.learning_rate=0.003",
     "ner.mode=finetune",
+    "ner.task=bc5cdr",
     "ner.seeds=1",
     "ner.learning_rate=0.001",
     "ner.epochs=3",
