@@ -2,6 +2,7 @@
 SHIPPED training loop.
 
     python benchmarks/dpsgd_step.py [--quick] [--configs tiny base] [--trainable-only] [--xla]
+    python benchmarks/dpsgd_step.py --large-batch [--patients 3000] [--compare-root DIR] [--jit]
 
 Each config runs in its own process; each mode (non-private baseline, then DP) is built with
 ``dpbert.engine.build.build_training`` — the trainer's own composition — and run through its
@@ -9,8 +10,12 @@ Each config runs in its own process; each mode (non-private baseline, then DP) i
 steps (tracing) are dropped; the ratio is of the medians (target ≤ 1.5) and of the minimums.
 ``--trainable-only`` times each ``training.trainable`` set on the demo's model; ``--xla`` compares
 eager and XLA (``training.jit_compile``) with DP and non-DP steps interleaved, next to the load
-average before and after each process. What each mode builds, the per-set and XLA runs, and the
-dated figures: docs/benchmarks.md ("The DP-SGD step benchmark").
+average before and after each process. ``--large-batch`` times the DP step of ``[bias, head]`` on the
+demo's model with the patient as the unit (k = 2 tuples each) at thousands of patients per step:
+tuples/s and CPU seconds per tuple (``time.process_time``: robust to other jobs on the cores);
+``--compare-root`` alternates processes of another checkout (A) and this one (B), A/B/A/B. What
+each mode builds, the per-set, XLA and large-batch runs, and the dated figures: docs/benchmarks.md
+("The DP-SGD step benchmark", "Large batches of [bias, head]").
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if "--root" in sys.argv:  # a large-batch worker times the dpbert of another checkout
+    sys.path.insert(0, sys.argv[sys.argv.index("--root") + 1])
 
 CONFIGS = {
     # logical batch B = accumulation (T) micro-rounds of B/T examples (P = 1 replica)
@@ -36,6 +43,10 @@ CONFIGS = {
 TRAINABLE_CONFIG = dict(hidden=384, layers=2, heads=12, inter=1536, vocab=30541, new_tokens=19, seq=32,
                         batch=64, steps=5, warmup=1, lora_rank=16, lora_alpha=32.0)
 TRAINABLE_SETS = (["all"], ["lora"], ["bias"], ["head"], ["new_tokens"])
+#: The large-batch rows: the demo's recipe (its model as above with dropout 0, ``[bias, head]``,
+#: the patient as the unit with k = 2 tuples each, q = 1 so every step has all the patients),
+#: ``micro_patients`` patients (2× as many rows) per accumulation round.
+LARGE_BATCH = dict(patients=3000, k=2, micro_patients=250, steps=2, warmup=1, trainable=("bias", "head"))
 
 
 def timing_hook():
@@ -197,6 +208,110 @@ def _xla_matrix(quick: bool, env: dict) -> dict:
     return rows
 
 
+def _patient_loop(mc, vocab: int, patients: int, k: int, micro_patients: int, steps: int, jit: bool):
+    """The shipped loop (``build_training``) of the large-batch rows, with a hook timing every
+    step's wall and CPU seconds; yields (loop, hook) inside the build's context."""
+    import contextlib
+    import secrets
+
+    import numpy as np
+
+    from dpbert import storage
+    from dpbert.config import TrainingConfig
+    from dpbert.engine.build import ChainOutputs, ModelStart, RunHooks, TrainingRows, build_training
+    from dpbert.privacy.plan import plan_training
+
+    cfg = LARGE_BATCH
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, vocab, (patients * k, mc.max_seq_length)).astype(np.int32)
+    ids[:, 0] = 2
+    tc = TrainingConfig(batch_size=patients, steps=steps, sampling="poisson", dataset_size=patients,
+                        noise_multiplier=1.0, clip_norm=1.0, accumulation_steps=patients // micro_patients,
+                        learning_rate=1e-2, warmup_steps=0, dp_diagnostics=False, checkpoint_every=10 ** 6,
+                        integrity_check_every=0, noise_seed=0, trainable=list(cfg["trainable"]), jit_compile=jit)
+    plan = plan_training(tc, patients, unit="patient", max_contributions=k)
+    keys = [f"patient-{i // k}" for i in range(patients * k)]
+    hook = timing_hook()
+    uri = f"ram://dpbert-bench/{secrets.token_hex(6)}"
+
+    @contextlib.contextmanager
+    def built():
+        try:
+            with build_training(TrainingRows(ids, [0, 1, 2, 3, 4], 4, patient_keys=keys), ModelStart(mc, vocab), tc,
+                                ChainOutputs(uri, resume=False, export_saved_model=False, progress=False),
+                                plan=plan, hooks=RunHooks([hook])) as training:
+                yield training.loop, hook
+        finally:
+            store = storage.storage_for(uri)
+            if store.exists(uri):
+                store.rmtree(uri)
+
+    return built()
+
+
+def _large_batch_worker(patients: int, micro_patients: int, steps: int, jit: bool) -> dict:
+    """One process: warm-up step(s), then ``steps`` timed DP steps of the large-batch rows."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import dpbert  # noqa: F401
+    import numpy as np
+    from dpbert.config import ModelConfig
+
+    cfg, model = LARGE_BATCH, TRAINABLE_CONFIG
+    mc = ModelConfig(hidden_size=model["hidden"], num_layers=model["layers"], num_heads=model["heads"],
+                     intermediate_size=model["inter"], max_seq_length=model["seq"], dropout=0.0)
+    load_before = os.getloadavg()
+    wall, cpu = [], []
+    with _patient_loop(mc, model["vocab"], patients, cfg["k"], micro_patients, cfg["warmup"] + steps, jit) as (loop, _):
+        for hook in loop.hooks:
+            hook.on_start(loop)
+        for i in range(cfg["warmup"] + steps):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            loop._take_step()  # pylint: disable=protected-access  (one step of the shipped loop)
+            if i >= cfg["warmup"]:
+                wall.append(time.perf_counter() - start)
+                cpu.append(time.process_time() - start_cpu)
+        for hook in loop.hooks:
+            hook.close(loop)
+    tuples = patients * cfg["k"]
+    return {"patients_per_step": patients, "tuples_per_step": tuples, "micro_patients": micro_patients,
+            "rounds": patients // micro_patients, "jit_compile": jit, "trainable": list(cfg["trainable"]),
+            "timed_steps": steps, "step_wall_seconds": wall, "step_cpu_seconds": cpu,
+            "tuples_per_second": tuples / float(np.median(wall)),
+            "cpu_ms_per_tuple": 1e3 * float(np.median(cpu)) / tuples,
+            "load_average_before": load_before, "load_average_after": os.getloadavg(),
+            "dpbert_root": str(Path(dpbert.__file__).resolve().parents[1])}
+
+
+def _large_batch(args, env: dict) -> dict:
+    """The large-batch rows, one process per repetition; with ``--compare-root`` A (that
+    checkout) and B (this one) alternate A/B/A/B, each row labelled with its root and commit."""
+    import statistics
+
+    roots = ([("before", args.compare_root)] if args.compare_root else []) + [("after", str(ROOT))]
+    rows = {label: [] for label, _ in roots}
+    for _ in range(args.repeats):
+        for label, root in roots:
+            cmd = [sys.executable, __file__, "--large-batch-worker", "--root", root, "--patients", str(args.patients),
+                   "--micro-patients", str(args.micro_patients), "--steps", str(args.steps), "--jit", str(int(args.jit))]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
+            if proc.returncode != 0:
+                raise SystemExit(f"large batch ({label}) failed:\n{proc.stderr[-4000:]}")
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            row["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                           cwd=root).stdout.strip()
+            rows[label].append(row)
+    out = {"runs": rows}
+    for label, runs in rows.items():
+        out[label] = {"tuples_per_second_median": statistics.median(r["tuples_per_second"] for r in runs),
+                      "cpu_ms_per_tuple_median": statistics.median(r["cpu_ms_per_tuple"] for r in runs)}
+    if args.compare_root:
+        out["after_over_before_tuples_per_second"] = \
+            out["after"]["tuples_per_second_median"] / out["before"]["tuples_per_second_median"]
+        out["before_over_after_cpu_per_tuple"] = \
+            out["before"]["cpu_ms_per_tuple_median"] / out["after"]["cpu_ms_per_tuple_median"]
+    return out
+
+
 def _timed(hook, warmup: int) -> list:
     return hook.seconds[warmup:] or hook.seconds[-1:]
 
@@ -287,8 +402,22 @@ def main(argv=None) -> int:
     parser.add_argument("--xla", action="store_true",
                         help="only eager vs XLA (training.jit_compile), DP and non-DP interleaved, demo and base")
     parser.add_argument("--interleaved-worker", choices=["demo"] + list(CONFIGS), help=argparse.SUPPRESS)
-    parser.add_argument("--jit", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--jit", type=int, default=0, help="--large-batch: 1 = XLA (training.jit_compile)")
+    parser.add_argument("--large-batch", action="store_true",
+                        help="only the large-batch rows: [bias, head], patient unit, --patients per step")
+    parser.add_argument("--patients", type=int, default=LARGE_BATCH["patients"])
+    parser.add_argument("--micro-patients", type=int, default=LARGE_BATCH["micro_patients"],
+                        help="patients per accumulation round (a divisor of --patients)")
+    parser.add_argument("--steps", type=int, default=LARGE_BATCH["steps"], help="timed steps per process")
+    parser.add_argument("--repeats", type=int, default=2, help="processes per checkout")
+    parser.add_argument("--compare-root", default=None,
+                        help="another checkout (e.g. a git worktree of an earlier commit), run alternately")
+    parser.add_argument("--large-batch-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--root", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.large_batch_worker:
+        print(json.dumps(_large_batch_worker(args.patients, args.micro_patients, args.steps, bool(args.jit))))
+        return 0
     if args.interleaved_worker:
         print(json.dumps(_interleaved_worker(args.interleaved_worker, bool(args.jit), args.quick)))
         return 0
@@ -308,6 +437,11 @@ def main(argv=None) -> int:
             raise SystemExit(f"{extra} failed:\n{proc.stderr[-4000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
+    if args.large_batch:
+        report["large_batch"] = _large_batch(args, env)
+        report["load_average_after"] = os.getloadavg()
+        print(json.dumps(report, indent=2))
+        return 0
     if args.xla:
         report["eager_vs_xla"] = _xla_matrix(args.quick, env)
         report["load_average_after"] = os.getloadavg()

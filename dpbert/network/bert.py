@@ -152,6 +152,8 @@ class BertModels:
     encoder: tf_keras.Model
     mlm: tf_keras.Model
     lora: Optional[LoRASpec] = None
+    #: ``build_bert(masked_last_layer=...)``: the MLM model's last layer at the masked positions only
+    masked_last_layer: bool = False
 
 
 #: The LoRA-adapted projections of an encoder layer: the four attention projections (inside the
@@ -251,10 +253,14 @@ def _gather_positions(tensors):
     return tf.gather(sequence, positions, batch_dims=1)
 
 
-def build_bert(spec: BertSpec, seed: Optional[int] = None, lora: Optional[LoRASpec] = None) -> BertModels:
+def build_bert(spec: BertSpec, seed: Optional[int] = None, lora: Optional[LoRASpec] = None,
+               masked_last_layer: bool = False) -> BertModels:
     """Build the encoder and MLM models (shared layers). ``seed`` fixes the initialisation.
     ``lora``: add LoRA adapters (docs/training.md); the base layers' initialisation does not
-    depend on it (the adapters draw from their own seeds)."""
+    depend on it (the adapters draw from their own seeds). ``masked_last_layer``: the MLM model
+    runs its last encoder layer's queries at the masked positions only (keys and values at every
+    position): the same function and weights, about a third less work for two layers at L = 32,
+    gradients equal up to float rounding (the backward sums in another order)."""
     init = _Init(spec.initializer_range, seed)
     lora_seed = None if seed is None else seed * 1000 + 500  # after the ≤ 500 base initializers
     L, H = spec.max_seq_length, spec.hidden_size
@@ -278,36 +284,10 @@ def build_bert(spec: BertSpec, seed: Optional[int] = None, lora: Optional[LoRASp
                                            name="embeddings_layer_norm")(x)
     x = tf_keras.layers.Dropout(spec.dropout, name="embeddings_dropout")(x)
 
-    hidden_states = [x]
-    attention_probs = []
+    hidden_states, attention_probs, layers = [x], [], []
     for i in range(spec.num_layers):
-        mha_kwargs = dict(num_heads=spec.num_heads, key_dim=spec.head_size, dropout=spec.attention_dropout,
-                          kernel_initializer=init(), name=f"layer_{i}_attention")
-        if lora is None:
-            attention = tf_keras.layers.MultiHeadAttention(**mha_kwargs)
-        else:
-            attention = LoRAMultiHeadAttention(
-                lora=lora, lora_seed=None if lora_seed is None else lora_seed + 10 * i, **mha_kwargs)
-        attended, probs = attention(x, x, attention_mask=attention_mask,
-                                    return_attention_scores=True)
-        attended = tf_keras.layers.Dropout(spec.dropout, name=f"layer_{i}_attention_dropout")(attended)
-        x = tf_keras.layers.Add(name=f"layer_{i}_attention_add")([x, attended])
-        x = tf_keras.layers.LayerNormalization(epsilon=spec.layer_norm_epsilon,
-                                               name=f"layer_{i}_attention_layer_norm")(x)
-        if lora is None:
-            inner = tf_keras.layers.Dense(spec.intermediate_size, activation="gelu",
-                                          kernel_initializer=init(), name=f"layer_{i}_intermediate")(x)
-            out = tf_keras.layers.Dense(H, kernel_initializer=init(), name=f"layer_{i}_output")(inner)
-        else:
-            seeds = None if lora_seed is None else (lora_seed + 10 * i + 4, lora_seed + 10 * i + 5)
-            inner = _lora_dense(x, spec.intermediate_size, init(), f"layer_{i}_intermediate", lora,
-                                None if seeds is None else seeds[0])
-            inner = tf_keras.layers.Activation("gelu", name=f"layer_{i}_intermediate_gelu")(inner)
-            out = _lora_dense(inner, H, init(), f"layer_{i}_output", lora, None if seeds is None else seeds[1])
-        out = tf_keras.layers.Dropout(spec.dropout, name=f"layer_{i}_output_dropout")(out)
-        x = tf_keras.layers.Add(name=f"layer_{i}_output_add")([x, out])
-        x = tf_keras.layers.LayerNormalization(epsilon=spec.layer_norm_epsilon,
-                                               name=f"layer_{i}_output_layer_norm")(x)
+        layers.append(_EncoderLayer(spec, i, init, lora, lora_seed))
+        x, probs = layers[-1](x, x, attention_mask)
         hidden_states.append(x)
         attention_probs.append(probs)
 
@@ -317,26 +297,80 @@ def build_bert(spec: BertSpec, seed: Optional[int] = None, lora: Optional[LoRASp
                  "attention_probs": attention_probs},
         name="bert_encoder")
 
-    gathered = tf_keras.layers.Lambda(_gather_positions, name="gather_masked")([x, masked_positions])
+    # The MLM head reads the last layer at the masked positions only: with masked_last_layer that
+    # layer's queries (and what follows them: residual, LayerNorms, FFN) are computed there only,
+    # its keys and values at every position — the same function, at M of L positions' cost.
+    if layers and masked_last_layer:
+        before = hidden_states[-2]
+        query = tf_keras.layers.Lambda(_gather_positions, name="gather_masked")([before, masked_positions])
+        gathered, _ = layers[-1](query, before, attention_mask)
+    else:
+        gathered = tf_keras.layers.Lambda(_gather_positions, name="gather_masked")([x, masked_positions])
     t = tf_keras.layers.Dense(H, activation="gelu", kernel_initializer=init(),
                               name="mlm_transform")(gathered)
     t = tf_keras.layers.LayerNormalization(epsilon=spec.layer_norm_epsilon, name="mlm_layer_norm")(t)
     logits = tf_keras.layers.Dense(spec.vocab_size, kernel_initializer=init(), name="mlm_output")(t)
     mlm = tf_keras.Model(inputs={"input_ids": input_ids, "masked_positions": masked_positions},
                          outputs=logits, name="bert_mlm")
-    return BertModels(spec=spec, encoder=encoder, mlm=mlm, lora=lora)
+    return BertModels(spec=spec, encoder=encoder, mlm=mlm, lora=lora, masked_last_layer=bool(masked_last_layer))
 
 
-def _lora_dense(x, units: int, initializer, name: str, lora: LoRASpec, seed):
+class _EncoderLayer:
+    """The layers of encoder layer ``i``, made once (in the initialisers' order) and callable on
+    (queries, keys/values): the encoder calls it on every position, the MLM head's last layer
+    on the masked positions' queries only (``build_bert``)."""
+
+    def __init__(self, spec: BertSpec, i: int, init, lora: Optional[LoRASpec], lora_seed):
+        mha_kwargs = dict(num_heads=spec.num_heads, key_dim=spec.head_size, dropout=spec.attention_dropout,
+                          kernel_initializer=init(), name=f"layer_{i}_attention")
+        if lora is None:
+            self.attention = tf_keras.layers.MultiHeadAttention(**mha_kwargs)
+        else:
+            self.attention = LoRAMultiHeadAttention(
+                lora=lora, lora_seed=None if lora_seed is None else lora_seed + 10 * i, **mha_kwargs)
+        self.attention_dropout = tf_keras.layers.Dropout(spec.dropout, name=f"layer_{i}_attention_dropout")
+        self.attention_add = tf_keras.layers.Add(name=f"layer_{i}_attention_add")
+        self.attention_norm = tf_keras.layers.LayerNormalization(epsilon=spec.layer_norm_epsilon,
+                                                                 name=f"layer_{i}_attention_layer_norm")
+        if lora is None:
+            self.intermediate = tf_keras.layers.Dense(spec.intermediate_size, activation="gelu",
+                                                      kernel_initializer=init(), name=f"layer_{i}_intermediate")
+            self.output = tf_keras.layers.Dense(spec.hidden_size, kernel_initializer=init(), name=f"layer_{i}_output")
+        else:
+            seeds = (None, None) if lora_seed is None else (lora_seed + 10 * i + 4, lora_seed + 10 * i + 5)
+            inner = _LoRADense(spec.intermediate_size, init(), f"layer_{i}_intermediate", lora, seeds[0])
+            gelu = tf_keras.layers.Activation("gelu", name=f"layer_{i}_intermediate_gelu")
+            self.intermediate = lambda t: gelu(inner(t))
+            self.output = _LoRADense(spec.hidden_size, init(), f"layer_{i}_output", lora, seeds[1])
+        self.output_dropout = tf_keras.layers.Dropout(spec.dropout, name=f"layer_{i}_output_dropout")
+        self.output_add = tf_keras.layers.Add(name=f"layer_{i}_output_add")
+        self.output_norm = tf_keras.layers.LayerNormalization(epsilon=spec.layer_norm_epsilon,
+                                                              name=f"layer_{i}_output_layer_norm")
+
+    def __call__(self, query, value, attention_mask):
+        """(the layer's output at the queries' positions, the attention probabilities)."""
+        attended, probs = self.attention(query, value, attention_mask=attention_mask, return_attention_scores=True)
+        x = self.attention_norm(self.attention_add([query, self.attention_dropout(attended)]))
+        out = self.output_dropout(self.output(self.intermediate(x)))
+        return self.output_norm(self.output_add([x, out])), probs
+
+
+class _LoRADense:
     """Dense(units)(x) + (α/r)·B(A(x)): the base ``Dense`` (no activation) and two adapter
-    ``Dense`` layers in parallel (no bias; B zero-initialised)."""
-    base = tf_keras.layers.Dense(units, kernel_initializer=initializer, name=name)(x)
-    a = tf_keras.layers.Dense(lora.rank, use_bias=False, kernel_initializer=_lora_a_initializer(seed),
-                              name=f"{name}_lora_a")(x)
-    b = tf_keras.layers.Dense(units, use_bias=False, kernel_initializer="zeros", name=f"{name}_lora_b")(a)
-    scale = lora.scale
-    b = tf_keras.layers.Lambda(lambda t: t * scale, name=f"{name}_lora_scale")(b)
-    return tf_keras.layers.Add(name=f"{name}_lora_add")([base, b])
+    ``Dense`` layers in parallel (no bias; B zero-initialised), made once, callable again."""
+
+    def __init__(self, units: int, initializer, name: str, lora: LoRASpec, seed):
+        self.base = tf_keras.layers.Dense(units, kernel_initializer=initializer, name=name)
+        self.a = tf_keras.layers.Dense(lora.rank, use_bias=False, kernel_initializer=_lora_a_initializer(seed),
+                                       name=f"{name}_lora_a")
+        self.b = tf_keras.layers.Dense(units, use_bias=False, kernel_initializer="zeros", name=f"{name}_lora_b")
+        scale = lora.scale
+        self.scale = tf_keras.layers.Lambda(lambda t: t * scale, name=f"{name}_lora_scale")
+        self.add = tf_keras.layers.Add(name=f"{name}_lora_add")
+
+    def __call__(self, x):
+        base = self.base(x)
+        return self.add([base, self.scale(self.b(self.a(x)))])
 
 
 def _base_layers(models: BertModels):
@@ -382,7 +416,7 @@ def add_lora(models: BertModels, lora: LoRASpec, seed: Optional[int] = None) -> 
     equal ``models``' at the start. Build it under the same distribution strategy scope."""
     if models.lora is not None:
         raise ValueError("the model already carries LoRA adapters")
-    adapted = build_bert(models.spec, seed=seed, lora=lora)
+    adapted = build_bert(models.spec, seed=seed, lora=lora, masked_last_layer=models.masked_last_layer)
     _copy_base(models, adapted, fold=False)
     return adapted
 
