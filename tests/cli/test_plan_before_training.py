@@ -85,7 +85,7 @@ def test_canary_groups_scale_to_the_declared_corpus_or_the_run_is_refused(tmp_pa
     assert canary_rows(config) == 84 * 2  # 30 % held out, ≤ 2 tuples each
     assert planned_occurrences(config.canary, canary_rows(config)) == [1, 10, 16]
     demo = load_config(preset="demo")
-    assert planned_occurrences(demo.canary, canary_rows(demo)) == [1, 10, 100, 1000, 1400]
+    assert planned_occurrences(demo.canary, canary_rows(demo)) == [1, 10, 100, 420]  # 2,100 × 2 rows
     out = tmp_path / "out"
     result = in_process("run", *SMALL, "--set", "canary.occurrences=[1, 1000]", "--output", out)
     assert_user_error(result, exit_codes.BAD_INPUT, "canary.occurrences", "canary.max_occurrence_fraction",
