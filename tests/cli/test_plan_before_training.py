@@ -3,6 +3,7 @@ declared size against the corpus and what the dataset's gate still admits; `--ta
 targets the whole run; `dpbert run` refuses a threshold no word can pass and canary groups beyond
 the declared corpus, writing nothing; the model's resolved preset. In-process; nothing trains."""
 import json
+import re
 
 import pytest
 
@@ -20,6 +21,7 @@ SMALL = ("--set", "training.dataset_patients=120", "--set", "training.batch_size
 def test_budget_says_everything_before_anything_trains(tmp_path, in_process):
     """The ε per patient by part, the vocabulary threshold, the declared size against --corpus
     (operator-only), a labelled training-time estimate and what the dataset's gate still admits."""
+    from dpbert.config import load_config
     from pipeline import guard
 
     corpus = tmp_path / "notes.jsonl"
@@ -33,11 +35,13 @@ def test_budget_says_everything_before_anything_trains(tmp_path, in_process):
         assert word in parts
     size = next(x for x in lines if x.startswith("corpus:"))
     assert size.endswith("(operator-only: exact count)") and "30 patients" in size and "does NOT match" in size
+    steps = load_config(preset="demo").training.steps
     estimate = next(x for x in lines if x.startswith("training time on this machine"))
-    assert "ESTIMATE" in estimate and "50 steps" in estimate
+    assert "ESTIMATE" in estimate and f"{steps} steps" in estimate
     # the demo's dataset has spent nothing in this test's ledger: the gate admits the whole plan and more
-    assert "the dataset's budget gate still admits: at least 400 DP-SGD steps of this plan (50 planned" \
-        in result.stdout and guard.remaining_budget(None) is None
+    admits = re.search(r"the dataset's budget gate still admits: at least (\d+) DP-SGD steps of this plan "
+                       rf"\({steps} planned", result.stdout)
+    assert admits and int(admits.group(1)) > steps and guard.remaining_budget(None) is None
     data = _json(in_process("budget", "--json"))
     assert data["epsilon_parts"]["whole"] == data["epsilon_total_pld"] and "corpus_sizes" not in data
     assert data["vocabulary_threshold"]["passable"] is True and data["training_time_estimate"]["seconds"] > 0
