@@ -4,7 +4,8 @@
 
 Runs ``make test`` (the dev loop: ``-m "not slow"``, two xdist workers) as a child process and
 measures its wall time and the CPU time (user + system) of the whole process tree, as ``time``
-reports them. Before the run it stamps the commit (``git rev-parse``; ``+dirty`` when the working
+reports them; when ``make`` fails, the last 60 lines of its output (pytest's failures) are printed
+before the row. Before the run it stamps the commit (``git rev-parse``; ``+dirty`` when the working
 tree differs from it), the date (UTC) and the load average (1, 5 and 15 min, as ``uptime`` prints
 it: other jobs on the machine slow the suite down, so a figure is comparable only with a similar
 load). Afterwards: pytest's summary line (passed, failed, …) and the exit status.
@@ -95,6 +96,8 @@ def main(argv: Optional[List[str]] = None) -> int:
              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")}
     wall, cpu, code, output = run_make(make_args)
     row = table_row(stamp, wall, cpu, code, output)
+    if code:  # a failing run's row is not the whole story: show pytest's failures and the tail
+        print("\n".join(output.splitlines()[-60:]))
     print(row)
     if not args.print:
         write_row(row, args.keep)
