@@ -50,8 +50,10 @@ def _interrupt(out):
     """`dpbert run` into ``out``, SIGINT once the trainer wrote its first checkpoint (step 2):
     (the command, step, checkpoint step, stdout), the one-line contract checked."""
     command = [sys.executable, "-m", "dpbert_cli", "run", "--output", str(out), *ARGS]
+    # SIGINT's default disposition restored: under a shell's background job (`make test-slow &`) it
+    # starts ignored, and a Python child then never sees the Ctrl-C this test sends
     proc = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     checkpoints = os.path.join(out, "pipeline_root", "_trainer_state", "*", "checkpoints", "checkpoint")
     deadline = time.monotonic() + 400
     try:

@@ -385,7 +385,10 @@ def test_the_summary_reads_a_readable_ledger(tmp_path, offline, capsys, monkeypa
     code, _ = _cli(tmp_path, IMAGE)
     assert code == 0
     fields = _summary_fields(capsys.readouterr().out)
-    assert re.match(r"(at least )?[0-9]+ DP-SGD steps of this plan \(50 planned; a run of [0-9]+ steps: ε_T = ",
+    from dpbert.config import load_config
+
+    planned = load_config(None, [], preset="demo").training.steps
+    assert re.match(rf"(at least )?[0-9]+ DP-SGD steps of this plan \({planned} planned; a run of [0-9]+ steps: ε_T = ",
                     fields["ledger admits"]), fields
     assert fields["ledger"].startswith(str(tmp_path / "synthetic-ledgers"))
     assert fields["machines"] == "every step: Vertex AI's default machine (size it with --resources)"

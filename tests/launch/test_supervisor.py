@@ -126,7 +126,10 @@ def test_an_interrupted_supervisor_stops_its_workers_before_the_interrupt_propag
     pids = tmp_path / "pids"
     record = [sys.executable, "-c", f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
               "time.sleep(60)"]
-    script = ("import os\nfrom dpbert.launch.supervisor import supervise\ntry:\n"
+    # SIGINT's default handler restored: a shell's background job (`make test &`) starts with SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler
+    script = ("import os, signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "from dpbert.launch.supervisor import supervise\ntry:\n"
               f"    supervise([{record!r}] * 2, [dict(os.environ)] * 2, grace_s=1.0)\n"
               "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n")
     supervisor = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
