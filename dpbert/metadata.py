@@ -206,16 +206,22 @@ def list_runs(store) -> List[RunInfo]:
     return runs
 
 
-def get_run(store, run_id: Optional[str] = None) -> RunInfo:
-    runs = list_runs(store)
+def select_run(runs: List[RunInfo], run_id: Optional[str], where: str) -> RunInfo:
+    """The run ``run_id`` of ``runs`` (newest first; default: the newest), or LookupError saying
+    what ``where`` holds (the message names at most ten runs)."""
     if not runs:
-        raise LookupError("the ML Metadata store holds no pipeline run")
+        raise LookupError(f"{where} holds no pipeline run")
     if run_id is None:
         return runs[0]
     for run in runs:
         if run.run_id == run_id:
             return run
-    raise LookupError(f"no run {run_id!r} (have: {', '.join(r.run_id for r in runs[:10])})")
+    raise LookupError(f"no run {run_id!r} in {where} (runs there: {', '.join(r.run_id for r in runs[:10])})")
+
+
+def get_run(store, run_id: Optional[str] = None) -> RunInfo:
+    """The run ``run_id`` of an open store (default: the newest)."""
+    return select_run(list_runs(store), run_id, "the ML Metadata store")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from dpbert import schema, storage
-from dpbert.metadata import ArtifactInfo, ComponentRun, RunInfo
+from dpbert.metadata import ArtifactInfo, ComponentRun, RunInfo, select_run
 
 EXECUTOR_OUTPUT_FILE = "executor_output.json"
 #: Task folders are searched this deep under the root given (job folder, project folder, root).
@@ -176,13 +176,7 @@ def list_runs(root: str) -> List[RunInfo]:
 
 def get_run(root: str, run_id: Optional[str] = None) -> RunInfo:
     """The run ``run_id`` under ``root`` (default: the newest); LookupError naming the ones there."""
-    runs = list_runs(root)
-    if run_id is None:
-        return runs[0]
-    for run in runs:
-        if run.run_id == run_id:
-            return run
-    raise LookupError(f"no run {run_id!r} under {root} (runs there: {', '.join(r.run_id for r in runs[:10])})")
+    return select_run(list_runs(root), run_id, root)
 
 
 @dataclasses.dataclass(frozen=True)

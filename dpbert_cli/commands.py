@@ -107,7 +107,7 @@ def cmd_run(args) -> int:
     from dpbert import metadata, report
 
     try:
-        run = metadata.get_run(metadata.open_store(where["metadata"]))  # the newest: this one
+        run = metadata.MetadataRunReader(where["metadata"]).get_run()  # the newest: this one
     except (OSError, LookupError) as err:  # the run itself succeeded: say why there is no summary
         print(f"dpbert run: no ε summary ({err})", file=sys.stderr)
         return exit_codes.OK
@@ -188,45 +188,47 @@ def open_metadata_store(path: str, option: str = "--metadata"):
     return store
 
 
-def _run_of_pipeline_root(args):
-    """The run of ``--pipeline-root`` and ``--run`` (``dpbert.pipeline_root``: no store)."""
-    from dpbert import pipeline_root
-
-    if args.output or args.metadata:
-        raise UserError("--pipeline-root reads a run without an ML Metadata store: give it without "
-                        "--output/--metadata")
-    try:
-        return pipeline_root.get_run(args.pipeline_root, args.run)
-    except FileNotFoundError as err:
-        raise UserError(f"--pipeline-root {err}") from None  # the message starts with the root
-    except LookupError as err:
-        raise UserError(f"--pipeline-root: {err}") from None
-
-
-def _run_of(args):
-    """The run of ``--output`` / ``--metadata`` and ``--run`` (the store opened read-only), or of
-    ``--pipeline-root``."""
+def run_reader(args, output: Optional[str]):
+    """Where ``args`` reads runs from (``dpbert.metadata.RunReader``): ``--pipeline-root`` (no
+    store), else the ML Metadata store of ``output`` / ``--metadata``, checked readable here so a
+    bad path is a ``UserError`` naming the option."""
     from dpbert import metadata
 
     if getattr(args, "pipeline_root", None):
-        return _run_of_pipeline_root(args)
-    if args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
-        raise UserError(f"--output {args.output} is a file; give the run's output directory "
+        from dpbert import pipeline_root
+
+        if output or args.metadata:
+            raise UserError("--pipeline-root reads a run without an ML Metadata store: give it without "
+                            "--output/--metadata")
+        return pipeline_root.PipelineRootRunReader(args.pipeline_root)
+    if output and os.path.exists(output) and not os.path.isdir(output):
+        raise UserError(f"--output {output} is a file; give the run's output directory "
                         f"(or the store with --metadata FILE)")
     try:
-        path = metadata.metadata_path_for(args.output, args.metadata)
+        path = metadata.metadata_path_for(output, args.metadata)
     except FileNotFoundError as err:
         raise UserError(str(err)) from None
+    open_metadata_store(path, "--metadata" if args.metadata else "--output")
+    return metadata.MetadataRunReader(path)
+
+
+def read_run(args, output: Optional[str] = None):
+    """The run ``--run`` (default: the newest) of ``run_reader(args, output)``, ``output``
+    defaulting to ``--output``; ``UserError`` naming where it looked."""
+    reader = run_reader(args, args.output if output is None else output)
+    where = "--pipeline-root" if getattr(args, "pipeline_root", None) else reader.source
     try:
-        return metadata.get_run(open_metadata_store(path, "--metadata" if args.metadata else "--output"), args.run)
+        return reader.get_run(args.run)
+    except FileNotFoundError as err:  # a pipeline root without executor output: the message names it
+        raise UserError(f"--pipeline-root {err}") from None
     except LookupError as err:
-        raise UserError(f"{path}: {err}") from None
+        raise UserError(f"{where}: {err}") from None
 
 
 def cmd_report(args) -> int:
     from dpbert import report
 
-    run = _run_of(args)
+    run = read_run(args)
     built = report.build_report(run)
     if args.released:
         from dpbert.release import released_view
@@ -242,7 +244,7 @@ def cmd_report(args) -> int:
 def cmd_release(args) -> int:
     from dpbert import release
 
-    run = _run_of(args)
+    run = read_run(args)
     try:
         manifest = release.write_bundle(run, args.bundle)
     except (FileNotFoundError, LookupError, release.ReleaseError) as err:

@@ -174,14 +174,10 @@ def _folder_source(path: str, tokenizer: Optional[str]) -> Source:
 
 def _run_source(args, output: Optional[str]) -> Source:
     """The run's model: its DP one, checked as ``dpbert release`` checks the run (its ledger)."""
-    from dpbert import metadata, release
-    from dpbert_cli.commands import open_metadata_store
+    from dpbert import release
+    from dpbert_cli.commands import read_run
 
-    try:
-        path = metadata.metadata_path_for(output, args.metadata)
-        run = metadata.get_run(open_metadata_store(path, "--metadata" if args.metadata else "--output"), args.run)
-    except (FileNotFoundError, LookupError) as err:
-        raise UserError(str(err)) from None
+    run = read_run(args, output)
     models = run.artifacts(schema.type_name(schema.PRETRAINED_MODEL))
     dp = [a for a in models if not a.private and not a.properties.get(schema.NON_PRIVATE)]
     if not models:

@@ -63,15 +63,10 @@ class RunParts:
 
 
 def _run_parts(args, output: Optional[str]) -> RunParts:
-    from dpbert import metadata
     from dpbert.accounting.target import LedgerTarget
-    from dpbert_cli.commands import open_metadata_store
+    from dpbert_cli.commands import read_run
 
-    try:
-        path = metadata.metadata_path_for(output, args.metadata)
-        run = metadata.get_run(open_metadata_store(path, "--metadata" if args.metadata else "--output"), args.run)
-    except (FileNotFoundError, LookupError) as err:
-        raise UserError(str(err)) from None
+    run = read_run(args, output)
     models = run.artifacts(schema.type_name(schema.PRETRAINED_MODEL))
     tuples, vocabulary = (run.artifacts(schema.type_name(t)) for t in (schema.WORD_TUPLES, schema.DP_VOCABULARY))
     if not (models and tuples and vocabulary):
