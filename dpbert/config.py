@@ -234,20 +234,14 @@ CLIP_RULES = ("flat", "normalized")
 
 
 @dataclasses.dataclass
-class TrainingConfig:
+class SamplingSettings:
+    """Which units take part in a step and how many steps there are (``dpbert.privacy.plan``)."""
+
     #: Logical batch size B (expected size under Poisson sampling).
     batch_size: int = 64
-    #: σ_T: noise standard deviation in units of the clip norm.
-    noise_multiplier: float = 1.0
-    #: Per-example L2 clip norm C.
-    clip_norm: float = 0.01
     #: Optimizer steps; if null, derived from epochs: ceil(epochs · n / B).
     steps: Optional[int] = 100
     epochs: Optional[float] = None
-    #: T: micro-batches accumulated per optimizer step.
-    accumulation_steps: int = 1
-    #: P: replicas (devices) the logical batch is spread over.
-    replicas: int = 1
     #: poisson (each example in with probability q = B/n) | shuffle (fixed-size, no amplification).
     sampling: str = "poisson"
     #: PUBLIC n that plans q = B/n and steps from epochs before any private data is read (a
@@ -261,6 +255,60 @@ class TrainingConfig:
     dataset_patients: Optional[int] = None
     #: Noise multiplier of the DP count used when dataset_size is null (``dpbert.privacy.count``).
     count_noise_multiplier: float = 20.0
+
+    def validate_sampling(self, prefix: str):
+        _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
+        _check(self.steps is not None or self.epochs is not None, f"{prefix}.steps",
+               "or training.epochs must be set", self.steps)
+        _check(self.steps is None or self.steps >= 1, f"{prefix}.steps", "must be >= 1", self.steps)
+        _check(self.epochs is None or self.epochs > 0, f"{prefix}.epochs", "must be > 0", self.epochs)
+        _check(self.dataset_size is None or self.dataset_size >= 1, f"{prefix}.dataset_size",
+               "must be >= 1", self.dataset_size)
+        _check(self.dataset_patients is None or self.dataset_patients >= 1, f"{prefix}.dataset_patients",
+               "must be >= 1", self.dataset_patients)
+        _check(self.count_noise_multiplier > 0, f"{prefix}.count_noise_multiplier", "must be > 0",
+               self.count_noise_multiplier)
+        _check(self.sampling in ("poisson", "shuffle"), f"{prefix}.sampling", "must be poisson or shuffle",
+               self.sampling)
+
+
+@dataclasses.dataclass
+class NoiseSettings:
+    """The Gaussian mechanism of the step: clipping, noise and δ (``dpbert.mechanism.gaussian``)."""
+
+    #: σ_T: noise standard deviation in units of the clip norm.
+    noise_multiplier: float = 1.0
+    #: Per-example L2 clip norm C.
+    clip_norm: float = 0.01
+    #: flat: each unit's gradient clipped to clip_norm (sensitivity C) | normalized: Bu et al. 2023's
+    #: automatic clipping g/(‖g‖ + clip_stability), sensitivity 1 (clip_norm unused).
+    clipping: str = "flat"
+    #: r of normalized clipping (> 0).
+    clip_stability: float = 0.01
+    #: δ of the DP-SGD mechanism.
+    delta: float = 1e-6
+    #: Non-private baseline (no clipping, no noise; ε = ∞).
+    non_private: bool = False
+    #: Fixed noise seed: tests only. None = OS entropy.
+    noise_seed: Optional[int] = None
+
+    def validate_noise(self, prefix: str):
+        _check(self.noise_multiplier > 0 or self.non_private, f"{prefix}.noise_multiplier",
+               "must be > 0 (set training.non_private for the baseline)", self.noise_multiplier)
+        _check(self.noise_multiplier >= 0, f"{prefix}.noise_multiplier", "must be >= 0", self.noise_multiplier)
+        _check(self.clip_norm > 0, f"{prefix}.clip_norm", "must be > 0", self.clip_norm)
+        _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)
+        _check(self.clipping in CLIP_RULES, f"{prefix}.clipping", f"must be one of {', '.join(CLIP_RULES)}",
+               self.clipping)
+        _check(self.clip_stability > 0 and math.isfinite(self.clip_stability), f"{prefix}.clip_stability",
+               "must be a finite number > 0", self.clip_stability)
+
+
+@dataclasses.dataclass
+class DiagnosticsSettings:
+    """What the run releases about its batches and how it checks itself while it runs
+    (``dpbert.privacy.diagnostics``, ``dpbert.mechanism.integrity``)."""
+
     #: Release the per-step loss, accuracy, clipped fraction and batch size as DP estimates
     #: (``dpbert.privacy.diagnostics``; charged with the gradient as one σ_eff). False: nothing
     #: about the batches is released (the exact values stay in the private state directory).
@@ -269,6 +317,36 @@ class TrainingConfig:
     diagnostics_noise_ratio: float = 8.0
     #: Per-example MLM loss clipped to [0, this] nats before its noisy sum (its sensitivity).
     diagnostics_loss_bound: float = 12.0
+    #: Run-time integrity checks (``dpbert.mechanism.integrity``): at the first step of a run and every
+    #: this many steps, one random unit's gradient recomputed by brute force against its clipping,
+    #: and the realised-units and noise tests evaluated (also at the end); 0 = the brute-force
+    #: clipping check off (the other tests then run at the end only). A failure stops the run.
+    integrity_check_every: int = 50
+    #: Read the steps' statistics (loss, counts, the noise probe) from the device every this many
+    #: steps, in one transfer (1: every step). On an accelerator a larger value (e.g. 20) lets
+    #: steps queue without a host round-trip; progress, DP estimates and the checks' looks then come
+    #: up to this many steps late. Checkpoint steps and the audit's probe are always read at once.
+    stats_every: int = 1
+
+    def validate_diagnostics(self, prefix: str):
+        _check(self.diagnostics_noise_ratio > 0, f"{prefix}.diagnostics_noise_ratio", "must be > 0",
+               self.diagnostics_noise_ratio)
+        _check(self.diagnostics_loss_bound > 0, f"{prefix}.diagnostics_loss_bound", "must be > 0",
+               self.diagnostics_loss_bound)
+        _check(isinstance(self.stats_every, int) and not isinstance(self.stats_every, bool) and self.stats_every >= 1,
+               f"{prefix}.stats_every", "must be an integer >= 1", self.stats_every)
+        _check(self.integrity_check_every >= 0, f"{prefix}.integrity_check_every", "must be >= 0 (0 = off)",
+               self.integrity_check_every)
+
+
+@dataclasses.dataclass
+class DistributionSettings:
+    """How one logical batch is spread: accumulation, replicas, workers (``dpbert.mechanism.replicas``)."""
+
+    #: T: micro-batches accumulated per optimizer step.
+    accumulation_steps: int = 1
+    #: P: replicas (devices) the logical batch is spread over.
+    replicas: int = 1
     #: default | mirrored (P devices of one process) | multi_worker (MultiWorkerMirroredStrategy over the
     #: cluster in $TF_CONFIG; Poisson sampling only) | tpu.
     strategy: str = "default"
@@ -277,6 +355,39 @@ class TrainingConfig:
     #: mirrored). ``dpbert run`` starts them on this machine (loopback TF_CONFIG); a compiled
     #: Vertex AI spec runs them as a custom job (the ``vertex`` section). Poisson sampling only.
     workers: int = 1
+    #: XLA-compile the DP step (per-replica accumulate and release) at fixed shapes, as a TPU needs;
+    #: collectives and the noise draw stay outside the compiled functions, so the step releases
+    #: the same S + z as the uncompiled one (``dpbert.mechanism.replicas``).
+    jit_compile: bool = False
+
+    @property
+    def devices(self) -> int:
+        """W × P × T: what the logical batch size must be divisible by."""
+        return self.workers * self.replicas * self.accumulation_steps
+
+    @property
+    def distributed(self) -> bool:
+        """More than one device or a distribution strategy."""
+        return self.strategy != "default" or self.replicas > 1 or self.workers > 1
+
+    def validate_distribution(self, prefix: str):
+        _check(self.accumulation_steps >= 1, f"{prefix}.accumulation_steps", "must be >= 1",
+               self.accumulation_steps)
+        _check(self.replicas >= 1, f"{prefix}.replicas", "must be >= 1", self.replicas)
+        _check(self.strategy != "multi_worker_mirrored", f"{prefix}.strategy",
+               "multi_worker_mirrored is now called multi_worker", self.strategy)
+        _check(self.strategy in ("default", "mirrored", "tpu", "multi_worker"), f"{prefix}.strategy",
+               "must be default, mirrored, tpu or multi_worker", self.strategy)
+        _check(self.workers >= 1, f"{prefix}.workers", "must be >= 1", self.workers)
+        _check(self.workers == 1 or self.strategy in ("default", "mirrored"), f"{prefix}.strategy",
+               f"must be default or mirrored with {prefix}.workers > 1 (the workers are one "
+               f"MultiWorkerMirroredStrategy cluster of their own)", self.strategy)
+
+
+@dataclasses.dataclass
+class OptimizerSettings:
+    """The optimizer that applies the released gradient (``dpbert.engine.optimizers``)."""
+
     learning_rate: float = 1e-3
     warmup_steps: int = 10
     weight_decay: float = 0.01
@@ -285,58 +396,33 @@ class TrainingConfig:
     optimizer: str = "adamw"
     #: γ′ of adamw_bc: the floor of v̂ − Φ under the square root (units of a gradient coordinate²).
     adam_bc_gamma: float = 1e-8
-    #: flat: each unit's gradient clipped to clip_norm (sensitivity C) | normalized: Bu et al. 2023's
-    #: automatic clipping g/(‖g‖ + clip_stability), sensitivity 1 (clip_norm unused).
-    clipping: str = "flat"
-    #: r of normalized clipping (> 0).
-    clip_stability: float = 0.01
-    mask_probability: float = 0.15
-    checkpoint_every: int = 50
-    #: Run-time integrity checks (``dpbert.mechanism.integrity``): at the first step of a run and every
-    #: this many steps, one random unit's gradient recomputed by brute force against its clipping,
-    #: and the realised-units and noise tests evaluated (also at the end); 0 = the brute-force
-    #: clipping check off (the other tests then run at the end only). A failure stops the run.
-    integrity_check_every: int = 50
-    #: XLA-compile the DP step (per-replica accumulate and release) at fixed shapes, as a TPU needs;
-    #: collectives and the noise draw stay outside the compiled functions, so the step releases
-    #: the same S + z as the uncompiled one (``dpbert.mechanism.replicas``).
-    jit_compile: bool = False
-    #: Read the steps' statistics (loss, counts, the noise probe) from the device every this many
-    #: steps, in one transfer (1: every step). On an accelerator a larger value (e.g. 20) lets
-    #: steps queue without a host round-trip; progress, DP estimates and the checks' looks then come
-    #: up to this many steps late. Checkpoint steps and the audit's probe are always read at once.
-    stats_every: int = 1
-    #: Also write the released encoder as a TensorFlow SavedModel (``saved_model/`` in the model
-    #: artifact, for TF Serving). Nothing in the DAG reads it and the release bundle does not carry
-    #: it (the portable copy is ``dpbert export``, Hugging Face layout); tracing it costs about as
-    #: much as a short training's own tracing.
-    export_saved_model: bool = False
-    #: δ of the DP-SGD mechanism.
-    delta: float = 1e-6
-    #: Non-private baseline (no clipping, no noise; ε = ∞).
-    non_private: bool = False
-    #: Also train the non-private baseline on the same data in the same run.
-    train_non_private_baseline: bool = False
-    seed: int = 0
-    #: Where training.learning_rate / clip_norm came from: ``dpbert run --tuned FILE`` sets it to the
-    #: file, its sha256 and the public proxy that chose them (``dpbert.tuning``); no part of a chain.
-    tuned_from: Optional[str] = None
-    #: Fixed noise seed: tests only. None = OS entropy.
-    noise_seed: Optional[int] = None
-    #: What DP-SGD trains (the union of the listed sets; everything else frozen: no gradient, no
-    #: part in the clipped norm, no noise, no weight decay): all | lora (rank-r adapters on the
-    #: attention q/k/v/output and both FFN dense layers; base frozen) | bias (every bias and
-    #: LayerNorm γ/β, BiTFiT) | head (MLM transform dense + its LayerNorm + the output bias) |
-    #: new_tokens (the input- and output-embedding rows of the tokens the DP vocabulary appended;
-    #: needs vocab.source public or public+dp). ``all`` stands alone. The released model holds
-    #: merged weights (a plain BERT). See dpbert.network.trainable.
+
+    def validate_optimizer(self, prefix: str):
+        _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
+        _check(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0", self.warmup_steps)
+        _check(self.optimizer in OPTIMIZERS, f"{prefix}.optimizer", f"must be one of {', '.join(OPTIMIZERS)}",
+               self.optimizer)
+        _check(self.adam_bc_gamma > 0 and math.isfinite(self.adam_bc_gamma), f"{prefix}.adam_bc_gamma",
+               "must be a finite number > 0", self.adam_bc_gamma)
+
+
+@dataclasses.dataclass
+class TrainableSettings:
+    """What DP-SGD trains (``dpbert.network.trainable``)."""
+
+    #: The union of the listed sets; everything else frozen: no gradient, no part in the clipped
+    #: norm, no noise, no weight decay): all | lora (rank-r adapters on the attention q/k/v/output
+    #: and both FFN dense layers; base frozen) | bias (every bias and LayerNorm γ/β, BiTFiT) | head
+    #: (MLM transform dense + its LayerNorm + the output bias) | new_tokens (the input- and
+    #: output-embedding rows of the tokens the DP vocabulary appended; needs vocab.source public or
+    #: public+dp). ``all`` stands alone. The released model holds merged weights (a plain BERT).
     trainable: List[str] = dataclasses.field(default_factory=lambda: ["all"])
     #: LoRA rank r (training.trainable lora).
     lora_rank: int = 16
     #: LoRA scale numerator α: the adapter's update is (α/r)·A·B.
     lora_alpha: float = 32.0
 
-    def validate(self, prefix: str):
+    def validate_trainable(self, prefix: str):
         _check(isinstance(self.trainable, list) and len(self.trainable) >= 1, f"{prefix}.trainable",
                "must be a non-empty list", self.trainable)
         bad = [name for name in self.trainable if name not in TRAINABLE_SETS]
@@ -349,79 +435,67 @@ class TrainingConfig:
         _check(self.lora_rank >= 1, f"{prefix}.lora_rank", "must be >= 1", self.lora_rank)
         _check(self.lora_alpha > 0 and math.isfinite(self.lora_alpha), f"{prefix}.lora_alpha", "must be > 0",
                self.lora_alpha)
-        _check(self.batch_size >= 1, f"{prefix}.batch_size", "must be >= 1", self.batch_size)
-        _check(self.noise_multiplier > 0 or self.non_private, f"{prefix}.noise_multiplier",
-               "must be > 0 (set training.non_private for the baseline)", self.noise_multiplier)
-        _check(self.noise_multiplier >= 0, f"{prefix}.noise_multiplier", "must be >= 0", self.noise_multiplier)
-        _check(self.clip_norm > 0, f"{prefix}.clip_norm", "must be > 0", self.clip_norm)
-        _check(self.steps is not None or self.epochs is not None, f"{prefix}.steps",
-               "or training.epochs must be set", self.steps)
-        _check(self.steps is None or self.steps >= 1, f"{prefix}.steps", "must be >= 1", self.steps)
-        _check(self.epochs is None or self.epochs > 0, f"{prefix}.epochs", "must be > 0", self.epochs)
-        _check(self.dataset_size is None or self.dataset_size >= 1, f"{prefix}.dataset_size",
-               "must be >= 1", self.dataset_size)
-        _check(self.dataset_patients is None or self.dataset_patients >= 1, f"{prefix}.dataset_patients",
-               "must be >= 1", self.dataset_patients)
-        _check(self.count_noise_multiplier > 0, f"{prefix}.count_noise_multiplier", "must be > 0",
-               self.count_noise_multiplier)
-        _check(self.diagnostics_noise_ratio > 0, f"{prefix}.diagnostics_noise_ratio", "must be > 0",
-               self.diagnostics_noise_ratio)
-        _check(self.diagnostics_loss_bound > 0, f"{prefix}.diagnostics_loss_bound", "must be > 0",
-               self.diagnostics_loss_bound)
-        _check(self.accumulation_steps >= 1, f"{prefix}.accumulation_steps", "must be >= 1",
-               self.accumulation_steps)
-        _check(self.replicas >= 1, f"{prefix}.replicas", "must be >= 1", self.replicas)
-        _check(self.batch_size % (self.replicas * self.accumulation_steps) == 0, f"{prefix}.batch_size",
-               f"must be divisible by {prefix}.replicas × {prefix}.accumulation_steps = "
-               f"{self.replicas * self.accumulation_steps}", self.batch_size)
-        _check(self.sampling in ("poisson", "shuffle"), f"{prefix}.sampling", "must be poisson or shuffle",
-               self.sampling)
-        _check(self.strategy != "multi_worker_mirrored", f"{prefix}.strategy",
-               "multi_worker_mirrored is now called multi_worker", self.strategy)
-        _check(self.strategy in ("default", "mirrored", "tpu", "multi_worker"), f"{prefix}.strategy",
-               "must be default, mirrored, tpu or multi_worker", self.strategy)
+
+
+#: The typed sections of ``training`` (``TrainingConfig`` is all of them plus its run-level fields). The
+#: YAML stays flat (``training.batch_size``): a section is a set of fields, not a nesting level.
+TRAINING_SECTIONS = (TrainableSettings, SamplingSettings, NoiseSettings, DiagnosticsSettings, DistributionSettings,
+                     OptimizerSettings)
+
+
+@dataclasses.dataclass
+class TrainingConfig(OptimizerSettings, DistributionSettings, DiagnosticsSettings, NoiseSettings, SamplingSettings,
+                     TrainableSettings):
+    """The ``training`` section: its typed sections (``TRAINING_SECTIONS``: each field's default
+    and check written once, in its section; a function that needs one section takes that type) and
+    the run-level fields below. ``validate`` runs every section's check, then the checks that
+    span two sections."""
+
+    mask_probability: float = 0.15
+    checkpoint_every: int = 50
+    #: Also write the released encoder as a TensorFlow SavedModel (``saved_model/`` in the model
+    #: artifact, for TF Serving). Nothing in the DAG reads it and the release bundle does not carry
+    #: it (the portable copy is ``dpbert export``, Hugging Face layout); tracing it costs about as
+    #: much as a short training's own tracing.
+    export_saved_model: bool = False
+    #: Also train the non-private baseline on the same data in the same run.
+    train_non_private_baseline: bool = False
+    seed: int = 0
+    #: Where training.learning_rate / clip_norm came from: ``dpbert run --tuned FILE`` sets it to the
+    #: file, its sha256 and the public proxy that chose them (``dpbert.tuning``); no part of a chain.
+    tuned_from: Optional[str] = None
+
+    def validate(self, prefix: str):
+        self.validate_trainable(prefix)
+        self.validate_sampling(prefix)
+        self.validate_noise(prefix)
+        self.validate_diagnostics(prefix)
+        self.validate_distribution(prefix)
+        self.validate_optimizer(prefix)
+        _check(0 < self.mask_probability < 1, f"{prefix}.mask_probability", "must be in (0, 1)",
+               self.mask_probability)
+        _check(self.checkpoint_every >= 1, f"{prefix}.checkpoint_every", "must be >= 1", self.checkpoint_every)
+        self._validate_across(prefix)
+
+    def _validate_across(self, prefix: str):
+        """Sampling × distribution and trainable × distribution."""
+        for name, size in (("replicas", self.replicas * self.accumulation_steps), ("workers", self.devices)):
+            parts = f"{prefix}.replicas × {prefix}.accumulation_steps" if name == "replicas" else \
+                f"{prefix}.workers × {prefix}.replicas × {prefix}.accumulation_steps"
+            _check(self.batch_size % size == 0, f"{prefix}.batch_size", f"must be divisible by {parts} = {size}",
+                   self.batch_size)
         _check(self.strategy != "multi_worker" or self.sampling == "poisson", f"{prefix}.sampling",
                "must be poisson with training.strategy multi_worker (each worker flips its own units' "
                "coins; a shuffled fixed-size batch would need one permutation across workers)", self.sampling)
-        _check(self.workers >= 1, f"{prefix}.workers", "must be >= 1", self.workers)
-        _check(self.workers == 1 or self.strategy in ("default", "mirrored"), f"{prefix}.strategy",
-               f"must be default or mirrored with {prefix}.workers > 1 (the workers are one "
-               f"MultiWorkerMirroredStrategy cluster of their own)", self.strategy)
         _check(self.workers == 1 or self.sampling == "poisson", f"{prefix}.sampling",
                f"must be poisson with {prefix}.workers > 1 (each worker flips its own units' coins)", self.sampling)
-        _check(self.batch_size % (self.workers * self.replicas * self.accumulation_steps) == 0,
-               f"{prefix}.batch_size", f"must be divisible by {prefix}.workers × {prefix}.replicas × "
-               f"{prefix}.accumulation_steps = {self.workers * self.replicas * self.accumulation_steps}",
-               self.batch_size)
         # new_tokens writes its rows back into the embedding by a sliced scatter that a distributed
         # (mirrored) variable does not implement: refused here, not a NotImplementedError at step 1.
-        distributed = self.strategy != "default" or self.replicas > 1 or self.workers > 1
-        _check("new_tokens" not in self.trainable or not distributed, f"{prefix}.trainable",
+        _check("new_tokens" not in self.trainable or not self.distributed, f"{prefix}.trainable",
                f"cannot include new_tokens with {prefix}.replicas = {self.replicas}, {prefix}.workers = "
                f"{self.workers}, {prefix}.strategy = {self.strategy} (its embedding rows are trained only on "
                f"one device: set {prefix}.replicas = 1, {prefix}.workers = 1, {prefix}.strategy = default, "
                f"or drop new_tokens)", self.trainable)
-        _check(self.learning_rate > 0, f"{prefix}.learning_rate", "must be > 0", self.learning_rate)
-        _check(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0", self.warmup_steps)
-        _check(0 < self.mask_probability < 1, f"{prefix}.mask_probability", "must be in (0, 1)",
-               self.mask_probability)
-        _check(self.checkpoint_every >= 1, f"{prefix}.checkpoint_every", "must be >= 1", self.checkpoint_every)
-        _check(isinstance(self.stats_every, int) and not isinstance(self.stats_every, bool) and self.stats_every >= 1, f"{prefix}.stats_every",
-               "must be an integer >= 1", self.stats_every)
-        _check(self.integrity_check_every >= 0, f"{prefix}.integrity_check_every", "must be >= 0 (0 = off)",
-               self.integrity_check_every)
-        _check(0 < self.delta < 1, f"{prefix}.delta", "must be in (0, 1)", self.delta)
-        self._validate_optimizer(prefix)
-
-    def _validate_optimizer(self, prefix: str):
-        _check(self.optimizer in OPTIMIZERS, f"{prefix}.optimizer", f"must be one of {', '.join(OPTIMIZERS)}",
-               self.optimizer)
-        _check(self.adam_bc_gamma > 0 and math.isfinite(self.adam_bc_gamma), f"{prefix}.adam_bc_gamma",
-               "must be a finite number > 0", self.adam_bc_gamma)
-        _check(self.clipping in CLIP_RULES, f"{prefix}.clipping", f"must be one of {', '.join(CLIP_RULES)}",
-               self.clipping)
-        _check(self.clip_stability > 0 and math.isfinite(self.clip_stability), f"{prefix}.clip_stability",
-               "must be a finite number > 0", self.clip_stability)
 
 
 @dataclasses.dataclass

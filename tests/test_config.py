@@ -118,3 +118,45 @@ def test_undecodable_file_and_directory_are_named(tmp_path):
         load_config(str(path))
     with pytest.raises(ConfigError, match=f"config file {tmp_path} is a directory"):
         load_config(str(tmp_path))
+
+
+def _section_fields(cls):
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_training_is_its_typed_sections_and_each_section_checks_only_its_own_fields():
+    """Each field of ``training`` is defined (default and check) in one section or at run level;
+    a section's check runs on the section alone, so it reads no other section's field."""
+    import dataclasses
+
+    from dpbert import config
+
+    sections = [_section_fields(cls) for cls in config.TRAINING_SECTIONS]
+    assert sum(map(len, sections)) == len(set().union(*sections))  # disjoint
+    run_level = _section_fields(config.TrainingConfig) - set().union(*sections)
+    assert run_level == {"mask_probability", "checkpoint_every", "export_saved_model", "train_non_private_baseline",
+                         "seed", "tuned_from"}
+    for cls in config.TRAINING_SECTIONS:
+        (check,) = [name for name in vars(cls) if name.startswith("validate_")]
+        getattr(cls(), check)("training")  # AttributeError if it read another section's field
+        assert issubclass(config.TrainingConfig, cls)
+    # Positive control: a section whose check reads a field of another section fails alone.
+
+    @dataclasses.dataclass
+    class Leaky:
+        workers: int = 1
+
+        def validate_leaky(self, prefix):
+            return self.batch_size % self.workers
+
+    with pytest.raises(AttributeError, match="batch_size"):
+        Leaky().validate_leaky("training")
+
+
+def test_a_section_error_names_the_flat_training_field():
+    with pytest.raises(ConfigError, match=r"training\.adam_bc_gamma"):
+        load_config(overrides=["training.adam_bc_gamma=0"])
+    with pytest.raises(ConfigError, match=r"training\.stats_every"):
+        load_config(overrides=["training.stats_every=0"])

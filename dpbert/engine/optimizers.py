@@ -23,14 +23,16 @@ import tensorflow as tf
 import tf_keras
 
 from dpbert import storage
+from dpbert.config import OptimizerSettings
 from dpbert.mechanism import adam_bc
 from dpbert.engine.hooks import Hook
 
 log = logging.getLogger("dpbert.engine.train")
 
 
-def make(training_config, schedule):
-    """The optimizer ``training.optimizer`` names, on ``schedule`` (a learning-rate schedule)."""
+def make(training_config: OptimizerSettings, schedule):
+    """The optimizer ``training.optimizer`` names, on ``schedule`` (a learning-rate schedule); reads
+    only the ``OptimizerSettings`` section of a ``TrainingConfig``."""
     kwargs = dict(learning_rate=schedule, weight_decay=training_config.weight_decay, beta_1=0.9, beta_2=0.999,
                   epsilon=1e-6, jit_compile=False)
     if training_config.optimizer == "adamw_bc":

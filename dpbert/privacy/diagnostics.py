@@ -23,7 +23,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from dpbert.config import TrainingConfig
+from dpbert.config import DiagnosticsSettings
 
 #: The released parts besides the gradient (their noise multiplier is ratio · σ).
 PARTS = ("loss", "accuracy", "clipped", "batch_size")
@@ -31,13 +31,13 @@ PARTS = ("loss", "accuracy", "clipped", "batch_size")
 
 @dataclasses.dataclass(frozen=True)
 class DiagnosticsConfig:
-    """The diagnostics settings; their defaults are ``TrainingConfig``'s (one definition)."""
+    """The diagnostics settings; their defaults are ``training``'s ``DiagnosticsSettings`` (one definition)."""
 
-    enabled: bool = TrainingConfig.dp_diagnostics
+    enabled: bool = DiagnosticsSettings.dp_diagnostics
     #: noise multiplier of each diagnostic part, in units of the gradient's σ.
-    noise_ratio: float = TrainingConfig.diagnostics_noise_ratio
+    noise_ratio: float = DiagnosticsSettings.diagnostics_noise_ratio
     #: per-example MLM loss clipped to [0, loss_bound] nats before summing (its sensitivity).
-    loss_bound: float = TrainingConfig.diagnostics_loss_bound
+    loss_bound: float = DiagnosticsSettings.diagnostics_loss_bound
 
     def __post_init__(self):
         if not self.noise_ratio > 0:
@@ -46,8 +46,8 @@ class DiagnosticsConfig:
             raise ValueError(f"training.diagnostics_loss_bound must be > 0, got {self.loss_bound}")
 
 
-def config_of(training_config: TrainingConfig) -> DiagnosticsConfig:
-    """The diagnostics settings of a ``TrainingConfig``."""
+def config_of(training_config: DiagnosticsSettings) -> DiagnosticsConfig:
+    """The diagnostics settings of a ``TrainingConfig`` (any ``DiagnosticsSettings``)."""
     return DiagnosticsConfig(enabled=bool(training_config.dp_diagnostics),
                              noise_ratio=float(training_config.diagnostics_noise_ratio),
                              loss_bound=float(training_config.diagnostics_loss_bound))
