@@ -8,7 +8,7 @@ import zlib
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.testing.util import assert_that
 
 from dpbert.data.synthetic import generate_notes
 from dpbert.data.tuples import WordTuple, corpus_tuples, distinct_words
@@ -33,41 +33,96 @@ def exact(tuples):
     return counts
 
 
+@pytest.fixture(scope="module")
+def released(tmp_path_factory, tuples):
+    """Every in-memory run the counting, noise, threshold, seeding and patient-cap tests below read,
+    as branches of one pipeline (:func:`_run_all`): ``{run name: its sorted output}``."""
+    shuffled = list(tuples)
+    random.Random(1).shuffle(shuffled)
+    capped = [_serialize(t) for t in _patient_tuples([6, 4])]
+
+    def cap_then_count(seed):  # the patient cap alone, then exact counts: which tuples were kept
+        return dh.CapTuplesPerPatient(2, noise_seed=seed, example_batch=3) | dh.ExactHistogram()
+
+    runs = {
+        # Exact counting: mixed element kinds, a table small enough to flush mid-bundle, several shards.
+        "exact": ([t if i % 3 else list(t.words) for i, t in enumerate(tuples)],
+                  dh.ExactHistogram(num_shards=5, max_table_words=50), 1),
+        "exact_serialized": ([_serialize(t) if i % 2 else t for i, t in enumerate(tuples)],
+                             dh.ExactHistogram(num_shards=3, example_batch=7, max_table_words=80), 1),
+        "once_per_tuple": ([["a", "a", "a", "b"], ["a"], ("b", "b")], dh.ExactHistogram(num_shards=2), 1),
+        # Noise and threshold.
+        "tiny": (tuples, dh.DPHistogram(sigma=1e-6, threshold=0.5), 1),
+        "thr": (tuples, dh.DPHistogram(sigma=1e-6, threshold=3.5), 1),
+        "a": (tuples, dh.DPHistogram(sigma=1.0, threshold=0.5), 1),
+        "b": (tuples, dh.DPHistogram(sigma=1.0, threshold=0.5), 1),
+        "real": (tuples, dh.DPHistogram(sigma=5.0, threshold=1.0), 1),
+        # Seeding: one seed, three partitionings and element kinds; another seed.
+        "s1": (tuples, dh.DPHistogram(2.0, 3.0, noise_seed=11), 1),
+        "s2": (shuffled, dh.DPHistogram(2.0, 3.0, noise_seed=11, num_shards=3, max_table_words=40), 3),
+        "s3": ([_serialize(t) for t in shuffled],
+               dh.DPHistogram(2.0, 3.0, noise_seed=11, num_shards=1, example_batch=5), 2),
+        "s4": (tuples, dh.DPHistogram(2.0, 3.0, noise_seed=12), 1),
+        # The patient cap: unseeded and seeded; its choice on serialized examples over seeds.
+        **{f"cap{seed}": (_patient_tuples(CAP_PER_PATIENT),
+                          dh.DPHistogram(sigma=1e-6, threshold=0.5, max_tuples_per_patient=CAP_K, noise_seed=seed), 1)
+           for seed in (None, 5)},
+        "c1": (capped, cap_then_count(3), 1),
+        "c2": (list(reversed(capped)), cap_then_count(3), 1),
+        **{f"c{seed}": (capped, cap_then_count(seed), 1) for seed in range(10, 14)},
+    }
+    return _run_all(tmp_path_factory.mktemp("released"), runs)
+
+
 def _serialize(t: WordTuple) -> bytes:
     from dpbert.data.tfrecord import tuple_to_example
 
     return tuple_to_example(t).SerializeToString()
 
 
-def _run(tmp_path, name, elements, transform, partitions=1):
-    """Run ``transform`` over ``elements`` (split into ``partitions`` Creates, flattened) on the
-    in-memory DirectRunner; return its output as a sorted list."""
-    out = str(tmp_path / f"{name}.jsonl")
+def _run_all(tmp_path, runs):
+    """Run each ``name: (elements, transform, partitions)`` of ``runs`` (its elements split into
+    ``partitions`` Creates, flattened) as one branch of ONE pipeline on the in-memory DirectRunner
+    (the branches share nothing but the sink: every output element tagged with its run's name,
+    appended as a JSON line to one file by the in-process runner); return ``{name: its output as a
+    sorted list}``. The file: ``<name>.jsonl`` for one run, else ``runs.jsonl``."""
+    sink = tmp_path / (f"{next(iter(runs))}.jsonl" if len(runs) == 1 else "runs.jsonl")
+    sink.write_text("", encoding="utf-8")
+
+    def append(lines):
+        with open(sink, "a", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+
     with beam.Pipeline() as p:
-        parts = [p | f"Create{i}" >> beam.Create(elements[i::partitions]) for i in range(partitions)]
-        pcoll = parts[0] if partitions == 1 else parts | beam.Flatten()
-        _ = (pcoll | transform
-             | beam.Map(lambda kv: json.dumps([kv[0], kv[1]]))
-             | beam.io.WriteToText(out, num_shards=1, shard_name_template=""))
-    with open(out, encoding="utf-8") as handle:
-        return sorted(tuple(json.loads(line)) for line in handle)
+        outputs = []
+        for name, (elements, transform, partitions) in runs.items():
+            parts = [p | f"{name}/Create{i}" >> beam.Create(elements[i::partitions]) for i in range(partitions)]
+            pcoll = parts[0] if partitions == 1 else parts | f"{name}/Flatten" >> beam.Flatten()
+            outputs.append(pcoll | name >> transform
+                           | f"{name}/Json" >> beam.Map(lambda kv, name=name: json.dumps([name, kv[0], kv[1]])))
+        _ = (outputs | "AllRuns" >> beam.Flatten() | "Batch" >> beam.BatchElements(min_batch_size=1000)
+             | "Append" >> beam.Map(append))
+    out = {name: [] for name in runs}
+    for line in sink.read_text(encoding="utf-8").splitlines():
+        name, word, count = json.loads(line)
+        out[name].append((word, count))
+    return {name: sorted(rows) for name, rows in out.items()}
+
+
+def _run(tmp_path, name, elements, transform, partitions=1):
+    """:func:`_run_all` of the one run ``name``: its output as a sorted list."""
+    return _run_all(tmp_path, {name: (elements, transform, partitions)})[name]
 
 
 # ----------------------------------------------------------------------------- exact counting stage
 
-def test_counting_stage_equals_bruteforce_counter(tuples, exact):
+def test_counting_stage_equals_bruteforce_counter(released, exact):
     # Mixed element kinds, a table small enough to flush mid-bundle, several shards.
-    elements = [t if i % 3 else list(t.words) for i, t in enumerate(tuples)]
-    with beam.Pipeline() as p:
-        out = p | beam.Create(elements) | dh.ExactHistogram(num_shards=5, max_table_words=50)
-        assert_that(out, equal_to(list(exact.items())))
+    assert released["exact"] == sorted(exact.items())
 
 
-def test_serialized_examples_counted_like_tuples(tuples, exact):
-    elements = [_serialize(t) if i % 2 else t for i, t in enumerate(tuples)]
-    with beam.Pipeline() as p:
-        out = p | beam.Create(elements) | dh.ExactHistogram(num_shards=3, example_batch=7, max_table_words=80)
-        assert_that(out, equal_to(list(exact.items())))
+def test_serialized_examples_counted_like_tuples(released, exact):
+    assert released["exact_serialized"] == sorted(exact.items())
 
 
 def test_counting_stage_puts_each_word_in_exactly_one_shard(tuples, exact):
@@ -86,53 +141,41 @@ def test_counting_stage_puts_each_word_in_exactly_one_shard(tuples, exact):
         assert_that(out, check)
 
 
-def test_each_word_counts_once_per_tuple():
-    elements = [["a", "a", "a", "b"], ["a"], ("b", "b")]
-    with beam.Pipeline() as p:
-        out = p | beam.Create(elements) | dh.ExactHistogram(num_shards=2)
-        assert_that(out, equal_to([("a", 2), ("b", 2)]))
+def test_each_word_counts_once_per_tuple(released):
+    assert released["once_per_tuple"] == [("a", 2), ("b", 2)]
 
 
 # ----------------------------------------------------------------------------- noise and threshold
 
-def test_tiny_sigma_gives_the_exact_counts(tmp_path, tuples, exact):
-    out = dict(_run(tmp_path, "tiny", tuples, dh.DPHistogram(sigma=1e-6, threshold=0.5)))
+def test_tiny_sigma_gives_the_exact_counts(released, exact):
+    out = dict(released["tiny"])
     assert set(out) == set(exact)
     assert max(abs(out[w] - exact[w]) for w in exact) < 1e-3
 
 
-def test_words_below_threshold_are_dropped(tmp_path, tuples, exact):
-    out = dict(_run(tmp_path, "thr", tuples, dh.DPHistogram(sigma=1e-6, threshold=3.5)))
+def test_words_below_threshold_are_dropped(released, exact):
+    out = dict(released["thr"])
     assert set(out) == {w for w, c in exact.items() if c >= 4}
     assert 0 < len(out) < len(exact)
     assert min(out.values()) >= 3.5
 
 
-def test_unseeded_runs_differ(tmp_path, tuples):
-    a = _run(tmp_path, "a", tuples, dh.DPHistogram(sigma=1.0, threshold=0.5))
-    b = _run(tmp_path, "b", tuples, dh.DPHistogram(sigma=1.0, threshold=0.5))
+def test_unseeded_runs_differ(released):
+    a, b = released["a"], released["b"]
     common = set(dict(a)) & set(dict(b))
     assert len(common) > 10
     assert sum(dict(a)[w] != dict(b)[w] for w in common) == len(common)
 
 
-def test_seeded_runs_identical_across_partitionings(tmp_path, tuples):
-    shuffled = list(tuples)
-    random.Random(1).shuffle(shuffled)
-    runs = [
-        _run(tmp_path, "s1", tuples, dh.DPHistogram(2.0, 3.0, noise_seed=11)),
-        _run(tmp_path, "s2", shuffled, dh.DPHistogram(2.0, 3.0, noise_seed=11, num_shards=3,
-                                                      max_table_words=40), partitions=3),
-        _run(tmp_path, "s3", [_serialize(t) for t in shuffled],
-             dh.DPHistogram(2.0, 3.0, noise_seed=11, num_shards=1, example_batch=5), partitions=2),
-    ]
+def test_seeded_runs_identical_across_partitionings(released):
+    # s2: shuffled, 3 partitions, 3 shards, a small table; s3: serialized, 2 partitions, 1 shard.
+    runs = [released["s1"], released["s2"], released["s3"]]
     assert runs[0] and runs[0] == runs[1] == runs[2]
-    other_seed = _run(tmp_path, "s4", tuples, dh.DPHistogram(2.0, 3.0, noise_seed=12))
-    assert other_seed != runs[0]
+    assert released["s4"] != runs[0]  # another seed
 
 
-def test_no_exact_count_is_emitted(tmp_path, tuples, exact):
-    out = _run(tmp_path, "real", tuples, dh.DPHistogram(sigma=5.0, threshold=1.0))
+def test_no_exact_count_is_emitted(released, exact):
+    out = released["real"]
     assert out
     for word, noisy in out:
         assert isinstance(noisy, float) and not float(noisy).is_integer()
@@ -152,32 +195,29 @@ def _patient_tuples(per_patient):
     return out
 
 
-def test_patient_cap_keeps_at_most_k_tuples_per_patient(tmp_path):
-    per_patient = [1, 2, 5, 9]
-    k = 3
-    elements = _patient_tuples(per_patient)
+CAP_PER_PATIENT, CAP_K = [1, 2, 5, 9], 3  # tuples per patient, the cap (the runs cap{None,5} of ``released``)
+
+
+def test_patient_cap_keeps_at_most_k_tuples_per_patient(released):
+    per_patient, k = CAP_PER_PATIENT, CAP_K
     for seed in (None, 5):
-        out = dict(_run(tmp_path, f"cap{seed}", elements,
-                        dh.DPHistogram(sigma=1e-6, threshold=0.5, max_tuples_per_patient=k, noise_seed=seed)))
+        out = dict(released[f"cap{seed}"])
         for p, n in enumerate(per_patient):
             assert round(out[f"pat{p}"]) == min(n, k)
             assert sum(1 for w in out if w.startswith(f"tup{p}_")) == min(n, k)
         assert round(out["shared"]) == sum(min(n, k) for n in per_patient)
 
 
-def test_patient_cap_on_serialized_examples_and_seeded_choice(tmp_path):
-    elements = _patient_tuples([6, 4])
-    serialized = [_serialize(t) for t in elements]
+def test_patient_cap_on_serialized_examples_and_seeded_choice(released):
+    """Patients of 6 and 4 serialized tuples capped at 2 (``released``: c1 seed 3, c2 the same seed
+    on the reversed elements, c10..c13 four other seeds)."""
+    def chosen(name):
+        return sorted(w for w, _ in released[name] if w.startswith("tup"))
 
-    def chosen(name, elems, seed):
-        out = _run(tmp_path, name, elems, dh.CapTuplesPerPatient(2, noise_seed=seed, example_batch=3)
-                   | dh.ExactHistogram())
-        return sorted(w for w, _ in out if w.startswith("tup"))
-
-    a = chosen("c1", serialized, 3)
-    assert len(a) == 4 and a == chosen("c2", list(reversed(serialized)), 3)
+    a = chosen("c1")
+    assert len(a) == 4 and a == chosen("c2")
     # Over a few seeds, the choice is not always the same tuples (random, not first-k).
-    assert len({tuple(chosen(f"c{s}", serialized, s)) for s in range(10, 14)}) > 1
+    assert len({tuple(chosen(f"c{s}")) for s in range(10, 14)}) > 1
 
 
 def test_patient_cap_requires_patient_ids():
