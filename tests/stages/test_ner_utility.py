@@ -30,7 +30,14 @@ def _tiny_models(tmp_path, tiny_bert_dir):
     return {"dp": tiny_bert_dir, "non_private": tmp_path / "non_private"}
 
 
-def test_ner_evaluation_with_a_users_iob_files(tmp_path, tiny_bert_dir, eager_steps):
+@pytest.fixture
+def few_heldout_patients(monkeypatch):
+    """The held-out MLM rows of 2 fresh patients (about 100 rows), not the stage's 10 (about 500):
+    what is tested is the table, and every row still has a held-out loss and accuracy."""
+    monkeypatch.setattr(stage, "HELDOUT_PATIENTS", 2)
+
+
+def test_ner_evaluation_with_a_users_iob_files(tmp_path, tiny_bert_dir, eager_steps, few_heldout_patients):
     # eager_steps: the table's rows and columns are the claim, not the traced fine-tuning step
     train_path = _iob(tmp_path / "train.tsv", TRAIN, 20)
     test_path = _iob(tmp_path / "test.tsv", TEST, 6)
@@ -119,7 +126,8 @@ def public_checkpoint(tmp_path):
     return tmp_path / "public"
 
 
-def test_the_public_row_is_the_dp_trainers_public_start(tmp_path, public_checkpoint, eager_steps):
+def test_the_public_row_is_the_dp_trainers_public_start(tmp_path, public_checkpoint, eager_steps,
+                                                       few_heldout_patients):
     """A "DP" model that IS the trainer's public start (zero DP steps) scores exactly as the public
     row: the evaluator rebuilds the same start (checkpoint, public layers, warm-up, seed)."""
     from dpbert.network import bert as bert_lib
