@@ -9,10 +9,16 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
+from tests.test_layout import parsed
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("dpbert/network", "dpbert/mechanism", "dpbert/engine", "dpbert/diagnostics", "dpbert/stages", "dpbert/evaluate", "dpbert/privacy")
 LIMIT = 120
 PARAMETER_LIMIT = 10
+
+pytestmark = pytest.mark.xdist_group("ast_scan")  # with tests/test_layout.py: one parse of the tree
 
 # Functions allowed more than PARAMETER_LIMIT parameters, each with the reason (at most 5).
 ALLOWLIST = {
@@ -37,9 +43,9 @@ TO_SHRINK: dict = {}
 
 @functools.lru_cache(maxsize=None)
 def _trees():
-    """Every module under dpbert/, parsed once per session: {relative path: ast.Module}."""
+    """Every module under dpbert/, parsed once per process: {relative path: ast.Module}."""
     return {
-        path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
+        path.relative_to(ROOT).as_posix(): parsed(path)
         for path in sorted((ROOT / "dpbert").rglob("*.py"))
     }
 

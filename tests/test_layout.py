@@ -12,12 +12,17 @@ a.b import c`` is an edge to ``a.b.c`` when that is a module, else to ``a.b``. A
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 from typing import Dict, Iterable, List, Set, Union
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# This file and tests/test_function_length.py scan the same tree (parsed once, :func:`parsed`): one
+# xdist worker runs both, so the tree is parsed in one process, not in each.
+pytestmark = pytest.mark.xdist_group("ast_scan")
 
 #: The top-level packages, bottom first: an import may only point to an EARLIER entry (or stay
 #: inside its own package).
@@ -86,6 +91,14 @@ STAGE_SHARED = ("dpbert.stages", "dpbert.stages.result")
 KNOWN: Set[str] = set()
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path: Path) -> ast.Module:
+    """The module at ``path``, parsed once per process (this file's graphs and the function-length
+    scans of tests/test_function_length.py read the same files; each test's synthetic tree has
+    paths of its own)."""
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
 def _module_files(root: Path, packages: Iterable[str]) -> Dict[str, tuple]:
     """{dotted module: (path, is a package's __init__)} for every ``.py`` under ``root/<package>``."""
     files = {}
@@ -125,7 +138,7 @@ def module_graph(root: Path, packages: Union[str, Iterable[str]]) -> Dict[str, S
     for module, (path, is_init) in files.items():
         here = module if is_init else module.rpartition(".")[0]
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        for node in ast.walk(parsed(path)):
             targets.update(resolve(n) for n in _imported_names(node, here, files) if n.split(".")[0] in packages)
         targets.discard(None)
         targets.discard(module)
