@@ -9,7 +9,8 @@ artifacts — tuples, the word histogram, the held-out split (``pipeline.output_
 on ``fake://`` (``privacy.ledger``'s folder). The tuner gets the whole configuration naming them.
 
 Cost: one 2×2 grid of 2-step proxy runs of a 1-layer, 16-wide model training only its MLM head
-(``training.trainable [head]``: the shipped loop's cheapest trace), ε by RDP.
+(``training.trainable [head]``), ε by RDP; the steps run eagerly (tests/model/conftest.py
+``eagerly``: the same Python and ops, no trace per grid point), the claim being what is read.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 from dpbert.config import ConfigError, load_config
 from dpbert.tuning import proxy as proxy_lib
 from dpbert.tuning import tune as tune_lib
+from tests.model.conftest import eagerly
 
 _ARMED: dict = {"paths": (), "hits": []}
 
@@ -131,7 +133,8 @@ def test_the_tuner_reads_nothing_private_and_records_its_choice_with_provenance(
     config, paths, _, _ = private
     _guard(paths)
     _Recording.seen = []
-    result = _tune(config, _Recording)
+    with eagerly():
+        result = _tune(config, _Recording)
     assert _ARMED["hits"] == []
     # Each proxy run: b = 4, σ_b = σ·b/B = 1.0·4/8, the planned T = 2, the grid point.
     assert _Recording.seen == [(4, 0.5, 2, lr, c) for lr, c in GRID.points()]
