@@ -6,7 +6,7 @@
    each worker its own seed after the SUM (parameters diverge). The honest check (ratio ≈ 1,
    identical parameters) is ``dpbert privacy noise-check --workers 2``
    (tests/model/test_noise_check_cli.py).
-2. Same mechanism, any layout: a tiny model trained 3 steps on 2 workers and in 1 process, with the
+2. Same mechanism, any layout: a tiny model trained 2 steps on 2 workers and in 1 process, with the
    same test keys (noise seed, MLM mask key, patient-row key), the test-only PRF sampler (a unit's
    coin is a function of (key, its id, step), so the same units are sampled whichever worker holds
    them) and dropout 0, releases the same parameters (rtol 1e-5), per tuple and per patient. The
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import SPECIALS, eagerly, repetitive_corpus, tiny_model  # noqa: E402
 
 HERE = Path(__file__).parent
+STEPS = 2  # the first step runs the clipping check, the second starts from parameters a step moved
 
 
 def runs(replicas: int):
@@ -45,7 +46,7 @@ def runs(replicas: int):
     accumulation = 4 // replicas  # m = B/(P·T) = 2 in both layouts (the packing differs anyway)
 
     def training(**kw):
-        return TrainingConfig(batch_size=8, steps=3, replicas=replicas, accumulation_steps=accumulation,
+        return TrainingConfig(batch_size=8, steps=STEPS, replicas=replicas, accumulation_steps=accumulation,
                               strategy="multi_worker" if replicas > 1 else "default", noise_multiplier=0.7,
                               clip_norm=1.0, checkpoint_every=2, warmup_steps=1, noise_seed=11,
                               integrity_check_every=4 if replicas > 1 else 0, **kw)
@@ -119,12 +120,12 @@ def test_two_workers_release_what_one_process_releases(two_workers, tmp_path, un
     assert (chief["workers"], chief["worker_rank"], other["worker_rank"]) == (2, 0, 1)
     assert chief["strategy"] == "MultiWorkerMirroredStrategy"
     assert chief["parameter_digest"] == other["parameter_digest"]  # identical on every worker
-    assert chief["steps_taken_total"] == 3 and json.loads((out / unit / "dp_steps.json").read_text())[
-        "steps_executed"] == 3
+    assert chief["steps_taken_total"] == STEPS and json.loads((out / unit / "dp_steps.json").read_text())[
+        "steps_executed"] == STEPS
     assert all(c["passed"] is not False for c in chief["integrity_checks"].values())
     assert chief["integrity_checks"]["clipping"]["ran"]
     kwargs = runs(replicas=1)[unit]
-    with eagerly():  # 3 steps: cheaper than their trace; the values are compared (rtol 1e-5), not the trace
+    with eagerly():  # 2 steps: cheaper than their trace; the values are compared (rtol 1e-5), not the trace
         reference = train_with(output_dir=str(tmp_path / unit), **kwargs)
     assert reference.strategy != "MultiWorkerMirroredStrategy"
     ours = bert_lib.load_bert(out / unit / "model").mlm.get_weights()
