@@ -67,7 +67,9 @@ def models():
     return get
 
 
-@pytest.mark.parametrize("k", [1, 4])
+# k = 1 (a group of one row: per-example clipping, tests/model/test_dpsgd.py's brute force on the same
+# geometries): the slow tier
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 4])
 @pytest.mark.parametrize("geometry", [(12, 16, 32), (40, 8, 16)])  # ghost and instantiation branches
 def test_group_clipping_matches_brute_force(models, k, geometry):
     spec, model = models(geometry)
@@ -98,7 +100,7 @@ def test_group_clipping_matches_brute_force(models, k, geometry):
 
 def test_group_of_one_full_patient_clipped_to_c_under_dropout():
     """One forward pass with dropout: the clipped group contribution has norm ≤ C exactly."""
-    spec = bert_lib.BertSpec(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+    spec = bert_lib.BertSpec(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                              max_seq_length=12, max_predictions=4, dropout=0.3, attention_dropout=0.3)
     model = bert_lib.build_bert(spec, seed=2).mlm
     batch, inputs, loss_fn = _batch(spec, 4)
