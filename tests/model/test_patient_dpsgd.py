@@ -74,7 +74,8 @@ def _assert_noise(result, replicas, accumulation):
         assert abs(result["measured_std"] / result["paper_std"] - 1) > 10 * result["tolerance"]
 
 
-@pytest.mark.parametrize("accumulation", [1, 4])
+# T = 1 (the same patient clipping, draw and add, one micro-batch): the slow tier; T = 4 here
+@pytest.mark.parametrize("accumulation", [pytest.param(1, marks=pytest.mark.slow), 4])
 def test_patient_mode_noise_std_single_replica(accumulation, eager_steps):
     """Two eager steps (as tests/model/test_dpsgd.py's checks): m = 2 × ~4,000 coordinates, the
     tolerance z/√(2m) from m (z = 4), ≈ 3.2 %; noise per shard (T = 4: 2× the std) 15 tolerances off."""
