@@ -34,8 +34,8 @@ pytestmark = pytest.mark.xdist_group("xla")
 @pytest.fixture(scope="module", autouse=True)
 def _xla_codegen_unoptimised():
     """XLA's CPU code generated without LLVM's optimisation passes while this module compiles
-    (``--xla_backend_optimization_level=0``): the same HLO, the step's program, in about half the
-    CPU (the tests compare its values at rtol 1e-5; the passes are the compiler's, as grappler's
+    (``--xla_backend_optimization_level=0``): the same HLO, the step's program, in less CPU (the
+    tests compare its values at rtol 1e-5; the passes are the compiler's, as grappler's
     rewrites are switched off for every model test, tests/model/conftest.py). XLA reads XLA_FLAGS
     at its first compilation in a process: one that compiled before keeps its flags (slower, the
     same test)."""
