@@ -68,9 +68,11 @@ def tiny_model_config(max_seq_length=16):
 def tiny_training_config(**overrides):
     from dpbert.config import TrainingConfig
 
-    # No noise seed: a seeded run is recorded as ε = ∞ (predictable noise).
+    # No noise seed: a seeded run is recorded as ε = ∞ (predictable noise). No run-time integrity
+    # checks (their eager brute-force clipping check costs seconds a run): the stage tests are about
+    # plans, records, ledgers and windows; the checks are tests/model/test_integrity_checks.py's.
     params = dict(batch_size=4, steps=2, warmup_steps=0, clip_norm=1.0, noise_multiplier=1.0, checkpoint_every=50,
-                  delta=1e-5)
+                  delta=1e-5, integrity_check_every=0)
     params.update(overrides)
     return TrainingConfig(**params)
 
