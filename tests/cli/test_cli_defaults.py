@@ -45,6 +45,10 @@ def test_budget_without_config_plans_the_demo_and_reads_no_corpus(capsys, tmp_pa
 
 # ------------------------------------------------------------------ -v in every position
 
+#: A small synthetic corpus: the run validates every record of it before the (fake) DAG starts.
+SMALL_CORPUS = ["--set", "corpus.synthetic.patients=40"]
+
+
 class BeamExecutor(BaseBeamExecutor):
     def Do(self, *args):  # noqa: N802
         pass
@@ -63,8 +67,12 @@ class _BeamComponent:
 def fake_dag(monkeypatch):
     from types import SimpleNamespace
 
+    from tfx.utils import dependency_utils
+
     from pipeline import local_runner
 
+    # TFX's sdist of itself for remote Beam workers (a setup.py subprocess) is not what absl parses
+    monkeypatch.setattr(dependency_utils, "build_ephemeral_package", lambda: "tfx_ephemeral.tar.gz")
     monkeypatch.setattr(local_runner, "create_pipeline", lambda config, root, metadata_path: metadata_path)
     monkeypatch.setattr(local_runner, "tfx", SimpleNamespace(orchestration=SimpleNamespace(LocalDagRunner=_BeamComponent)))
     return local_runner
@@ -74,7 +82,7 @@ def test_verbose_before_the_command_reaches_no_component(fake_dag, monkeypatch, 
     """`dpbert -v run`: no component's absl reads `-v run` as --verbosity=run. The output directory
     has a space: the "inspect with:" hint is shell-quoted."""
     out = tmp_path / "my run"
-    argv = ["-v", "run", "--output", str(out)]
+    argv = ["-v", "run", "--output", str(out), *SMALL_CORPUS]
     monkeypatch.setattr(sys, "argv", ["dpbert", *argv])
     assert main(argv) == exit_codes.OK
     printed = capsys.readouterr().out
@@ -86,7 +94,7 @@ def test_positive_control_a_component_that_sees_the_cli_argv_fails(fake_dag, mon
     from absl.flags import IllegalFlagValueError
 
     monkeypatch.setattr(fake_dag, "components_argv", contextlib.nullcontext)
-    argv = ["-v", "run", "--output", str(tmp_path / "out")]
+    argv = ["-v", "run", "--output", str(tmp_path / "out"), *SMALL_CORPUS]
     monkeypatch.setattr(sys, "argv", ["dpbert", *argv])
     with pytest.raises(IllegalFlagValueError, match="verbosity"):
         main(argv)
