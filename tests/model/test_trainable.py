@@ -110,7 +110,7 @@ def test_selection_counts_and_validation():
               "new_tokens": len(NEW_IDS) * (2 * h + 1)}
     for names, count in counts.items():
         assert trainable_lib.select(models, [names], NEW_IDS).size == count, names
-    lora = _models(spec, ["lora"])[1]
+    lora = _models(spec, ["lora"], base=models)[1]  # adapts a copy: ``models`` stays plain
     r = 3
     assert lora.size == 2 * (4 * 2 * r * h + 2 * r * (h + i))
     assert trainable_lib.select(models, ["all"]).size == bert_lib.count_parameters(spec)
