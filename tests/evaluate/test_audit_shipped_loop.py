@@ -7,8 +7,9 @@ H = 16 BERT without dropout, C = 1, σ = 1.5, δ = 1e-5, β = 0.05, fixed seeds,
 Two audited runs (each costs a trace of the DP step): the patient-unit run (two rows a patient,
 k = 2, B = 8 of 80 patients → q = 0.1, only bias and head trained), run ONCE with its
 positive control and read by the tests of the loop and of the bounds (``patient_audit``); and the
-broken-noise run with the defaults (every unit a row, all weights trained, B = 16 over n = 160
-→ q = 0.1); T = 12 in both, so the f-DP bound's DP-SGD curves (cached by σ, q, T) are shared.
+broken-noise run with every unit a row (B = 16 over n = 160 → q = 0.1), only bias and head
+trained too (the cheaper trace; the audit of all weights: tests/stages/test_audit.py); T = 12 in
+both, so the f-DP bound's DP-SGD curves (cached by σ, q, T) are shared.
 The accountant's ε at (σ, q, T) is what the bound is compared with.
 
 Positive controls: the run's own sums read before the noise (public rows only) and a test
@@ -174,7 +175,8 @@ def test_fault_injection_noise_not_added_is_refuted_by_the_honest_reading(rows):
     stop the run first; they are switched off here (no brute-force clipping check, no evaluation)
     so the audit itself is what catches it."""
     with noise_drawn_not_added(), patched(integrity.RunChecks, _evaluate=lambda self: None):
-        res = audit(rows, config("training.integrity_check_every=0"), canaries=CANARIES, seed=4, report_power=False)
+        res = audit(rows, config("training.integrity_check_every=0", "training.trainable=[bias,head]"),
+                    canaries=CANARIES, seed=4, report_power=False)
     assert res["epsilon_lower_bound"] > res["epsilon_upper_bound"], res
     assert not res["consistent"]
 
