@@ -1,6 +1,7 @@
 """Where the command line sits and what it shares: `dpbert_cli` above the layers, exit codes and
 JSON output defined once, no reserved stubs, `dpbert budget` planning through the TrainingPlan."""
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -20,8 +21,14 @@ def _sources(*packages):
         yield from sorted((REPO / package).rglob("*.py"))
 
 
+@functools.lru_cache(maxsize=None)
+def _nodes(path: Path) -> tuple:
+    """Every node of ``path``'s syntax tree, parsed once for all the layout tests."""
+    return tuple(ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
 def _imported_top_levels(path: Path):
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             yield from (alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -40,7 +47,7 @@ def test_exit_codes_are_defined_once():
     assert (exit_codes.OK, exit_codes.BAD_INPUT, exit_codes.OVER_BUDGET) == (0, 2, 3)
     definitions = []
     for path in _sources(*FIRST_PARTY):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _nodes(path):
             if isinstance(node, ast.Assign):
                 names = [t.id for t in node.targets if isinstance(t, ast.Name)]
                 definitions += [(path.relative_to(REPO), n) for n in names
