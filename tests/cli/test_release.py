@@ -161,25 +161,29 @@ def test_released_list_leaves_operator_artifacts_and_files_out():
     assert release.AUDIT_RESULT_KEYS == AUDIT_FIELDS
 
 
-def test_cli_summary_and_refusals_in_a_subprocess(store, tmp_path):
-    # the DP run: a short summary
+def test_cli_summary_in_a_subprocess_and_refusals_in_process(store, tmp_path, capsys):
+    """The real entry point (``python -m dpbert_cli``) prints the DP run's short summary; its
+    refusals, in-process (an exception escaping ``main`` fails the test), are one line, exit 2."""
     proc = _cli("release", "--metadata", store["path"], "--run", fakestore.RELEASE_RUN, "--to", str(tmp_path / "b"))
     assert proc.returncode == 0, proc.stderr
     assert "ε = 9.088" in proc.stdout and "unit: tuple" in proc.stdout and "adjacency: add_or_remove_one" in proc.stdout
     assert f"files in {tmp_path / 'b'}" in proc.stdout
     # a non-private run: exit 2, one line naming the run, nothing written
     target = tmp_path / "np" / "bundle"
-    proc = _cli("release", "--metadata", store["path"], "--run", fakestore.NON_PRIVATE_RUN, "--to", str(target))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.count("\n") == 1 and fakestore.NON_PRIVATE_RUN in proc.stderr and "ε = ∞" in proc.stderr
+    capsys.readouterr()
+    code = main(["release", "--metadata", store["path"], "--run", fakestore.NON_PRIVATE_RUN, "--to", str(target)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.count("\n") == 1 and fakestore.NON_PRIVATE_RUN in err and "ε = ∞" in err
     assert not (tmp_path / "np").exists()
     # an existing non-empty bundle directory: exit 2, untouched
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("mine")
-    proc = _cli("release", "--metadata", store["path"], "--to", str(existing))
-    assert proc.returncode == 2 and str(existing) in proc.stderr and "not empty" in proc.stderr
-    assert "Traceback" not in proc.stderr and _files(existing) == {"keep.txt": b"mine"}
+    code = main(["release", "--metadata", store["path"], "--to", str(existing)])
+    err = capsys.readouterr().err
+    assert code == 2 and str(existing) in err and "not empty" in err
+    assert "Traceback" not in err and _files(existing) == {"keep.txt": b"mine"}
     assert sorted(os.listdir(tmp_path)) == ["b", "existing"]  # no temporary directory left
 
 
