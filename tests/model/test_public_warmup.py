@@ -144,8 +144,9 @@ def test_pretrain_stage_records_the_public_start(checkpoint, tmp_path, eager_ste
     public.write_token_sources(record, tmp_path / "vocabulary")
     mc = ModelConfig(max_seq_length=16, dropout=0.0, init="minilm", init_dir=str(directory), public_layers=1,
                      public_warmup_steps=3, public_warmup_batch_size=4)
+    # n planned 48 (53 tuples, some held out): q ≈ 1/10, a round or two of 4 rows a step (n = 8: ≈ 7 rounds)
     tc = TrainingConfig(batch_size=4, steps=2, warmup_steps=0, clip_norm=1.0, noise_multiplier=1.0, delta=1e-5,
-                        dataset_size=8, integrity_check_every=0)  # the brute-force check: test_integrity_checks
+                        dataset_size=48, integrity_check_every=0)  # the brute-force check: test_integrity_checks
     inputs = PretrainInputs(str(tmp_path / "tuples"), str(tmp_path / "vocabulary"))
     result = pretrain(inputs, str(tmp_path / "model"),
                       model_config=mc, training_config=tc, privacy_config=PrivacyConfig(tuple_words=24),
