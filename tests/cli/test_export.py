@@ -32,13 +32,17 @@ def vocab_record(dp=True):
     return events.histogram_event(histogram.histogram_report(10.0, 1e-9, 32)) if dp else events.non_private_event("vocab")
 
 
-def _write_artifact(directory, dp=True, seed=0, vocab_dp=True, public=None):
-    """The trainer's artifact layout: model/ (save_bert, tiny preset), tokenizer/, dp_events.json,
-    vocab_dp_event.json (the vocabulary's record: a DP histogram's, or exact counts'). ``public``:
-    a public checkpoint folder (tests/model/fake_checkpoint.py) the model starts from, with L = 32
-    (``init_public``: preset minilm), before its weights are moved as a training would."""
-    from dpbert.vocab import wordpiece
+#: Built models by (seed, public checkpoint folder): artifacts that differ only in their records
+#: share one model (the tests read it, never train it).
+_BUILT = {}
 
+
+def _trained_model(seed, public):
+    """A tiny BERT (a minilm-shaped one started from ``public``), its weights moved as a training
+    would; built once per (seed, public)."""
+    key = (seed, None if public is None else str(public))
+    if key in _BUILT:
+        return _BUILT[key]
     spec = bert_lib.BertSpec(vocab_size=len(VOCAB), max_seq_length=16, max_predictions=3, preset="tiny",
                              **bert_lib.PRESETS["tiny"])
     if public is not None:
@@ -53,6 +57,18 @@ def _write_artifact(directory, dp=True, seed=0, vocab_dp=True, public=None):
     rng = np.random.default_rng(seed)
     for w in models.mlm.weights:
         w.assign(w.numpy() + rng.normal(0, 0.1, w.shape).astype(np.float32))
+    _BUILT[key] = models
+    return models
+
+
+def _write_artifact(directory, dp=True, seed=0, vocab_dp=True, public=None):
+    """The trainer's artifact layout: model/ (save_bert, tiny preset), tokenizer/, dp_events.json,
+    vocab_dp_event.json (the vocabulary's record: a DP histogram's, or exact counts'). ``public``:
+    a public checkpoint folder (tests/model/fake_checkpoint.py) the model starts from, with L = 32
+    (``init_public``: preset minilm), before its weights are moved as a training would."""
+    from dpbert.vocab import wordpiece
+
+    models = _trained_model(seed, public)
     bert_lib.save_bert(models, directory / schema.MODEL_DIR)
     (directory / "vocab_src").mkdir()
     (directory / "vocab_src" / wordpiece.VOCAB_FILE).write_text("\n".join(VOCAB) + "\n")
