@@ -371,8 +371,9 @@ def test_clipping_check_per_patient_with_dropout_on(tmp_path, eager_steps):
 
 
 def test_noise_check_passes_the_real_draw_per_variable(noise_rig, tmp_path):
-    # every = 0: the noise check's one look at the run's end (the brute-force clipping check of the
-    # real ghost path: the rig's tests above; of a trained subset: tests/model/test_trainable.py)
+    # The noise rig's runs (this one and its controls below): every = 0, the noise check's one look
+    # at the run's end (the brute-force clipping check of the real ghost path: the rig's tests
+    # above; of a trained subset: tests/model/test_trainable.py)
     results = _run(noise_rig, tmp_path, 4, every=0).finish()
     noise = results["noise"]
     names = [p.name for p in noise_rig.stepper.selection.pieces]
@@ -399,7 +400,7 @@ def test_noise_check_catches_no_noise_on_one_piece(noise_rig, tmp_path, broken_p
     try:
         assert noise_rig.switch.silence(noise_rig.stepper, lambda n: n == target) == [target]
         with pytest.raises(IntegrityCheckFailed, match="noise") as failure:
-            _run(noise_rig, tmp_path, 1)
+            _run(noise_rig, tmp_path, 1, every=0).finish()
     finally:
         noise_rig.switch.reset()
     assert f"{target}: std 0.000" in str(failure.value)
@@ -414,15 +415,15 @@ def test_noise_check_catches_noise_not_added_half_sigma_and_a_stuck_step(noise_r
         if control == "drawn_not_added":
             switch.added.assign(False)
             with pytest.raises(IntegrityCheckFailed, match="all variables: std 0.000"):
-                _run(noise_rig, tmp_path, 1)
+                _run(noise_rig, tmp_path, 1, every=0).finish()
         elif control == "half_sigma":
             switch.scale.assign(tf.fill(switch.scale.shape, 0.5))
             with pytest.raises(IntegrityCheckFailed, match=r"all variables: std 0\.[45]"):
-                _run(noise_rig, tmp_path, 1)
+                _run(noise_rig, tmp_path, 1, every=0).finish()
         else:  # the noise seed's step counter stuck at 0: the same z every step
             switch.stuck.assign(True)
             with pytest.raises(IntegrityCheckFailed, match=r"lag-1 correlation (0\.9|1\.0)"):
-                _run(noise_rig, tmp_path, 2)
+                _run(noise_rig, tmp_path, 2, every=0).finish()
     finally:
         switch.reset()
 
