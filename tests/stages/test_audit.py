@@ -25,17 +25,12 @@ CLI_KEYS = {"epsilon_lower_bound", "epsilon_upper_bound", "max_reachable_lower_b
             "positive_control_lower_bound"}
 
 
-#: The in-process audits read the report and the plan: no run-time integrity checks (their eager
-#: brute-force clipping check costs seconds a run; tests/model covers them).
-NO_CHECKS = "training.integrity_check_every=0"
-
-
 def tiny_config(*extra):
     return load_config(None, TINY + list(extra), preset="demo")
 
 
 def test_audit_of_the_configured_training_on_the_embedded_corpus_is_public(eager_steps):
-    res = audit.audit_training(tiny_config(NO_CHECKS), canaries=256, seed=5)
+    res = audit.audit_training(tiny_config(), canaries=256, seed=5)
     assert CLI_KEYS - {"positive_control_lower_bound"} <= set(res) and res["private"] == 0 and "embedded" in res["corpus"]
     # the plan of the configured run: q = B / (n·(1 − holdout)) with the public n = 200
     assert res["q"] == pytest.approx(8 / 140) and res["steps"] == 3 and res["canaries"] == 256
@@ -49,8 +44,7 @@ def test_audit_of_the_configured_training_on_the_embedded_corpus_is_public(eager
 
 def test_a_per_patient_claim_is_audited_on_the_patient_loop_with_its_trainable_set(eager_steps):
     res = audit.audit_training(tiny_config("privacy.unit=patient", "privacy.max_tuples_per_patient=4",
-                                           "training.dataset_patients=100", "training.trainable=[bias,head]",
-                                           NO_CHECKS),
+                                           "training.dataset_patients=100", "training.trainable=[bias,head]"),
                                canaries=64, seed=6, positive_control=True)
     assert res["unit"] == "patient" and res["q"] == pytest.approx(8 / 70) and res["dataset_size"] == 70
     assert res["audited_unit"] == "patient" and res["max_contributions"] == 4
