@@ -87,9 +87,7 @@ def patient_audit(rows):
     arrays and power, the loop seen by a ``LoopSpy``. Its tests share an xdist group: one run."""
     from dpbert.privacy.plan import plan_for_config
 
-    # No run-time integrity checks (their eager brute-force clipping check costs seconds): the
-    # tests read the loop, the canaries and the bounds; tests/model covers the checks.
-    cfg = config(*PATIENT_RUN, "training.integrity_check_every=0")
+    cfg = config(*PATIENT_RUN)
     spy = LoopSpy()
     res = audit(rows, cfg, plan=plan_for_config(cfg, PATIENTS), patient_keys=patients(ROWS), canaries=CANARIES, seed=3,
                 positive_control=True, hooks=[spy], return_arrays=True)
