@@ -15,6 +15,10 @@ from dpbert.ledger import dataset
 from dpbert.engine.charges import budget_step_limit
 from dpbert.privacy.plan import TrainingPlan
 
+#: --dist loadgroup: its module fixture's ledgers and the cached ε are computed on one worker.
+pytestmark = pytest.mark.xdist_group("gate")
+
+
 BUDGET = 3.0
 
 

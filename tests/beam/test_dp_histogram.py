@@ -18,6 +18,10 @@ from dpbert.vocab.histogram_file import read_histogram
 
 # ----------------------------------------------------------------------------- fixtures
 
+#: --dist loadgroup: the shared Beam pipeline (module fixtures) runs once, on one worker.
+pytestmark = pytest.mark.xdist_group("dp_histogram")
+
+
 @pytest.fixture(scope="module")
 def tuples():
     """Realistic tuples: the synthetic clinical corpus, N = 64 (short tuples, many per patient)."""

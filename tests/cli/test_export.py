@@ -21,6 +21,10 @@ from tests.dashboard import fakestore
 from tests.model import fake_checkpoint
 from tests.model.test_hf_export import hf_mlm_logits, read_hf
 
+#: --dist loadgroup: the models built once per process (test_export.py's cache) are built on one worker.
+pytestmark = pytest.mark.xdist_group("export_models")
+
+
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "patient", "fever", "heart", "rate", "the", "of", "##s"]
 HF_FILES = {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "README.md"}

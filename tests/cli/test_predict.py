@@ -13,6 +13,10 @@ from dpbert_cli.main import main
 from tests.cli.test_export import VOCAB, _write_artifact
 from tests.model.test_hf_export import hf_mlm_logits, read_hf
 
+#: --dist loadgroup: the models built once per process (test_export.py's cache) are built on one worker.
+pytestmark = pytest.mark.xdist_group("export_models")
+
+
 TEXT = "the [MASK] rate of the [MASK] , fever [MASK] heart [MASK]"  # 4 masks, the model has 3 slots
 
 

@@ -15,6 +15,10 @@ from dpbert.data.tuples import WordTuple
 from dpbert_cli.main import main
 from tests.cli.test_export import VOCAB, _write_artifact
 
+#: --dist loadgroup: the models built once per process (test_export.py's cache) are built on one worker.
+pytestmark = pytest.mark.xdist_group("export_models")
+
+
 DEFAULTS = "tests/cli/builtin_defaults.yaml"
 EPSILON = 0.7
 WORDS = [w for w in VOCAB[5:] if not w.startswith("##")]

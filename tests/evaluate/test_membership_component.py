@@ -13,6 +13,10 @@ from dpbert.config import MembershipConfig, section_to_json
 from dpbert.data import splits
 from dpbert.evaluate import membership as mi
 
+#: --dist loadgroup: its module fixture's models are trained on one worker.
+pytestmark = pytest.mark.xdist_group("membership_component")
+
+
 KEY = bytes(range(32))
 HOLDOUT = {"holdout_patient_fraction": 0.3, "holdout_key_id": splits.key_fingerprint(KEY)}
 

@@ -16,6 +16,10 @@ from tests.model.test_patient_clipping import _batch
 
 # Every set, in two unions (bias+head: a Dense with only its bias trained; new_tokens: sliced rows of
 # the embedding and columns of the output layer, whose bias is also whole in ``head``).
+#: --dist loadgroup: its module fixture's models are built on one worker.
+pytestmark = pytest.mark.xdist_group("trainable")
+
+
 SETS = [["bias", "head", "new_tokens"], ["lora", "new_tokens"]]
 NEW_IDS = [44, 45, 46, 47, 48, 49]  # the "appended" tokens of the test vocabulary (50)
 

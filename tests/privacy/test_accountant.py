@@ -10,6 +10,10 @@ from dpbert.accounting import accountant as A
 from dpbert.privacy import events as E
 from dpbert.privacy import histogram as H
 
+#: --dist loadgroup: its module fixture's accounting runs on one worker.
+pytestmark = pytest.mark.xdist_group("accountant")
+
+
 Q_NOTES = 131072 / 83_000_000
 
 
