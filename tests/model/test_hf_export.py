@@ -20,6 +20,11 @@ from dpbert.network import hf_layout, init_public
 from .conftest import repetitive_corpus
 from .fake_checkpoint import write_checkpoint
 
+#: --dist loadgroup: with the CLI's export, predict and readout tests, whose models share its
+#: helpers (their module fixtures and imports are paid on one worker).
+pytestmark = pytest.mark.xdist_group("export_models")
+
+
 PAD = 0
 
 
