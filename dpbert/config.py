@@ -479,11 +479,11 @@ class TrainingConfig(OptimizerSettings, DistributionSettings, DiagnosticsSetting
 
     def _validate_across(self, prefix: str):
         """Sampling × distribution and trainable × distribution."""
-        for name, size in (("replicas", self.replicas * self.accumulation_steps), ("workers", self.devices)):
-            parts = f"{prefix}.replicas × {prefix}.accumulation_steps" if name == "replicas" else \
-                f"{prefix}.workers × {prefix}.replicas × {prefix}.accumulation_steps"
-            _check(self.batch_size % size == 0, f"{prefix}.batch_size", f"must be divisible by {parts} = {size}",
-                   self.batch_size)
+        local = self.replicas * self.accumulation_steps
+        _check(self.batch_size % local == 0, f"{prefix}.batch_size", f"must be divisible by {prefix}.replicas × "
+               f"{prefix}.accumulation_steps = {local}", self.batch_size)
+        _check(self.batch_size % self.devices == 0, f"{prefix}.batch_size", f"must be divisible by {prefix}.workers × "
+               f"{prefix}.replicas × {prefix}.accumulation_steps = {self.devices}", self.batch_size)
         _check(self.strategy != "multi_worker" or self.sampling == "poisson", f"{prefix}.sampling",
                "must be poisson with training.strategy multi_worker (each worker flips its own units' "
                "coins; a shuffled fixed-size batch would need one permutation across workers)", self.sampling)

@@ -3,7 +3,6 @@ brute force, the compiled step equal to the uncompiled one (the noise is drawn o
 compiled functions, from the same key), and the run-time integrity checks under XLA with a
 positive control (no noise: the noise check fails)."""
 import json
-import os
 import subprocess
 import sys
 import types
@@ -29,25 +28,6 @@ from tests.model.conftest import SPECIALS, eagerly, repetitive_corpus
 
 #: One worker runs the module under ``make test``'s xdist (``--dist loadgroup``): the reference runs once.
 pytestmark = pytest.mark.xdist_group("xla")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _xla_codegen_unoptimised():
-    """XLA's CPU code generated without LLVM's optimisation passes while this module compiles
-    (``--xla_backend_optimization_level=0``): the same HLO, the step's program, in less CPU (the
-    tests compare its values at rtol 1e-5; the passes are the compiler's, as grappler's
-    rewrites are switched off for every model test, tests/model/conftest.py). XLA reads XLA_FLAGS
-    at its first compilation in a process: one that compiled before keeps its flags (slower, the
-    same test)."""
-    before = os.environ.get("XLA_FLAGS")
-    os.environ["XLA_FLAGS"] = f"{before or ''} --xla_backend_optimization_level=0".strip()
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = before
 
 
 def _brute_embedding_sqr_norms(values, ids, rows):
