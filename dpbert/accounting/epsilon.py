@@ -13,11 +13,13 @@ import dp_accounting
 from dp_accounting import pld as _pld
 from dp_accounting import rdp as _rdp
 
-from dpbert.privacy import _checks, pld_vectorized
+from dpbert.privacy import _checks, mechanism_memo, pld_vectorized
 from dpbert.privacy import histogram as _histogram
 
-# dp-accounting's PLD construction with its per-ε Python loop vectorized (same formulas).
+# dp-accounting's PLD construction with its per-ε Python loop vectorized (same formulas), and each
+# mechanism's PLD / RDP curve built once per parameter set (the same values, bit for bit).
 pld_vectorized.install()
+mechanism_memo.install()
 
 ACCOUNTANTS = ("pld", "rdp")
 PLD_DISCRETIZATION = _histogram.PLD_DISCRETIZATION

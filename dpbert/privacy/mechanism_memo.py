@@ -1,0 +1,64 @@
+"""dp-accounting 0.4.3's per-mechanism constructions built once per parameter set, composed as before.
+
+Why: the gate's step search, the planners and the reports ask for the ε of the same mechanism at
+many step counts (``largest_admitted`` bisects the count; a ledger adds one run to the same
+vocabulary). The library rebuilds the mechanism each time, and that construction, not the
+composition, is most of an ε's cost:
+
+* PLD: ``PLDAccountant`` calls ``privacy_loss_distribution.from_gaussian_mechanism(σ, Δ, q, …)``
+  once per Gaussian or Poisson-subsampled Gaussian event, then ``self_compose(count)`` on it;
+* RDP: ``RdpAccountant`` adds ``count × _compute_rdp_poisson_subsampled_gaussian(q, σ, orders)``.
+
+Both are pure functions of their (hashable) arguments, and their results are not modified after
+construction (a PLD's ``compose``/``self_compose`` return new objects; the RDP accountant scales a
+copy). Memoising them by the full argument tuple therefore returns the very values the library
+computes: every ε is bit-identical (tests/privacy/test_mechanism_memo.py compares the library's
+own path on a set of events, with a positive control). ``install`` is idempotent.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from dp_accounting.pld import privacy_loss_distribution as _pld
+from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+
+#: A subsampled Gaussian's PLD at discretization 1e-4 holds ~10⁵ floats per side; 32 of them are
+#: tens of MB, and one process (a planner, a report) uses a handful.
+_PLD_CACHE_SIZE = 32
+_LIBRARY_PLD = _pld.from_gaussian_mechanism
+_LIBRARY_RDP = _rdp._compute_rdp_poisson_subsampled_gaussian  # pylint: disable=protected-access
+
+
+@functools.lru_cache(maxsize=_PLD_CACHE_SIZE)
+def _gaussian_pld(*args, **kwargs):
+    return _LIBRARY_PLD(*args, **kwargs)
+
+
+@functools.wraps(_LIBRARY_PLD)
+def from_gaussian_mechanism(*args, **kwargs):
+    """The library's ``from_gaussian_mechanism``, built once per argument tuple."""
+    return _gaussian_pld(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rdp_curve(q: float, noise_multiplier: float, orders: tuple) -> np.ndarray:
+    curve = np.asarray(_LIBRARY_RDP(q=q, noise_multiplier=noise_multiplier, orders=orders))
+    curve.setflags(write=False)  # shared between callers: an in-place update would raise
+    return curve
+
+
+def compute_rdp_poisson_subsampled_gaussian(q, noise_multiplier, orders):
+    """The library's per-step RDP curve of the Poisson-subsampled Gaussian, once per (q, σ, orders)."""
+    return _rdp_curve(q, noise_multiplier, tuple(orders))
+
+
+def install() -> None:
+    """Route dp-accounting's two constructions through the memos (idempotent)."""
+    _pld.from_gaussian_mechanism = from_gaussian_mechanism
+    _rdp._compute_rdp_poisson_subsampled_gaussian = compute_rdp_poisson_subsampled_gaussian  # pylint: disable=protected-access
+
+
+def cache_clear() -> None:
+    _gaussian_pld.cache_clear()
+    _rdp_curve.cache_clear()
