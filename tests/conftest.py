@@ -34,6 +34,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # what runs outside a test (session fixtures, their subprocesses), and each test its own
 # (``_own_dataset_ledger``): ledgers accumulate by design, tests must not charge each other.
 import atexit  # noqa: E402
+import itertools  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -53,11 +54,27 @@ from tests.skip_guard import (  # noqa: E402,F401  (hooks: a skip not in the all
 from tests.gcs_server import gcs_server  # noqa: E402,F401  (fixture: a GCS JSON API on loopback)
 
 
+@pytest.fixture(scope="session")
+def _ledger_folders(tmp_path_factory):
+    """A fresh numbered folder per call under one session folder (``mktemp`` per test lists the
+    whole base folder to number it: quadratic over ~1,600 tests)."""
+    root, count = tmp_path_factory.mktemp("test-ledgers"), itertools.count()
+
+    def fresh():
+        folder = root / str(next(count))
+        (folder / "ledgers").mkdir(parents=True)
+        (folder / "synthetic-ledgers").mkdir()
+        return folder
+
+    return fresh
+
+
 @pytest.fixture(autouse=True)
-def _own_dataset_ledger(tmp_path_factory, monkeypatch):
+def _own_dataset_ledger(_ledger_folders, monkeypatch):
     """$DPBERT_LEDGER: a fresh folder per test (inherited by the test's subprocesses)."""
-    monkeypatch.setenv("DPBERT_LEDGER", str(tmp_path_factory.mktemp("ledgers")))
-    monkeypatch.setenv("DPBERT_SYNTHETIC_LEDGER", str(tmp_path_factory.mktemp("synthetic-ledgers")))
+    folder = _ledger_folders()
+    monkeypatch.setenv("DPBERT_LEDGER", str(folder / "ledgers"))
+    monkeypatch.setenv("DPBERT_SYNTHETIC_LEDGER", str(folder / "synthetic-ledgers"))
 
 
 @pytest.fixture(scope="session")
