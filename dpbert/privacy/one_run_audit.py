@@ -28,6 +28,7 @@ the run.
 """
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -78,13 +79,15 @@ def p_value(epsilon: float, r: int, v: int, delta: float = 0.0, m: Optional[int]
     return min(f_v + 2.0 * int(m) * float(delta) * alpha, 1.0)
 
 
+@functools.lru_cache(maxsize=4096)
 def epsilon_lower_bound(r: int, v: int, beta: float = 0.05, delta: float = 0.0,
                         m: Optional[int] = None, *, epsilon_max: float = 100.0,
                         grid_points: int = 400) -> float:
     """``inf{ε >= 0 : p_value(ε; r, v, δ, m) > β}`` (docs/audits.md): with probability at least
     ``1 - β`` the true ε of an (ε, δ)-DP training run is at least this. ``m`` (number of
     canaries) is required when ``delta > 0``. 0 when even ε = 0 is not rejected (e.g.
-    ``v <= r / 2``)."""
+    ``v <= r / 2``). Memoised (a pure function of scalars; an audit's power table asks for the
+    same (r, v) many times, each a root search over binomial tails)."""
     r, v = int(r), int(v)
     _check_counts(r, v, m, beta, delta)
     if r == 0 or p_value(0.0, r, v, delta, m) > beta:
