@@ -11,7 +11,8 @@ composition, is most of an ε's cost:
 
 Both are pure functions of their (hashable) arguments, and their results are not modified after
 construction (a PLD's ``compose``/``self_compose`` return new objects; the RDP accountant scales a
-copy). Memoising them by the full argument tuple therefore returns the very values the library
+copy), and the cached arrays are made read-only so that a library change which did modify them
+would raise instead of changing the next ε. Memoising them by the full argument tuple therefore returns the very values the library
 computes: every ε is bit-identical (tests/privacy/test_mechanism_memo.py compares the library's
 own path on a set of events, with a positive control). ``install`` is idempotent.
 """
@@ -32,7 +33,12 @@ _LIBRARY_RDP = _rdp._compute_rdp_poisson_subsampled_gaussian  # pylint: disable=
 
 @functools.lru_cache(maxsize=_PLD_CACHE_SIZE)
 def _gaussian_pld(*args, **kwargs):
-    return _LIBRARY_PLD(*args, **kwargs)
+    pld = _LIBRARY_PLD(*args, **kwargs)
+    for pmf in (pld._pmf_remove, pld._pmf_add):  # pylint: disable=protected-access
+        probs = getattr(pmf, "_probs", None)  # a dense PMF's array (a sparse one holds a dict)
+        if isinstance(probs, np.ndarray):
+            probs.setflags(write=False)  # shared between callers: an in-place update would raise
+    return pld
 
 
 @functools.wraps(_LIBRARY_PLD)

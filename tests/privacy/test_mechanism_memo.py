@@ -59,11 +59,16 @@ def test_epsilons_and_curves_are_the_librarys_bit_for_bit(monkeypatch):
     np.testing.assert_array_equal(mechanism_memo.compute_rdp_poisson_subsampled_gaussian(q, sigma, ORDERS), theirs)
 
 
-def test_a_shared_curve_cannot_be_changed_in_place():
+def test_a_shared_curve_or_pld_cannot_be_changed_in_place():
     curve = mechanism_memo.compute_rdp_poisson_subsampled_gaussian(0.05, 2.0, ORDERS)
     with pytest.raises(ValueError):
         curve += 1.0
     assert mechanism_memo.compute_rdp_poisson_subsampled_gaussian(0.05, 2.0, ORDERS) is curve
+    pld = pld_module.from_gaussian_mechanism(2.0, value_discretization_interval=1e-4, sampling_prob=0.05)
+    for pmf in (pld._pmf_remove, pld._pmf_add):
+        with pytest.raises(ValueError):
+            pmf._probs[0] += 1.0
+    assert pld_module.from_gaussian_mechanism(2.0, value_discretization_interval=1e-4, sampling_prob=0.05) is pld
 
 
 def test_the_comparison_catches_a_memo_that_forgets_the_sampling_rate(monkeypatch):
