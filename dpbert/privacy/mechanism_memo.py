@@ -12,15 +12,17 @@ composition, is most of an ε's cost:
 Both are pure functions of their (hashable) arguments, and their results are not modified after
 construction (a PLD's ``compose``/``self_compose`` return new objects; the RDP accountant scales a
 copy), and the cached arrays are made read-only so that a library change which did modify them
-would raise instead of changing the next ε. Memoising them by the full argument tuple therefore returns the very values the library
-computes: every ε is bit-identical (tests/privacy/test_mechanism_memo.py compares the library's
-own path on a set of events, with a positive control). ``install`` is idempotent.
+would raise instead of changing the next ε. Memoising them by the full argument tuple therefore
+returns the very values the library computes: every ε is bit-identical
+(tests/privacy/test_mechanism_memo.py compares the library's own path on a set of events, with a
+positive control). ``install`` is idempotent.
 """
 from __future__ import annotations
 
 import functools
 
 import numpy as np
+from dp_accounting.pld import pld_pmf as _pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as _pld
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 
@@ -35,9 +37,8 @@ _LIBRARY_RDP = _rdp._compute_rdp_poisson_subsampled_gaussian  # pylint: disable=
 def _gaussian_pld(*args, **kwargs):
     pld = _LIBRARY_PLD(*args, **kwargs)
     for pmf in (pld._pmf_remove, pld._pmf_add):  # pylint: disable=protected-access
-        probs = getattr(pmf, "_probs", None)  # a dense PMF's array (a sparse one holds a dict)
-        if isinstance(probs, np.ndarray):
-            probs.setflags(write=False)  # shared between callers: an in-place update would raise
+        if isinstance(pmf, _pld_pmf.DensePLDPmf):  # an array (a sparse PMF holds a dict)
+            pmf._probs.setflags(write=False)  # pylint: disable=protected-access  (shared: an update raises)
     return pld
 
 
@@ -62,7 +63,8 @@ def compute_rdp_poisson_subsampled_gaussian(q, noise_multiplier, orders):
 def install() -> None:
     """Route dp-accounting's two constructions through the memos (idempotent)."""
     _pld.from_gaussian_mechanism = from_gaussian_mechanism
-    _rdp._compute_rdp_poisson_subsampled_gaussian = compute_rdp_poisson_subsampled_gaussian  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    _rdp._compute_rdp_poisson_subsampled_gaussian = compute_rdp_poisson_subsampled_gaussian
 
 
 def cache_clear() -> None:
